@@ -1,0 +1,49 @@
+// Output distribution's last stage: pool the rows gathered for each sample into one vector
+// (sum, mean or sqrtn of weighted rows), and its gradient. Matches
+// tf.nn.safe_embedding_lookup_sparse: an empty sample, or one whose weights sum to zero,
+// pools to zeros.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kit_src/core/parallel.h"
+#include "kit_src/core/status.h"
+
+namespace sok {
+
+enum class Combiner { kSum, kMean, kSqrtn };
+
+// Parses "sum" / "mean" / "sqrtn".
+Status ParseCombiner(const std::string& name, Combiner* combiner);
+
+// One pooled lookup. Host memory; `position` indexes the rows matrix shared by all lookups.
+template <typename T>
+struct PooledLookup {
+  const int64_t* row_splits = nullptr;  // [batch + 1] ids of sample s: [row_splits[s], row_splits[s+1])
+  int64_t batch = 0;
+  const int32_t* position = nullptr;    // [nnz] row of each id in the rows matrix
+  const float* weights = nullptr;       // [nnz] per-id weights, or nullptr for all ones
+  Combiner combiner = Combiner::kMean;
+  T* output = nullptr;                  // forward: [batch, dim] pooled vectors (written)
+  const T* output_grad = nullptr;       // backward: [batch, dim] gradient of `output`
+};
+
+// Checks that row_splits starts at 0, never decreases and ends at nnz.
+Status ValidateRowSplits(const int64_t* row_splits, int64_t batch, int64_t nnz,
+                         const std::string& what);
+
+// output[s] = combine over ids i of s of weights[i] * rows[position[i]]; rows is [num_rows, dim].
+template <typename T>
+Status CombineForward(const T* rows, int64_t num_rows, int64_t dim,
+                      const std::vector<PooledLookup<T>>& lookups,
+                      const ParallelFor& parallel_for);
+
+// rows_grad ([num_rows, dim], overwritten) = sum over uses of each row of its share of the
+// output gradient. Columns are split across threads so no two threads add to one element.
+template <typename T>
+Status CombineBackward(int64_t num_rows, int64_t dim, const std::vector<PooledLookup<T>>& lookups,
+                       T* rows_grad, const ParallelFor& parallel_for);
+
+}  // namespace sok

@@ -1,0 +1,158 @@
+#include "kit_src/core/embedding/key_partition.h"
+
+#include <numeric>
+#include <sstream>
+
+#include "absl/container/flat_hash_map.h"
+#include "kit_src/core/embedding/packed_key.h"
+
+namespace sok {
+namespace {
+
+// The unique ids of one table and, per occurrence, the index of its id among them.
+struct TableKeys {
+  std::vector<int64_t> unique_ids;
+  std::vector<int64_t> per_worker;  // [num_workers] unique ids owned by each worker
+  Status status;
+};
+
+Status OutOfRange(const TablePlacement& table, int64_t id) {
+  std::ostringstream message;
+  message << "id " << id << " of table '" << table.name << "' is out of range [0, "
+          << table.rows << "); ids of a static table must index one of its rows";
+  return Status::InvalidArgument(message.str());
+}
+
+int32_t OwnerOf(const TablePlacement& table, int64_t id, int32_t num_workers) {
+  return table.owner >= 0 ? table.owner : static_cast<int32_t>(id % num_workers);
+}
+
+int64_t LocalRowOf(const TablePlacement& table, int64_t id, int32_t num_workers) {
+  return table.owner >= 0 ? id : id / num_workers;
+}
+
+// Collects one table's unique ids; writes each occurrence's index among them to `position`.
+template <typename Tindex>
+void CollectTableKeys(const std::vector<LookupIds<Tindex>>& lookups,
+                      const std::vector<int64_t>& lookup_offsets, int32_t table_index,
+                      const TablePlacement& table, const PartitionOptions& options,
+                      int32_t* position, TableKeys* keys) {
+  keys->per_worker.assign(options.num_workers, 0);
+  int64_t total = 0;
+  for (const auto& lookup : lookups) total += lookup.table == table_index ? lookup.count : 0;
+  keys->unique_ids.reserve(total);
+  absl::flat_hash_map<int64_t, int32_t> index_of;
+  if (options.dedup) index_of.reserve(total);
+
+  for (size_t l = 0; l < lookups.size(); ++l) {
+    const LookupIds<Tindex>& lookup = lookups[l];
+    if (lookup.table != table_index) continue;
+    int32_t* out = position + lookup_offsets[l];
+    for (int64_t i = 0; i < lookup.count; ++i) {
+      const int64_t id = static_cast<int64_t>(lookup.ids[i]);
+      if (id < 0 || id >= table.rows) {
+        keys->status = OutOfRange(table, id);
+        return;
+      }
+      int32_t next = static_cast<int32_t>(keys->unique_ids.size());
+      if (options.dedup) {
+        auto inserted = index_of.try_emplace(id, next);
+        if (!inserted.second) {
+          out[i] = inserted.first->second;
+          continue;
+        }
+      }
+      keys->unique_ids.push_back(id);
+      keys->per_worker[OwnerOf(table, id, options.num_workers)] += 1;
+      out[i] = next;
+    }
+  }
+}
+
+}  // namespace
+
+template <typename Tindex>
+Status PartitionKeys(const std::vector<LookupIds<Tindex>>& lookups,
+                     const std::vector<TablePlacement>& tables, const PartitionOptions& options,
+                     const ParallelFor& parallel_for, PartitionResult* result) {
+  const int32_t num_workers = options.num_workers;
+  const int64_t num_tables = static_cast<int64_t>(tables.size());
+  if (num_tables > kMaxTablesPerGroup) {
+    return Status::InvalidArgument("too many tables in one lookup group: " +
+                                   std::to_string(num_tables));
+  }
+  std::vector<int64_t> lookup_offsets(lookups.size() + 1, 0);
+  for (size_t l = 0; l < lookups.size(); ++l) {
+    if (lookups[l].table < 0 || lookups[l].table >= num_tables) {
+      return Status::InvalidArgument("lookup " + std::to_string(l) + " names table " +
+                                     std::to_string(lookups[l].table) + " of " +
+                                     std::to_string(num_tables));
+    }
+    lookup_offsets[l + 1] = lookup_offsets[l] + lookups[l].count;
+  }
+  if (lookup_offsets.back() > INT32_MAX) {
+    return Status::InvalidArgument("more than 2^31 ids in one lookup call");
+  }
+  result->position.resize(lookup_offsets.back());
+
+  // 1. Unique ids of each table, tables in parallel.
+  std::vector<TableKeys> table_keys(num_tables);
+  const int64_t ids_per_table = lookup_offsets.back() / std::max<int64_t>(num_tables, 1);
+  parallel_for(num_tables, 50 * (ids_per_table + 1), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      CollectTableKeys(lookups, lookup_offsets, static_cast<int32_t>(t), tables[t], options,
+                       result->position.data(), &table_keys[t]);
+    }
+  });
+  for (const TableKeys& keys : table_keys) {
+    if (!keys.status.ok()) return keys.status;
+  }
+
+  // 2. Where each (worker, table) block starts in the send buffer.
+  std::vector<int64_t> block_start(num_workers * num_tables);
+  result->splits.assign(num_workers, 0);
+  int64_t cursor = 0;
+  for (int32_t w = 0; w < num_workers; ++w) {
+    for (int64_t t = 0; t < num_tables; ++t) {
+      block_start[w * num_tables + t] = cursor;
+      cursor += table_keys[t].per_worker[w];
+      result->splits[w] += table_keys[t].per_worker[w];
+    }
+  }
+  result->send_keys.resize(cursor);
+
+  // 3. Write the packed keys and turn each occurrence's index into a send-buffer position.
+  parallel_for(num_tables, 20 * (ids_per_table + 1), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const TablePlacement& table = tables[t];
+      const std::vector<int64_t>& unique_ids = table_keys[t].unique_ids;
+      std::vector<int64_t> next(num_workers);
+      for (int32_t w = 0; w < num_workers; ++w) next[w] = block_start[w * num_tables + t];
+      std::vector<int32_t> slot(unique_ids.size());
+      for (size_t j = 0; j < unique_ids.size(); ++j) {
+        const int64_t id = unique_ids[j];
+        const int64_t pos = next[OwnerOf(table, id, num_workers)]++;
+        result->send_keys[pos] =
+            PackKey(static_cast<int32_t>(t), LocalRowOf(table, id, num_workers));
+        slot[j] = static_cast<int32_t>(pos);
+      }
+      for (size_t l = 0; l < lookups.size(); ++l) {
+        if (lookups[l].table != t) continue;
+        int32_t* position = result->position.data() + lookup_offsets[l];
+        for (int64_t i = 0; i < lookups[l].count; ++i) position[i] = slot[position[i]];
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+template Status PartitionKeys<int32_t>(const std::vector<LookupIds<int32_t>>&,
+                                       const std::vector<TablePlacement>&,
+                                       const PartitionOptions&, const ParallelFor&,
+                                       PartitionResult*);
+template Status PartitionKeys<int64_t>(const std::vector<LookupIds<int64_t>>&,
+                                       const std::vector<TablePlacement>&,
+                                       const PartitionOptions&, const ParallelFor&,
+                                       PartitionResult*);
+
+}  // namespace sok

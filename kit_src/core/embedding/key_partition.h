@@ -1,0 +1,49 @@
+// Input distribution of a fused lookup: the ids of every lookup in a group are deduplicated
+// per table, mapped to the worker that owns them and to the row inside that worker's shard,
+// and laid out grouped by destination worker (then by table) for one all-to-all.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kit_src/core/parallel.h"
+#include "kit_src/core/status.h"
+
+namespace sok {
+
+// Where a static table's rows live.
+struct TablePlacement {
+  int64_t rows = 0;       // rows of the whole (global) table; valid ids are [0, rows)
+  int32_t owner = -1;     // -1: distributed, row r on worker r % num_workers at local row
+                          // r / num_workers; >= 0: localized, every row on that worker
+  std::string name;       // for error messages
+};
+
+// The ids of one lookup (host memory, `count` entries) and the table they index.
+template <typename Tindex>
+struct LookupIds {
+  const Tindex* ids = nullptr;
+  int64_t count = 0;
+  int32_t table = 0;
+};
+
+struct PartitionOptions {
+  int32_t num_workers = 1;  // workers taking part in the all-to-all
+  bool dedup = true;        // send each (table, id) once per step instead of once per use
+};
+
+struct PartitionResult {
+  std::vector<int64_t> send_keys;       // [K] PackKey(table, local row), grouped by worker
+  std::vector<int64_t> splits;          // [num_workers] keys sent to each worker
+  std::vector<int32_t> position;        // [sum of counts] where each id's row is in send_keys
+};
+
+// Fills `result`. Fails with InvalidArgument naming the table, the id and the valid range
+// when an id is outside [0, rows) of its table; `result` is then unspecified.
+template <typename Tindex>
+Status PartitionKeys(const std::vector<LookupIds<Tindex>>& lookups,
+                     const std::vector<TablePlacement>& tables, const PartitionOptions& options,
+                     const ParallelFor& parallel_for, PartitionResult* result);
+
+}  // namespace sok

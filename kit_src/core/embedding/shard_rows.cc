@@ -1,0 +1,71 @@
+#include "kit_src/core/embedding/shard_rows.h"
+
+#include <cstring>
+#include <string>
+
+#include "kit_src/core/embedding/packed_key.h"
+
+namespace sok {
+
+template <typename T>
+Status GatherShardRows(const std::vector<ShardView<T>>& shards, int64_t dim, const int64_t* keys,
+                       int64_t n, T* out, const ParallelFor& parallel_for) {
+  const int32_t num_tables = static_cast<int32_t>(shards.size());
+  for (int64_t i = 0; i < n; ++i) {  // validate before touching memory
+    const int32_t t = PackedTable(keys[i]);
+    if (keys[i] < 0 || t >= num_tables || PackedRow(keys[i]) >= shards[t].rows) {
+      return Status::InvalidArgument(
+          "key " + std::to_string(keys[i]) + " (table " + std::to_string(t) + ", local row " +
+          std::to_string(PackedRow(keys[i])) + ") names no row of the " +
+          std::to_string(num_tables) + " local shards");
+    }
+  }
+  parallel_for(n, dim * 2, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const ShardView<T>& shard = shards[PackedTable(keys[i])];
+      std::memcpy(out + i * dim, shard.data + PackedRow(keys[i]) * dim, dim * sizeof(T));
+    }
+  });
+  return Status::Ok();
+}
+
+Status CountKeysPerTable(const int64_t* keys, int64_t n, int32_t num_tables,
+                         std::vector<int64_t>* counts) {
+  counts->assign(num_tables, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t t = PackedTable(keys[i]);
+    if (keys[i] < 0 || t >= num_tables) {
+      return Status::InvalidArgument("key " + std::to_string(keys[i]) + " names table " +
+                                     std::to_string(t) + " of " + std::to_string(num_tables));
+    }
+    (*counts)[t] += 1;
+  }
+  return Status::Ok();
+}
+
+template <typename T>
+void SplitGradientByTable(const int64_t* keys, int64_t n, int64_t dim, const T* grad,
+                          const std::vector<int64_t*>& indices, const std::vector<T*>& values,
+                          const ParallelFor& parallel_for) {
+  std::vector<int64_t> destination(n);
+  std::vector<int64_t> next(indices.size(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t t = PackedTable(keys[i]);
+    destination[i] = next[t]++;
+    indices[t][destination[i]] = PackedRow(keys[i]);
+  }
+  parallel_for(n, dim * 2, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      std::memcpy(values[PackedTable(keys[i])] + destination[i] * dim, grad + i * dim,
+                  dim * sizeof(T));
+    }
+  });
+}
+
+template Status GatherShardRows<float>(const std::vector<ShardView<float>>&, int64_t,
+                                       const int64_t*, int64_t, float*, const ParallelFor&);
+template void SplitGradientByTable<float>(const int64_t*, int64_t, int64_t, const float*,
+                                          const std::vector<int64_t*>&,
+                                          const std::vector<float*>&, const ParallelFor&);
+
+}  // namespace sok

@@ -1,0 +1,36 @@
+// The owner's side of a lookup: read the rows that packed keys name from the local shards of
+// the group's tables, and route the rows' gradients back to the table each key names.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kit_src/core/parallel.h"
+#include "kit_src/core/status.h"
+
+namespace sok {
+
+// One table's local shard: [rows, dim] row-major, host memory.
+template <typename T>
+struct ShardView {
+  const T* data = nullptr;
+  int64_t rows = 0;
+};
+
+// out[i] = shards[PackedTable(keys[i])] row PackedRow(keys[i]); out is [n, dim].
+template <typename T>
+Status GatherShardRows(const std::vector<ShardView<T>>& shards, int64_t dim, const int64_t* keys,
+                       int64_t n, T* out, const ParallelFor& parallel_for);
+
+// counts[t] = number of keys naming table t; fails on a key naming no table of `num_tables`.
+Status CountKeysPerTable(const int64_t* keys, int64_t n, int32_t num_tables,
+                         std::vector<int64_t>* counts);
+
+// Splits the rows' gradient ([n, dim]) by table: for table t, indices[t] receives the local
+// rows and values[t] ([counts[t], dim]) their gradients, in key order.
+template <typename T>
+void SplitGradientByTable(const int64_t* keys, int64_t n, int64_t dim, const T* grad,
+                          const std::vector<int64_t*>& indices, const std::vector<T*>& values,
+                          const ParallelFor& parallel_for);
+
+}  // namespace sok

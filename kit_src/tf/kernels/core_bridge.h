@@ -1,0 +1,41 @@
+// What every kernel needs to call the core: the thread pool as a sok::ParallelFor and the
+// conversion of sok::Status into tensorflow::Status.
+#pragma once
+
+#include "kit_src/core/parallel.h"
+#include "kit_src/core/status.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/lib/core/threadpool.h"
+
+namespace sok {
+
+inline ::tensorflow::Status ToTfStatus(const Status& status) {
+  switch (status.code()) {
+    case ErrorCode::kOk:
+      return ::tensorflow::Status();
+    case ErrorCode::kInvalidArgument:
+      return ::tensorflow::errors::InvalidArgument(status.message());
+    case ErrorCode::kResourceExhausted:
+      return ::tensorflow::errors::ResourceExhausted(status.message());
+    default:
+      return ::tensorflow::errors::Internal(status.message());
+  }
+}
+
+inline ParallelFor CpuParallelFor(::tensorflow::OpKernelContext* ctx) {
+  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  return [pool](int64_t total, int64_t cost_per_unit, const ShardWork& work) {
+    if (total <= 0) return;
+    pool->ParallelFor(total, cost_per_unit, [&work](int64_t begin, int64_t end) {
+      work(begin, end);
+    });
+  };
+}
+
+}  // namespace sok
+
+#define SOK_OP_REQUIRES_OK(ctx, expr)                         \
+  do {                                                        \
+    const ::sok::Status sok_status_ = (expr);                 \
+    OP_REQUIRES_OK(ctx, ::sok::ToTfStatus(sok_status_));      \
+  } while (0)

@@ -1,0 +1,311 @@
+// CPU kernels of the fused lookup chain: validate, allocate, call kit_src/core/embedding.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kit_src/core/embedding/combine.h"
+#include "kit_src/core/embedding/key_partition.h"
+#include "kit_src/core/embedding/shard_rows.h"
+#include "kit_src/tf/kernels/core_bridge.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+
+namespace sok {
+
+namespace tf = ::tensorflow;
+using CPUDevice = Eigen::ThreadPoolDevice;
+
+template <typename Tindex>
+class PartitionKeysOp : public tf::OpKernel {
+ public:
+  explicit PartitionKeysOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::vector<int64_t> rows, owners;
+    std::vector<std::string> names;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("lookup_table", &lookup_table_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_rows", &rows));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_owner", &owners));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &names));
+    int64_t num_workers = 1;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_workers", &num_workers));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dedup", &options_.dedup));
+    options_.num_workers = static_cast<int32_t>(num_workers);
+    OP_REQUIRES(ctx, rows.size() == owners.size() && rows.size() == names.size(),
+                tf::errors::InvalidArgument("table_rows, table_owner and table_names must have "
+                                            "one entry per table"));
+    OP_REQUIRES(ctx, static_cast<int>(lookup_table_.size()) == ctx->num_inputs(),
+                tf::errors::InvalidArgument("lookup_table needs one entry per ids input, got ",
+                                            lookup_table_.size(), " for ", ctx->num_inputs()));
+    for (size_t t = 0; t < rows.size(); ++t) {
+      OP_REQUIRES(ctx, owners[t] < num_workers,
+                  tf::errors::InvalidArgument("table '", names[t], "' is placed on worker ",
+                                              owners[t], " but there are ", num_workers));
+      tables_.push_back(TablePlacement{rows[t], static_cast<int32_t>(owners[t]), names[t]});
+    }
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    std::vector<LookupIds<Tindex>> lookups(ctx->num_inputs());
+    for (int l = 0; l < ctx->num_inputs(); ++l) {
+      const tf::Tensor& ids = ctx->input(l);
+      OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(ids.shape()),
+                  tf::errors::InvalidArgument("ids of lookup ", l, " must be a vector, got shape ",
+                                              ids.shape().DebugString()));
+      lookups[l] = LookupIds<Tindex>{ids.flat<Tindex>().data(), ids.NumElements(),
+                                     static_cast<int32_t>(lookup_table_[l])};
+    }
+    PartitionResult result;
+    SOK_OP_REQUIRES_OK(ctx, PartitionKeys(lookups, tables_, options_, CpuParallelFor(ctx),
+                                          &result));
+    CopyToOutput(ctx, 0, result.send_keys);
+    std::vector<int32_t> splits(result.splits.begin(), result.splits.end());
+    CopyToOutput(ctx, 1, splits);
+    CopyToOutput(ctx, 2, result.position);
+  }
+
+ private:
+  template <typename T>
+  static void CopyToOutput(tf::OpKernelContext* ctx, int index, const std::vector<T>& values) {
+    tf::Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            index, tf::TensorShape({static_cast<int64_t>(values.size())}), &out));
+    if (!values.empty()) std::memcpy(out->flat<T>().data(), values.data(), values.size() * sizeof(T));
+  }
+
+  std::vector<int64_t> lookup_table_;
+  std::vector<TablePlacement> tables_;
+  PartitionOptions options_;
+};
+
+#define REGISTER_PARTITION(Tindex)                                                   \
+  REGISTER_KERNEL_BUILDER(                                                           \
+      Name("Sok>PartitionKeys").Device(tf::DEVICE_CPU).TypeConstraint<Tindex>("Tindex"), \
+      PartitionKeysOp<Tindex>)
+REGISTER_PARTITION(int32_t);
+REGISTER_PARTITION(int64_t);
+#undef REGISTER_PARTITION
+
+template <typename T>
+class GatherShardRowsOp : public tf::OpKernel {
+ public:
+  explicit GatherShardRowsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const int num_tables = ctx->num_inputs() - 1;
+    const tf::Tensor& keys = ctx->input(num_tables);
+    OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(keys.shape()),
+                tf::errors::InvalidArgument("keys must be a vector, got shape ",
+                                            keys.shape().DebugString()));
+    // Shared locks on every shard for the whole read, so an update cannot tear a row.
+    std::vector<tf::core::RefCountPtr<tf::Var>> vars(num_tables);
+    std::vector<std::unique_ptr<tf::tf_shared_lock>> locks;
+    std::vector<ShardView<T>> shards(num_tables);
+    for (int t = 0; t < num_tables; ++t) {
+      OP_REQUIRES_OK(ctx, tf::LookupResource(ctx, tf::HandleFromInput(ctx, t), &vars[t]));
+      locks.push_back(std::make_unique<tf::tf_shared_lock>(*vars[t]->mu()));
+      const tf::Tensor& shard = *vars[t]->tensor();
+      OP_REQUIRES(ctx, shard.dtype() == tf::DataTypeToEnum<T>::value,
+                  tf::errors::InvalidArgument("table ", t, " holds ",
+                                              tf::DataTypeString(shard.dtype()), ", expected ",
+                                              tf::DataTypeString(tf::DataTypeToEnum<T>::value)));
+      OP_REQUIRES(ctx, shard.dims() == 2 && shard.dim_size(1) == dim_,
+                  tf::errors::InvalidArgument("table ", t, " must have shape [rows, ", dim_,
+                                              "], got ", shard.shape().DebugString()));
+      shards[t] = ShardView<T>{shard.flat<T>().data(), shard.dim_size(0)};
+    }
+    tf::Tensor* rows = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({keys.NumElements(), dim_}), &rows));
+    SOK_OP_REQUIRES_OK(ctx, GatherShardRows(shards, dim_, keys.flat<int64_t>().data(),
+                                            keys.NumElements(), rows->flat<T>().data(),
+                                            CpuParallelFor(ctx)));
+  }
+
+ private:
+  int64_t dim_ = 0;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>GatherShardRows").Device(tf::DEVICE_CPU).TypeConstraint<float>("dtype"),
+                        GatherShardRowsOp<float>);
+
+template <typename T>
+class SplitGradientByTableOp : public tf::OpKernel {
+ public:
+  explicit SplitGradientByTableOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const tf::Tensor& keys = ctx->input(0);
+    const tf::Tensor& grad = ctx->input(1);
+    OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(keys.shape()) && grad.dims() == 2 &&
+                         grad.dim_size(0) == keys.NumElements(),
+                tf::errors::InvalidArgument("grad must be [keys, dim], got keys ",
+                                            keys.shape().DebugString(), " and grad ",
+                                            grad.shape().DebugString()));
+    const int64_t n = keys.NumElements(), dim = grad.dim_size(1);
+    std::vector<int64_t> counts;
+    SOK_OP_REQUIRES_OK(ctx, CountKeysPerTable(keys.flat<int64_t>().data(), n,
+                                              static_cast<int32_t>(num_tables_), &counts));
+    std::vector<int64_t*> indices(num_tables_);
+    std::vector<T*> values(num_tables_);
+    for (int64_t t = 0; t < num_tables_; ++t) {
+      tf::Tensor* index_out = nullptr;
+      tf::Tensor* value_out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(t, tf::TensorShape({counts[t]}), &index_out));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(num_tables_ + t, tf::TensorShape({counts[t], dim}),
+                                               &value_out));
+      indices[t] = index_out->flat<int64_t>().data();
+      values[t] = value_out->flat<T>().data();
+    }
+    SplitGradientByTable(keys.flat<int64_t>().data(), n, dim, grad.flat<T>().data(), indices,
+                         values, CpuParallelFor(ctx));
+  }
+
+ private:
+  int64_t num_tables_ = 0;
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("Sok>SplitGradientByTable").Device(tf::DEVICE_CPU).TypeConstraint<float>("dtype"),
+    SplitGradientByTableOp<float>);
+
+// Shared by CombineForward and CombineBackward: reads position / row_splits / weights inputs
+// starting at `first_input` and checks that they agree.
+template <typename T>
+tf::Status ReadPooledLookups(tf::OpKernelContext* ctx, int position_input,
+                             int first_splits_input, const std::vector<Combiner>& combiners,
+                             std::vector<PooledLookup<T>>* lookups) {
+  const int n = static_cast<int>(combiners.size());
+  const tf::Tensor& position = ctx->input(position_input);
+  if (!tf::TensorShapeUtils::IsVector(position.shape())) {
+    return tf::errors::InvalidArgument("position must be a vector, got ",
+                                       position.shape().DebugString());
+  }
+  int64_t offset = 0;
+  lookups->resize(n);
+  for (int l = 0; l < n; ++l) {
+    const tf::Tensor& splits = ctx->input(first_splits_input + l);
+    const tf::Tensor& weights = ctx->input(first_splits_input + n + l);
+    if (!tf::TensorShapeUtils::IsVector(splits.shape()) || splits.NumElements() < 1) {
+      return tf::errors::InvalidArgument("row_splits of lookup ", l,
+                                         " must be a non-empty vector, got shape ",
+                                         splits.shape().DebugString());
+    }
+    const int64_t batch = splits.NumElements() - 1;
+    const int64_t* row_splits = splits.flat<int64_t>().data();
+    const int64_t nnz = row_splits[batch];
+    if (nnz < 0 || offset + nnz > position.NumElements()) {
+      return tf::errors::InvalidArgument("lookup ", l, " has ", nnz, " ids but only ",
+                                         position.NumElements() - offset,
+                                         " positions are left");
+    }
+    TF_RETURN_IF_ERROR(ToTfStatus(
+        ValidateRowSplits(row_splits, batch, nnz, "lookup " + std::to_string(l))));
+    const bool weighted = weights.NumElements() > 0;
+    if (weighted && weights.NumElements() != nnz) {
+      return tf::errors::InvalidArgument("weights of lookup ", l, " have ", weights.NumElements(),
+                                         " values but its ids have ", nnz,
+                                         "; weights must match the ids one to one");
+    }
+    PooledLookup<T>& lookup = (*lookups)[l];
+    lookup.row_splits = row_splits;
+    lookup.batch = batch;
+    lookup.position = position.flat<int32_t>().data() + offset;
+    lookup.weights = weighted ? weights.flat<float>().data() : nullptr;
+    lookup.combiner = combiners[l];
+    offset += nnz;
+  }
+  if (offset != position.NumElements()) {
+    return tf::errors::InvalidArgument("the lookups have ", offset, " ids but position has ",
+                                       position.NumElements());
+  }
+  return tf::Status();
+}
+
+tf::Status ReadCombiners(tf::OpKernelConstruction* ctx, std::vector<Combiner>* combiners) {
+  std::vector<std::string> names;
+  int64_t n = 0;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("combiners", &names));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("N", &n));
+  if (static_cast<int64_t>(names.size()) != n) {
+    return tf::errors::InvalidArgument("combiners has ", names.size(), " entries for ", n,
+                                       " lookups");
+  }
+  combiners->resize(n);
+  for (int64_t l = 0; l < n; ++l) TF_RETURN_IF_ERROR(ToTfStatus(ParseCombiner(names[l], &(*combiners)[l])));
+  return tf::Status();
+}
+
+template <typename T>
+class CombineForwardOp : public tf::OpKernel {
+ public:
+  explicit CombineForwardOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadCombiners(ctx, &combiners_));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const tf::Tensor& rows = ctx->input(0);
+    OP_REQUIRES(ctx, rows.dims() == 2,
+                tf::errors::InvalidArgument("rows must be a matrix, got ", rows.shape().DebugString()));
+    std::vector<PooledLookup<T>> lookups;
+    OP_REQUIRES_OK(ctx, ReadPooledLookups<T>(ctx, 1, 2, combiners_, &lookups));
+    const int64_t dim = rows.dim_size(1);
+    for (size_t l = 0; l < lookups.size(); ++l) {
+      tf::Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(static_cast<int>(l),
+                                               tf::TensorShape({lookups[l].batch, dim}), &out));
+      lookups[l].output = out->flat<T>().data();
+    }
+    SOK_OP_REQUIRES_OK(ctx, CombineForward(rows.flat<T>().data(), rows.dim_size(0), dim, lookups,
+                                           CpuParallelFor(ctx)));
+  }
+
+ private:
+  std::vector<Combiner> combiners_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>CombineForward").Device(tf::DEVICE_CPU).TypeConstraint<float>("dtype"),
+                        CombineForwardOp<float>);
+
+template <typename T>
+class CombineBackwardOp : public tf::OpKernel {
+ public:
+  explicit CombineBackwardOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadCombiners(ctx, &combiners_));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const int n = static_cast<int>(combiners_.size());
+    std::vector<PooledLookup<T>> lookups;
+    OP_REQUIRES_OK(ctx, ReadPooledLookups<T>(ctx, n, n + 1, combiners_, &lookups));
+    const tf::Tensor& num_rows_tensor = ctx->input(3 * n + 1);
+    OP_REQUIRES(ctx, tf::TensorShapeUtils::IsScalar(num_rows_tensor.shape()),
+                tf::errors::InvalidArgument("num_rows must be a scalar"));
+    const int64_t num_rows = num_rows_tensor.scalar<int64_t>()();
+    const int64_t dim = ctx->input(0).dim_size(1);
+    for (int l = 0; l < n; ++l) {
+      const tf::Tensor& grad = ctx->input(l);
+      OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == lookups[l].batch &&
+                           grad.dim_size(1) == dim,
+                  tf::errors::InvalidArgument("gradient of lookup ", l, " must be [",
+                                              lookups[l].batch, ", ", dim, "], got ",
+                                              grad.shape().DebugString()));
+      lookups[l].output_grad = grad.flat<T>().data();
+    }
+    tf::Tensor* rows_grad = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({num_rows, dim}), &rows_grad));
+    SOK_OP_REQUIRES_OK(ctx, CombineBackward(num_rows, dim, lookups, rows_grad->flat<T>().data(),
+                                            CpuParallelFor(ctx)));
+  }
+
+ private:
+  std::vector<Combiner> combiners_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>CombineBackward").Device(tf::DEVICE_CPU).TypeConstraint<float>("dtype"),
+                        CombineBackwardOp<float>);
+
+}  // namespace sok

@@ -1,0 +1,147 @@
+// Registration and shape functions of the fused lookup's op chain:
+//   Sok>PartitionKeys -> (all-to-all) -> Sok>GatherShardRows -> (all-to-all) -> Sok>CombineForward
+// and the backward ops Sok>CombineBackward and Sok>SplitGradientByTable.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace sok {
+
+using ::tensorflow::Status;
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+REGISTER_OP("Sok>PartitionKeys")
+    .Input("ids: N * Tindex")
+    .Output("send_keys: int64")
+    .Output("splits: int32")
+    .Output("position: int32")
+    .Attr("N: int >= 1")
+    .Attr("Tindex: {int32, int64}")
+    .Attr("lookup_table: list(int)")
+    .Attr("table_rows: list(int)")
+    .Attr("table_owner: list(int)")
+    .Attr("table_names: list(string)")
+    .Attr("num_workers: int >= 1")
+    .Attr("dedup: bool = true")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      int64_t num_workers = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_workers", &num_workers));
+      DimensionHandle total = c->MakeDim(0);
+      for (int i = 0; i < c->num_inputs(); ++i) {
+        ShapeHandle ids;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &ids));
+        TF_RETURN_IF_ERROR(c->Add(total, c->Dim(ids, 0), &total));
+      }
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Vector(num_workers));
+      c->set_output(2, c->Vector(total));
+      return Status();
+    })
+    .Doc(R"doc(
+Deduplicates the ids of each table, maps them to their owner worker and local row, and lays
+them out grouped by worker for an all-to-all. send_keys packs (table, local row); splits counts
+the keys for each worker; position gives, for every input id, its key's index in send_keys.
+)doc");
+
+REGISTER_OP("Sok>GatherShardRows")
+    .Input("shards: num_tables * resource")
+    .Input("keys: int64")
+    .Output("rows: dtype")
+    .Attr("num_tables: int >= 1")
+    .Attr("dtype: {float}")
+    .Attr("dim: int >= 1")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      int64_t dim = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      ShapeHandle keys;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(c->num_inputs() - 1), 1, &keys));
+      c->set_output(0, c->Matrix(c->Dim(keys, 0), dim));
+      return Status();
+    })
+    .Doc("Reads the rows named by packed keys from the local shards of the group's tables.");
+
+REGISTER_OP("Sok>SplitGradientByTable")
+    .Input("keys: int64")
+    .Input("grad: dtype")
+    .Output("indices: num_tables * int64")
+    .Output("values: num_tables * dtype")
+    .Attr("num_tables: int >= 1")
+    .Attr("dtype: {float}")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      int64_t num_tables = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &num_tables));
+      ShapeHandle keys, grad;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &keys));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &grad));
+      for (int64_t t = 0; t < num_tables; ++t) {
+        c->set_output(t, c->Vector(c->UnknownDim()));
+        c->set_output(num_tables + t, c->Matrix(c->UnknownDim(), c->Dim(grad, 1)));
+      }
+      return Status();
+    })
+    .Doc("Gradient of GatherShardRows: the rows' gradients grouped by the table they belong to.");
+
+namespace {
+
+Status CombineShapes(InferenceContext* c, int first_splits) {
+  int64_t n = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  for (int64_t l = 0; l < n; ++l) {
+    ShapeHandle splits;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(first_splits + l), 1, &splits));
+  }
+  return Status();
+}
+
+}  // namespace
+
+REGISTER_OP("Sok>CombineForward")
+    .Input("rows: dtype")
+    .Input("position: int32")
+    .Input("row_splits: N * int64")
+    .Input("weights: N * float")
+    .Output("outputs: N * dtype")
+    .Attr("N: int >= 1")
+    .Attr("dtype: {float}")
+    .Attr("combiners: list(string)")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      ShapeHandle rows, position;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &rows));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &position));
+      TF_RETURN_IF_ERROR(CombineShapes(c, 2));
+      int64_t n = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      for (int64_t l = 0; l < n; ++l) {
+        DimensionHandle batch;
+        TF_RETURN_IF_ERROR(c->Subtract(c->Dim(c->input(2 + l), 0), 1, &batch));
+        c->set_output(l, c->Matrix(batch, c->Dim(rows, 1)));
+      }
+      return Status();
+    })
+    .Doc("Pools the rows of each sample of each lookup with its combiner and weights.");
+
+REGISTER_OP("Sok>CombineBackward")
+    .Input("output_grads: N * dtype")
+    .Input("position: int32")
+    .Input("row_splits: N * int64")
+    .Input("weights: N * float")
+    .Input("num_rows: int64")
+    .Output("rows_grad: dtype")
+    .Attr("N: int >= 1")
+    .Attr("dtype: {float}")
+    .Attr("combiners: list(string)")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      int64_t n = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      ShapeHandle grad, scalar;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &grad));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3 * n + 1), 0, &scalar));
+      TF_RETURN_IF_ERROR(CombineShapes(c, n + 1));
+      c->set_output(0, c->Matrix(c->UnknownDim(), c->Dim(grad, 1)));
+      return Status();
+    })
+    .Doc("Gradient of CombineForward with respect to its rows.");
+
+}  // namespace sok

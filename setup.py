@@ -1,0 +1,31 @@
+"""`pip install .` builds the op library with CMake against the installed TensorFlow.
+
+TensorFlow must be installed first and the build run without isolation
+(`pip install --no-build-isolation .`), so the library matches the TensorFlow it loads into.
+"""
+import os
+import sys
+
+from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+
+class BuildWithCMake(build_py):
+    def run(self):
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
+        import build_plugin  # noqa: E402  (needs TensorFlow, so imported late)
+
+        build_plugin.build()
+        super().run()
+
+
+setup(
+    name="sparse_operation_kit",
+    version="0.1.0",
+    description="Fused, distributed embedding lookups and dynamic tables for TensorFlow 2",
+    packages=find_packages(include=["sparse_operation_kit", "sparse_operation_kit.*"]),
+    package_data={"sparse_operation_kit": ["lib/*.so"]},
+    python_requires=">=3.9",
+    install_requires=["tensorflow-cpu==2.15.1; platform_machine=='x86_64'", "numpy<2"],
+    cmdclass={"build_py": BuildWithCMake},
+)

@@ -1,0 +1,20 @@
+"""sparse_operation_kit: fused, distributed embedding lookups for TensorFlow 2.
+
+A drop-in replacement for NVIDIA SparseOperationKit v2's Python API that also runs on CPU.
+Importing prints nothing and loads the op library only when an op first runs.
+"""
+import tensorflow as _tf
+
+from sparse_operation_kit._ops import raw_ops
+from sparse_operation_kit.communication import init
+from sparse_operation_kit.lookup import all2all_dense_embedding, lookup_sparse
+from sparse_operation_kit.variables import Variable, filter_variables
+
+tf_version = tuple(int(part) for part in _tf.__version__.split(".")[:2])
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "Variable", "lookup_sparse", "all2all_dense_embedding", "filter_variables",
+    "raw_ops", "tf_version",
+]

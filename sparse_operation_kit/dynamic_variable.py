@@ -1,0 +1,3 @@
+"""Hash-backed dynamic tables (issue 3). Until they land, no dynamic variable types exist."""
+
+DYNAMIC_TYPES = ()

@@ -1,0 +1,239 @@
+"""The fused, distributed embedding lookup.
+
+One step of a group of tables sharing a dimension reads top to bottom:
+  input distribution   Sok>PartitionKeys: dedup per table, route each key to its owner
+                       alltoall of the packed keys
+  compute              Sok>GatherShardRows: the owner reads rows from its local shards
+  output distribution  alltoall of the rows back to the workers that asked
+                       Sok>CombineForward: pool each sample's rows with its combiner
+Backward is autodiff of the same chain: CombineBackward, alltoall back to the owners,
+SplitGradientByTable into one IndexedSlices per table.
+"""
+import collections
+
+import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
+
+from sparse_operation_kit import communication
+from sparse_operation_kit._ops import raw_ops
+from sparse_operation_kit.variables import DISTRIBUTED, Variable
+
+COMBINERS = ("sum", "mean", "sqrtn")
+_ID_DTYPES = (tf.int32, tf.int64)
+
+
+class _Lookup(collections.namedtuple("_Lookup", "table ids row_splits weights combiner")):
+    """One lookup after validation: flat ids, row_splits (int64) and flat weights (or None)."""
+
+
+def _as_list(value, what):
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise TypeError(f"{what} must be a list, got {type(value).__name__}")
+
+
+def _flatten_ids(sp_ids, index):
+    if isinstance(sp_ids, tf.RaggedTensor):
+        if sp_ids.ragged_rank != 1 or sp_ids.shape.rank != 2:
+            raise ValueError(f"sp_ids[{index}] must be a 2-D RaggedTensor [batch, None], got "
+                             f"shape {sp_ids.shape}")
+        ragged = sp_ids
+    elif isinstance(sp_ids, tf.SparseTensor):
+        if sp_ids.shape.rank is not None and sp_ids.shape.rank != 2:
+            raise ValueError(f"sp_ids[{index}] must be a 2-D SparseTensor, got rank "
+                             f"{sp_ids.shape.rank}")
+        ragged = tf.RaggedTensor.from_sparse(sp_ids)
+    else:
+        raise TypeError(f"sp_ids[{index}] must be a tf.SparseTensor or tf.RaggedTensor, got "
+                        f"{type(sp_ids).__name__}")
+    if ragged.dtype not in _ID_DTYPES:
+        raise TypeError(f"sp_ids[{index}] has dtype {ragged.dtype.name}; ids must be int32 or "
+                        "int64")
+    return ragged.values, tf.cast(ragged.row_splits, tf.int64)
+
+
+def _flatten_weights(sp_weights, index):
+    if sp_weights is None:
+        return None
+    if isinstance(sp_weights, tf.RaggedTensor):
+        values = sp_weights.values
+    elif isinstance(sp_weights, tf.SparseTensor):
+        values = sp_weights.values
+    else:
+        raise TypeError(f"sp_weights[{index}] must be a tf.SparseTensor or tf.RaggedTensor like "
+                        f"its ids, got {type(sp_weights).__name__}")
+    if values.dtype != tf.float32:
+        raise TypeError(f"sp_weights[{index}] has dtype {values.dtype.name}; weights must be "
+                        "float32")
+    return values
+
+
+def _check_table(param, index):
+    if not isinstance(param, resource_variable_ops.BaseResourceVariable):
+        raise TypeError(f"params[{index}] must be a sok.Variable or tf.Variable, got "
+                        f"{type(param).__name__}")
+    if param.dtype != tf.float32:
+        raise TypeError(f"params[{index}] ({param.name}) has dtype {param.dtype.name}; tables "
+                        "must be float32")
+    if param.shape.rank != 2:
+        raise ValueError(f"params[{index}] ({param.name}) must be a [rows, dim] table, got shape "
+                         f"{param.shape}")
+
+
+def _placement_attrs(table):
+    """(global rows, owner) of a table; a plain tf.Variable is replicated on every worker."""
+    if isinstance(table, Variable):
+        return table.global_rows, table.placement.owner
+    return int(table.shape[0]), communication.rank()
+
+
+def _validate(params, sp_ids, sp_weights, combiners):
+    params = _as_list(params, "params")
+    sp_ids = _as_list(sp_ids, "sp_ids")
+    if len(params) != len(sp_ids):
+        raise ValueError(f"params has {len(params)} tables but sp_ids has {len(sp_ids)} entries; "
+                         "give one ids tensor per table")
+    if combiners is None:
+        combiners = ["mean"] * len(params)
+    combiners = _as_list(combiners, "combiners")
+    if len(combiners) != len(params):
+        raise ValueError(f"combiners has {len(combiners)} entries for {len(params)} lookups")
+    for i, combiner in enumerate(combiners):
+        if combiner not in COMBINERS:
+            raise ValueError(f"combiners[{i}] is {combiner!r}; valid combiners are {COMBINERS}")
+    sp_weights = [None] * len(params) if sp_weights is None else _as_list(sp_weights, "sp_weights")
+    if len(sp_weights) != len(params):
+        raise ValueError(f"sp_weights has {len(sp_weights)} entries for {len(params)} lookups")
+    lookups = []
+    for i, (param, ids, weights, combiner) in enumerate(zip(params, sp_ids, sp_weights, combiners)):
+        _check_table(param, i)
+        values, row_splits = _flatten_ids(ids, i)
+        lookups.append(_Lookup(param, values, row_splits, _flatten_weights(weights, i), combiner))
+    return lookups
+
+
+def _group_by_dimension(lookups):
+    """{dim: [lookup index, ...]} in first-seen order: one op chain per group."""
+    groups = collections.OrderedDict()
+    for i, lookup in enumerate(lookups):
+        groups.setdefault(int(lookup.table.shape[1]), []).append(i)
+    return groups
+
+
+def _fused_group(lookups, dim):
+    """Runs the op chain for lookups whose tables share `dim`; returns one output each."""
+    tables = []  # unique tables, by identity, in first-seen order
+    table_index = {}
+    for lookup in lookups:
+        key = id(lookup.table)
+        if key not in table_index:
+            table_index[key] = len(tables)
+            tables.append(lookup.table)
+    for table in tables:  # so GradientTape and tf.function see the tables being read
+        resource_variable_ops.variable_accessed(table)
+    placements = [_placement_attrs(table) for table in tables]
+    ids = [lookup.ids for lookup in lookups]
+    if len({t.dtype for t in ids}) > 1:
+        ids = [tf.cast(t, tf.int64) for t in ids]
+
+    # Input distribution.
+    send_keys, splits, position = raw_ops.sok_partition_keys(
+        ids=ids,
+        lookup_table=[table_index[id(lookup.table)] for lookup in lookups],
+        table_rows=[rows for rows, _ in placements],
+        table_owner=[owner if owner != DISTRIBUTED else -1 for _, owner in placements],
+        table_names=[table.name for table in tables],
+        num_workers=communication.num_workers())
+    received_keys, received_splits = communication.alltoall(send_keys, splits)
+    # Compute on the owner.
+    rows = raw_ops.sok_gather_shard_rows(
+        shards=[table.handle for table in tables], keys=received_keys, dtype=tf.float32, dim=dim)
+    # Output distribution.
+    rows, _ = communication.alltoall(rows, received_splits)
+    empty = tf.zeros([0], tf.float32)
+    return raw_ops.sok_combine_forward(
+        rows=rows, position=position,
+        row_splits=[lookup.row_splits for lookup in lookups],
+        weights=[empty if lookup.weights is None else lookup.weights for lookup in lookups],
+        combiners=[lookup.combiner for lookup in lookups])
+
+
+def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequency_filter=False):
+    """Pooled embedding lookups of several tables in one fused op chain.
+
+    Args:
+      params: list of tables (`sok.Variable`; a plain `tf.Variable` is treated as replicated
+        on every worker). Several lookups may share one table.
+      sp_ids: list, one per lookup, of 2-D `tf.SparseTensor` or `tf.RaggedTensor` of int32 or
+        int64 ids, [local_batch, None].
+      sp_weights: None, or a list like sp_ids of float32 per-id weights (entries may be None).
+      combiners: list of "sum", "mean" (the default) or "sqrtn".
+      use_low_frequency_filter: only affects dynamic tables (accepted for SOK compatibility).
+
+    Returns:
+      A list with one [local_batch, dim] float32 tensor per lookup, equal to
+      `tf.nn.safe_embedding_lookup_sparse` on the whole table (empty samples give zeros).
+      Gradients reach the tables as `tf.IndexedSlices` of their local shards.
+
+    Raises:
+      TypeError / ValueError before anything runs on bad lists, types, ranks or combiners;
+      tf.errors.InvalidArgumentError when an id is outside its table or weights do not match.
+    """
+    single = not isinstance(params, (list, tuple))
+    if single:
+        params, sp_ids = [params], [sp_ids]
+        sp_weights = None if sp_weights is None else [sp_weights]
+        combiners = None if combiners is None else [combiners]
+    communication._require_init()
+    lookups = _validate(params, sp_ids, sp_weights, combiners)
+    outputs = [None] * len(lookups)
+    with tf.name_scope("sok_lookup_sparse"):
+        for dim, members in _group_by_dimension(lookups).items():
+            results = _fused_group([lookups[i] for i in members], dim)
+            for i, result in zip(members, results):
+                outputs[i] = result
+    return outputs[0] if single else outputs
+
+
+def all2all_dense_embedding(param, indices):
+    """Unpooled lookup, like `tf.nn.embedding_lookup`: returns indices.shape + [dim]."""
+    communication._require_init()
+    _check_table(param, 0)
+    indices = tf.convert_to_tensor(indices)
+    if indices.dtype not in _ID_DTYPES:
+        raise TypeError(f"indices have dtype {indices.dtype.name}; ids must be int32 or int64")
+    with tf.name_scope("sok_all2all_dense_embedding"):
+        flat = tf.reshape(indices, [-1])
+        row_splits = tf.range(tf.size(flat, out_type=tf.int64) + 1)
+        lookup = _Lookup(param, flat, row_splits, None, "sum")
+        (rows,) = _fused_group([lookup], int(param.shape[1]))
+        return tf.reshape(rows, tf.concat([tf.shape(indices), [int(param.shape[1])]], 0))
+
+
+@tf.RegisterGradient("Sok>GatherShardRows")
+def _gather_shard_rows_grad(op, grad):
+    num_tables = op.get_attr("num_tables")
+    keys = op.inputs[num_tables]
+    indices, values = raw_ops.sok_split_gradient_by_table(
+        keys=keys, grad=tf.convert_to_tensor(grad), num_tables=num_tables)
+    grads = [
+        tf.IndexedSlices(values[t], indices[t],
+                         dense_shape=tf.raw_ops.VariableShape(input=op.inputs[t],
+                                                              out_type=tf.int64))
+        for t in range(num_tables)
+    ]
+    return grads + [None]
+
+
+@tf.RegisterGradient("Sok>CombineForward")
+def _combine_forward_grad(op, *output_grads):
+    n = op.get_attr("N")
+    rows, position = op.inputs[0], op.inputs[1]
+    row_splits = list(op.inputs[2:2 + n])
+    weights = list(op.inputs[2 + n:2 + 2 * n])
+    output_grads = [tf.zeros_like(op.outputs[i]) if g is None else tf.convert_to_tensor(g)
+                    for i, g in enumerate(output_grads)]
+    rows_grad = raw_ops.sok_combine_backward(
+        output_grads=output_grads, position=position, row_splits=row_splits, weights=weights,
+        num_rows=tf.shape(rows, out_type=tf.int64)[0], combiners=op.get_attr("combiners"))
+    return [rows_grad, None] + [None] * (2 * n)

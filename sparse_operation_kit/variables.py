@@ -1,0 +1,146 @@
+"""Static embedding tables placed across workers.
+
+`Variable` is a `tf.Variable` whose value on each worker is that worker's local shard:
+- distributed: global row r lives on worker r % N at local row r // N;
+- localized:K: the whole table on worker K, an empty [0, dim] variable elsewhere.
+"""
+import dataclasses
+import re
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
+
+from sparse_operation_kit import communication
+
+_LOCALIZED = re.compile(r"^localized:(\d+)$")
+DISTRIBUTED = -1  # `Placement.owner` of a distributed table
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the rows of a static table live."""
+
+    owner: int  # DISTRIBUTED, or the worker holding the whole table
+    num_workers: int
+
+    def local_rows(self, global_rows, rank):
+        if self.owner == DISTRIBUTED:
+            return max(0, (global_rows - rank + self.num_workers - 1) // self.num_workers)
+        return global_rows if rank == self.owner else 0
+
+    def mode(self):
+        return "distributed" if self.owner == DISTRIBUTED else f"localized:{self.owner}"
+
+
+def parse_mode(mode, num_workers):
+    """Parses SOK's `mode` string into a Placement; ValueError names the valid forms."""
+    if mode is None or mode == "distributed":
+        return Placement(DISTRIBUTED, num_workers)
+    match = _LOCALIZED.match(mode) if isinstance(mode, str) else None
+    if not match:
+        raise ValueError(f"unknown mode {mode!r}; valid modes are None, 'distributed' and "
+                         "'localized:K' with K a worker index")
+    owner = int(match.group(1))
+    if owner >= num_workers:
+        raise ValueError(f"mode {mode!r} places the table on worker {owner}, but there are "
+                         f"only {num_workers} workers")
+    return Placement(owner, num_workers)
+
+
+def _local_shard(global_value, placement, rank):
+    """The rows of the global table that this worker holds, in increasing global row."""
+    if placement.owner == DISTRIBUTED:
+        return global_value[rank::placement.num_workers]
+    if rank == placement.owner:
+        return global_value
+    return global_value[:0]
+
+
+class Variable(resource_variable_ops.ResourceVariable):
+    """A static embedding table whose value on each worker is its local shard.
+
+    Args:
+      initial_value: the whole table, [rows, dim] (array, tensor or callable returning one);
+        each worker keeps its shard of it. Or leave it None and give `shape` ([rows, dim] of the
+        whole table) and `initializer` (a Keras initializer or its name), which fills only the
+        local shard.
+      mode: None / "distributed" (rows round-robin over workers) or "localized:K".
+      Other arguments as `tf.Variable` (name, trainable, dtype).
+
+    Attributes:
+      mode, target_gpu (-1 when distributed), num_gpus, global_rows, dimension.
+    """
+
+    def __init__(self, initial_value=None, mode=None, trainable=True, name=None, dtype=None,
+                 shape=None, initializer=None, **kwargs):
+        communication._require_init()
+        rank, num_workers = communication.rank(), communication.num_workers()
+        placement = parse_mode(mode, num_workers)
+        if initial_value is not None:
+            if callable(initial_value):
+                initial_value = initial_value()
+            global_value = tf.convert_to_tensor(initial_value, dtype=dtype)
+            if global_value.shape.rank != 2:
+                raise ValueError("a sok.Variable holds a [rows, dim] table, got initial value of "
+                                 f"shape {global_value.shape}")
+            global_rows, dim = global_value.shape
+            local_value = _local_shard(global_value, placement, rank)
+        else:
+            if shape is None or len(shape) != 2:
+                raise ValueError(f"give initial_value, or shape=[rows, dim] with an initializer; "
+                                 f"got shape {shape!r}")
+            global_rows, dim = int(shape[0]), int(shape[1])
+            initializer = tf.keras.initializers.get(initializer or "glorot_uniform")
+            local_shape = [placement.local_rows(global_rows, rank), dim]
+            local_value = initializer(local_shape, dtype=dtype or tf.float32)
+        self._placement = placement
+        self._global_rows = int(global_rows)
+        self._dimension = int(dim)
+        super().__init__(initial_value=local_value, trainable=trainable, name=name,
+                         dtype=dtype, **kwargs)
+
+    @property
+    def placement(self):
+        return self._placement
+
+    @property
+    def mode(self):
+        return self._placement.mode()
+
+    @property
+    def target_gpu(self):
+        return self._placement.owner
+
+    @property
+    def num_gpus(self):
+        return self._placement.num_workers
+
+    @property
+    def global_rows(self):
+        return self._global_rows
+
+    @property
+    def dimension(self):
+        return self._dimension
+
+    def global_row_ids(self):
+        """The global row of each local row, as an int64 numpy array."""
+        rank = communication.rank()
+        if self._placement.owner == DISTRIBUTED:
+            return np.arange(rank, self._global_rows, self._placement.num_workers, dtype=np.int64)
+        return np.arange(self._placement.local_rows(self._global_rows, rank), dtype=np.int64)
+
+
+def is_sok_variable(variable):
+    from sparse_operation_kit import dynamic_variable  # noqa: PLC0415  (optional module)
+
+    return isinstance(variable, (Variable, *dynamic_variable.DYNAMIC_TYPES))
+
+
+def filter_variables(variables):
+    """Splits variables into (sok variables, other variables), keeping their order."""
+    sok_vars, other_vars = [], []
+    for variable in variables:
+        (sok_vars if is_sok_variable(variable) else other_vars).append(variable)
+    return sok_vars, other_vars
