@@ -31,3 +31,8 @@ fi
 # The plugin: rebuilt by CMake incrementally; the editable install points the package at it.
 echo "[setup] building the plugin"
 "$PY" scripts/build_plugin.py
+stamp_pkg="$VENV/.editable-v1"
+if [ ! -f "$stamp_pkg" ]; then
+  "$PY" -m pip install -q --no-deps --no-build-isolation -e .
+  touch "$stamp_pkg"
+fi

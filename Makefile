@@ -1,0 +1,20 @@
+# The README's commands. Each one does its own set-up (idempotent, seconds the second time).
+PY := .venv/bin/python
+
+.PHONY: setup build test test-fast bench dlrm clean
+
+setup:
+	bash scripts/setup_env.sh
+
+build: setup
+
+# The whole suite, multi-worker tests (horovodrun -np 2 --gloo) included.
+test: setup
+	$(PY) -m pytest -q tests
+
+# CPU benchmarks against the competitors, results under benchmarks/results/.
+bench: setup
+	$(PY) benchmarks/cpu/c1_fused_lookup.py
+
+clean:
+	rm -rf build sparse_operation_kit/lib

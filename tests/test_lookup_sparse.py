@@ -1,0 +1,175 @@
+"""sok.lookup_sparse against tf.nn.safe_embedding_lookup_sparse on the whole table."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+from conftest import run_mode
+
+COMBINERS = ["sum", "mean", "sqrtn"]
+
+
+def random_batch(rng, batch, vocab, max_len=4, id_dtype=tf.int64):
+    """A ragged id batch (with empty rows) and matching positive weights."""
+    lengths = rng.integers(0, max_len + 1, size=batch)
+    if batch > 1:
+        lengths[1] = 0  # always at least one empty sample
+    ids = rng.integers(0, vocab, size=lengths.sum())
+    weights = rng.uniform(0.5, 2.0, size=lengths.sum()).astype(np.float32)
+    row_lengths = tf.constant(lengths, tf.int64)
+    ragged_ids = tf.RaggedTensor.from_row_lengths(tf.constant(ids, id_dtype), row_lengths)
+    ragged_weights = tf.RaggedTensor.from_row_lengths(tf.constant(weights), row_lengths)
+    return ragged_ids, ragged_weights
+
+
+def as_input(ragged, form):
+    return ragged if form == "ragged" else ragged.to_sparse()
+
+
+def reference(table, ids, weights, combiner):
+    return tf.nn.safe_embedding_lookup_sparse(
+        table, ids.to_sparse(), None if weights is None else weights.to_sparse(),
+        combiner=combiner)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("form", ["ragged", "sparse"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_matches_safe_embedding_lookup_sparse(combiner, weighted, form, id_dtype, mode):
+    rng = np.random.default_rng(7)
+    vocab, dim, batch = 40, 5, 9
+    init = rng.normal(size=[vocab, dim]).astype(np.float32)
+    table, ref_table = sok.Variable(init), tf.Variable(init)
+    ids, weights = random_batch(rng, batch, vocab, id_dtype=id_dtype)
+    weights = weights if weighted else None
+    cotangent = tf.constant(rng.normal(size=[batch, dim]).astype(np.float32))
+
+    def step():
+        with tf.GradientTape(persistent=True) as tape:
+            out = sok.lookup_sparse(
+                [table], [as_input(ids, form)],
+                None if weights is None else [as_input(weights, form)], [combiner])[0]
+            ref = reference(ref_table, ids, weights, combiner)
+            loss, ref_loss = tf.reduce_sum(out * cotangent), tf.reduce_sum(ref * cotangent)
+        return out, ref, tape.gradient(loss, table), tape.gradient(ref_loss, ref_table)
+
+    out, ref, grad, ref_grad = run_mode(mode, step)
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+    assert isinstance(grad, tf.IndexedSlices)
+    np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
+                               tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dim", [1, 3, 16, 128])
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_dimensions(dim, combiner):
+    rng = np.random.default_rng(dim)
+    init = rng.normal(size=[300, dim]).astype(np.float32)
+    table, ref_table = sok.Variable(init), tf.Variable(init)
+    ids, weights = random_batch(rng, 64, 300, max_len=9)
+    out = sok.lookup_sparse([table], [ids], [weights], [combiner])[0]
+    np.testing.assert_allclose(out.numpy(), reference(ref_table, ids, weights, combiner).numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dedup_shares_table", [True, False])
+def test_many_tables_and_shared_tables_in_one_call(dedup_shares_table):
+    """Tables of two dimensions, one table used by two lookups; gradients add up."""
+    rng = np.random.default_rng(3)
+    shapes = [(30, 8), (12, 3), (50, 8)]
+    inits = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    tables = [sok.Variable(v) for v in inits]
+    refs = [tf.Variable(v) for v in inits]
+    which = [0, 1, 2, 0] if dedup_shares_table else [0, 1, 2, 2]
+    combiners = ["sum", "mean", "sqrtn", "mean"]
+    batches = [random_batch(rng, 11, shapes[t][0])[0] for t in which]
+    with tf.GradientTape(persistent=True) as tape:
+        outs = sok.lookup_sparse([tables[t] for t in which], batches, combiners=combiners)
+        ref_outs = [reference(refs[t], b, None, c) for t, b, c in zip(which, batches, combiners)]
+        loss = sum(tf.reduce_sum(o * (i + 1)) for i, o in enumerate(outs))
+        ref_loss = sum(tf.reduce_sum(o * (i + 1)) for i, o in enumerate(ref_outs))
+    for out, ref in zip(outs, ref_outs):
+        np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+    for grad, ref_grad in zip(tape.gradient(loss, tables), tape.gradient(ref_loss, refs)):
+        np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
+                                   tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_zero_size_batch(mode):
+    table = sok.Variable(np.ones([10, 4], np.float32))
+    ids = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
+
+    def step():
+        with tf.GradientTape() as tape:
+            out = sok.lookup_sparse([table], [ids], combiners=["mean"])[0]
+            loss = tf.reduce_sum(out)
+        return out, tape.gradient(loss, table)
+
+    out, grad = run_mode(mode, step)
+    assert out.shape == (0, 4)
+    assert tf.reduce_sum(tf.abs(tf.convert_to_tensor(grad))).numpy() == 0.0
+
+
+def test_all_empty_rows_give_zeros():
+    table = sok.Variable(np.ones([10, 2], np.float32))
+    ids = tf.ragged.constant([[], [], []], dtype=tf.int64, ragged_rank=1)
+    for combiner in COMBINERS:
+        out = sok.lookup_sparse([table], [ids], combiners=[combiner])[0]
+        np.testing.assert_array_equal(out.numpy(), np.zeros([3, 2], np.float32))
+
+
+def test_single_table_form():
+    init = np.arange(20, dtype=np.float32).reshape(10, 2)
+    ids = tf.ragged.constant([[1, 2], [9]], dtype=tf.int64)
+    out = sok.lookup_sparse(sok.Variable(init), ids, combiners="sum")
+    np.testing.assert_allclose(out.numpy(), np.stack([init[1] + init[2], init[9]]))
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_all2all_dense_embedding_matches_embedding_lookup(mode):
+    rng = np.random.default_rng(11)
+    init = rng.normal(size=[25, 6]).astype(np.float32)
+    table, ref_table = sok.Variable(init), tf.Variable(init)
+    indices = tf.constant(rng.integers(0, 25, size=[4, 3]), tf.int64)
+
+    def step():
+        with tf.GradientTape(persistent=True) as tape:
+            out = sok.all2all_dense_embedding(table, indices)
+            ref = tf.nn.embedding_lookup(ref_table, indices)
+            loss, ref_loss = tf.reduce_sum(out * out), tf.reduce_sum(ref * ref)
+        return out, ref, tape.gradient(loss, table), tape.gradient(ref_loss, ref_table)
+
+    out, ref, grad, ref_grad = run_mode(mode, step)
+    assert out.shape == (4, 3, 6)
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
+                               tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5)
+
+
+def test_gradient_matches_finite_differences():
+    """The tape gradient equals central differences of the loss over every table entry."""
+    rng = np.random.default_rng(5)
+    init = rng.normal(size=[6, 3]).astype(np.float32)
+    ids, weights = random_batch(rng, 5, 6)
+    cotangent = tf.constant(rng.normal(size=[5, 3]).astype(np.float32))
+    table = sok.Variable(init)
+
+    def loss():
+        out = sok.lookup_sparse([table], [ids], [weights], ["sqrtn"])[0]
+        return tf.reduce_sum(out * cotangent)
+
+    with tf.GradientTape() as tape:
+        value = loss()
+    theoretical = tf.convert_to_tensor(tape.gradient(value, table)).numpy()
+    numerical = np.zeros_like(init)
+    step = 0.5  # the loss is linear in the table, so a large step is exact
+    for index in np.ndindex(*init.shape):
+        for sign in (1, -1):
+            perturbed = init.copy()
+            perturbed[index] += sign * step
+            table.assign(perturbed)
+            numerical[index] += sign * loss().numpy() / (2 * step)
+    np.testing.assert_allclose(theoretical, numerical, rtol=1e-4, atol=1e-4)
