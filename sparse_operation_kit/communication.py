@@ -85,6 +85,19 @@ def alltoall(tensor, splits):
 
 
 def allreduce_sum(tensor):
+    """Sum of `tensor` over workers (e.g. a dense gradient), safe inside tf.function.
+
+    The input passes through Sok>Unfoldable first: on a worker with an empty local batch the
+    gradient is a compile-time constant, and Grappler would otherwise run Horovod's
+    allreduce while optimising that worker's graph, hanging every worker.
+    """
     if _state.num_workers == 1:
         return tensor
-    return _state.hvd.allreduce(tensor, op=_state.hvd.Sum)
+    from sparse_operation_kit._ops import raw_ops  # noqa: PLC0415
+
+    return _state.hvd.allreduce(raw_ops.sok_unfoldable(tensor), op=_state.hvd.Sum)
+
+
+@tf.RegisterGradient("Sok>Unfoldable")
+def _unfoldable_grad(_, grad):
+    return grad

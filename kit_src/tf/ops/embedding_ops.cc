@@ -1,6 +1,9 @@
 // Registration and shape functions of the fused lookup's op chain:
 //   Sok>PartitionKeys -> (all-to-all) -> Sok>GatherShardRows -> (all-to-all) -> Sok>CombineForward
 // and the backward ops Sok>CombineBackward and Sok>SplitGradientByTable.
+// Every op of the chain is stateful: with a zero-size local batch Grappler would otherwise
+// fold the chain away on that worker only, and the others would wait forever in the
+// all-to-all.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -13,6 +16,7 @@ using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
 REGISTER_OP("Sok>PartitionKeys")
+    .SetIsStateful()  // part of a collective chain: never pruned or folded
     .Input("ids: N * Tindex")
     .Output("send_keys: int64")
     .Output("splits: int32")
@@ -46,6 +50,7 @@ the keys for each worker; position gives, for every input id, its key's index in
 )doc");
 
 REGISTER_OP("Sok>GatherShardRows")
+    .SetIsStateful()  // part of a collective chain: never pruned or folded
     .Input("shards: num_tables * resource")
     .Input("keys: int64")
     .Output("rows: dtype")
@@ -63,6 +68,7 @@ REGISTER_OP("Sok>GatherShardRows")
     .Doc("Reads the rows named by packed keys from the local shards of the group's tables.");
 
 REGISTER_OP("Sok>SplitGradientByTable")
+    .SetIsStateful()  // part of a collective chain: never pruned or folded
     .Input("keys: int64")
     .Input("grad: dtype")
     .Output("indices: num_tables * int64")
@@ -98,6 +104,7 @@ Status CombineShapes(InferenceContext* c, int first_splits) {
 }  // namespace
 
 REGISTER_OP("Sok>CombineForward")
+    .SetIsStateful()  // part of a collective chain: never pruned or folded
     .Input("rows: dtype")
     .Input("position: int32")
     .Input("row_splits: N * int64")
@@ -123,6 +130,7 @@ REGISTER_OP("Sok>CombineForward")
     .Doc("Pools the rows of each sample of each lookup with its combiner and weights.");
 
 REGISTER_OP("Sok>CombineBackward")
+    .SetIsStateful()  // part of a collective chain: never pruned or folded
     .Input("output_grads: N * dtype")
     .Input("position: int32")
     .Input("row_splits: N * int64")
