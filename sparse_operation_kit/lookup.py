@@ -1,6 +1,6 @@
 """The fused, distributed embedding lookup.
 
-One step of a group of tables sharing a dimension reads top to bottom:
+One step of a group of tables sharing a dimension reads top to bottom (see _fused_group):
   input distribution   Sok>PartitionKeys: dedup per table, route each key to its owner
                        alltoall of the packed keys
   compute              Sok>GatherShardRows: the owner reads rows from its local shards
@@ -8,6 +8,10 @@ One step of a group of tables sharing a dimension reads top to bottom:
                        Sok>CombineForward: pool each sample's rows with its combiner
 Backward is autodiff of the same chain: CombineBackward, alltoall back to the owners,
 SplitGradientByTable into one IndexedSlices per table.
+With one worker the exchanges are skipped; the keys then arrive grouped by table, so the
+gradient of each table is a block of the rows' gradient, handed out without a copy.
+Static tables deduplicate through a bitmap, so each table's keys are sorted and the gather
+reads the shard in increasing row order; pooling then reads the compact gathered rows.
 """
 import collections
 
@@ -144,18 +148,18 @@ def _fused_group(lookups, dim):
         table_owner=[owner if owner != DISTRIBUTED else -1 for _, owner in placements],
         table_names=[table.name for table in tables],
         num_workers=communication.num_workers())
+    row_splits = [lookup.row_splits for lookup in lookups]
+    empty = tf.zeros([0], tf.float32)
+    weights = [empty if lookup.weights is None else lookup.weights for lookup in lookups]
+    combiners = [lookup.combiner for lookup in lookups]
     received_keys, received_splits = communication.alltoall(send_keys, splits)
     # Compute on the owner.
     rows = raw_ops.sok_gather_shard_rows(
         shards=[table.handle for table in tables], keys=received_keys, dtype=tf.float32, dim=dim)
     # Output distribution.
     rows, _ = communication.alltoall(rows, received_splits)
-    empty = tf.zeros([0], tf.float32)
-    return raw_ops.sok_combine_forward(
-        rows=rows, position=position,
-        row_splits=[lookup.row_splits for lookup in lookups],
-        weights=[empty if lookup.weights is None else lookup.weights for lookup in lookups],
-        combiners=[lookup.combiner for lookup in lookups])
+    return raw_ops.sok_combine_forward(rows=rows, position=position, row_splits=row_splits,
+                                       weights=weights, combiners=combiners)
 
 
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequency_filter=False):
@@ -210,19 +214,28 @@ def all2all_dense_embedding(param, indices):
         return tf.reshape(rows, tf.concat([tf.shape(indices), [int(param.shape[1])]], 0))
 
 
+def _table_gradients(op, indices, values):
+    """One IndexedSlices per table handle among op's first inputs."""
+    return [
+        tf.IndexedSlices(values[t], indices[t],
+                         dense_shape=tf.raw_ops.VariableShape(input=op.inputs[t],
+                                                              out_type=tf.int64))
+        for t in range(len(indices))
+    ]
+
+
+def _dense_output_grads(op, output_grads):
+    return [tf.zeros_like(op.outputs[i]) if g is None else tf.convert_to_tensor(g)
+            for i, g in enumerate(output_grads)]
+
+
 @tf.RegisterGradient("Sok>GatherShardRows")
 def _gather_shard_rows_grad(op, grad):
     num_tables = op.get_attr("num_tables")
     keys = op.inputs[num_tables]
     indices, values = raw_ops.sok_split_gradient_by_table(
         keys=keys, grad=tf.convert_to_tensor(grad), num_tables=num_tables)
-    grads = [
-        tf.IndexedSlices(values[t], indices[t],
-                         dense_shape=tf.raw_ops.VariableShape(input=op.inputs[t],
-                                                              out_type=tf.int64))
-        for t in range(num_tables)
-    ]
-    return grads + [None]
+    return _table_gradients(op, indices, values) + [None]
 
 
 @tf.RegisterGradient("Sok>CombineForward")
@@ -231,9 +244,7 @@ def _combine_forward_grad(op, *output_grads):
     rows, position = op.inputs[0], op.inputs[1]
     row_splits = list(op.inputs[2:2 + n])
     weights = list(op.inputs[2 + n:2 + 2 * n])
-    output_grads = [tf.zeros_like(op.outputs[i]) if g is None else tf.convert_to_tensor(g)
-                    for i, g in enumerate(output_grads)]
     rows_grad = raw_ops.sok_combine_backward(
-        output_grads=output_grads, position=position, row_splits=row_splits, weights=weights,
+        output_grads=_dense_output_grads(op, output_grads), position=position, row_splits=row_splits, weights=weights,
         num_rows=tf.shape(rows, out_type=tf.int64)[0], combiners=op.get_attr("combiners"))
     return [rows_grad, None] + [None] * (2 * n)

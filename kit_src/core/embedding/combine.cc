@@ -1,6 +1,8 @@
 #include "kit_src/core/embedding/combine.h"
 
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -26,21 +28,61 @@ Status BadPosition(int64_t position, int64_t num_rows) {
                                  " is out of range [0, " + std::to_string(num_rows) + ")");
 }
 
-template <typename T>
-bool PoolSample(const T* rows, int64_t num_rows, int64_t dim, const PooledLookup<T>& lookup,
+template <typename T, typename Rows>
+bool PoolSample(const Rows& rows, int64_t num_rows, int64_t dim, const PooledLookup<T>& lookup,
                 int64_t s, T* out) {
   const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];
-  std::fill(out, out + dim, T(0));
   const float denominator = Denominator(lookup.combiner, lookup.weights, begin, end);
-  if (denominator == 0.0f) return true;
+  if (begin == end || denominator == 0.0f) {
+    std::fill(out, out + dim, T(0));
+    return true;
+  }
   for (int64_t i = begin; i < end; ++i) {
     const int32_t p = lookup.position[i];
-    if (p < 0 || p >= num_rows) return false;
+    if (p < 0 || p >= num_rows) {
+      std::fill(out, out + dim, T(0));
+      return false;
+    }
     const T scale = static_cast<T>((lookup.weights ? lookup.weights[i] : 1.0f) / denominator);
-    const T* row = rows + static_cast<int64_t>(p) * dim;
-    for (int64_t d = 0; d < dim; ++d) out[d] += scale * row[d];
+    const T* row = rows(p);
+    if (i == begin) {  // the first row initialises the output: one pass less over it
+      for (int64_t d = 0; d < dim; ++d) out[d] = scale * row[d];
+    } else {
+      for (int64_t d = 0; d < dim; ++d) out[d] += scale * row[d];
+    }
   }
   return true;
+}
+
+// Rows are scattered over large tables, so pooling waits on memory; asking for the rows of a
+// sample a few samples ahead keeps several loads in flight.
+constexpr int64_t kPrefetchSamples = 8;
+
+template <typename T, typename Rows>
+void PrefetchSample(const Rows& rows, int64_t num_rows, int64_t dim,
+                    const PooledLookup<T>& lookup, int64_t s, int64_t end) {
+  if (s >= end) return;
+  for (int64_t i = lookup.row_splits[s]; i < lookup.row_splits[s + 1]; ++i) {
+    const int32_t p = lookup.position[i];
+    if (p < 0 || p >= num_rows) return;
+    const char* row = reinterpret_cast<const char*>(rows(p));
+    for (int64_t offset = 0; offset < dim * static_cast<int64_t>(sizeof(T)); offset += 64) {
+      __builtin_prefetch(row + offset);
+    }
+  }
+}
+
+template <typename T>
+Status CheckPositions(int64_t num_rows, const std::vector<PooledLookup<T>>& lookups) {
+  for (const PooledLookup<T>& lookup : lookups) {
+    const int64_t nnz = lookup.row_splits[lookup.batch];
+    for (int64_t i = 0; i < nnz; ++i) {
+      if (lookup.position[i] < 0 || lookup.position[i] >= num_rows) {
+        return BadPosition(lookup.position[i], num_rows);
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -76,73 +118,86 @@ Status ValidateRowSplits(const int64_t* row_splits, int64_t batch, int64_t nnz,
   return Status::Ok();
 }
 
-template <typename T>
-Status CombineForward(const T* rows, int64_t num_rows, int64_t dim,
+template <typename T, typename Rows>
+Status CombineForward(const Rows& rows, int64_t num_rows, int64_t dim,
                       const std::vector<PooledLookup<T>>& lookups,
                       const ParallelFor& parallel_for) {
-  for (const PooledLookup<T>& lookup : lookups) {
-    const int64_t nnz = lookup.row_splits[lookup.batch];
-    const int64_t cost = dim * (2 + nnz / std::max<int64_t>(lookup.batch, 1)) * 2;
-    bool ok = true;
-    parallel_for(lookup.batch, cost, [&](int64_t begin, int64_t end) {
-      for (int64_t s = begin; s < end; ++s) {
+  // One parallel loop over the samples of all lookups: one synchronisation per call.
+  std::vector<int64_t> first_sample(lookups.size() + 1, 0);
+  int64_t total_nnz = 0;
+  for (size_t l = 0; l < lookups.size(); ++l) {
+    first_sample[l + 1] = first_sample[l] + lookups[l].batch;
+    total_nnz += lookups[l].row_splits[lookups[l].batch];
+  }
+  const int64_t total = first_sample.back();
+  const int64_t cost = dim * (2 + total_nnz / std::max<int64_t>(total, 1)) * 4;
+  std::atomic<bool> ok{true};
+  parallel_for(total, cost, [&](int64_t begin, int64_t end) {
+    size_t l = std::upper_bound(first_sample.begin(), first_sample.end(), begin) -
+               first_sample.begin() - 1;
+    for (int64_t g = begin; g < end; ++l) {
+      const PooledLookup<T>& lookup = lookups[l];
+      const int64_t last = std::min(end, first_sample[l + 1]) - first_sample[l];
+      for (int64_t s = g - first_sample[l]; s < last; ++s) {
+        PrefetchSample(rows, num_rows, dim, lookup, s + kPrefetchSamples, last);
         if (!PoolSample(rows, num_rows, dim, lookup, s, lookup.output + s * dim)) ok = false;
       }
-    });
-    if (!ok) {
-      for (int64_t i = 0; i < nnz; ++i) {
-        if (lookup.position[i] < 0 || lookup.position[i] >= num_rows) {
-          return BadPosition(lookup.position[i], num_rows);
-        }
-      }
+      g = first_sample[l] + last;
     }
-  }
+  });
+  if (!ok) return CheckPositions(num_rows, lookups);
   return Status::Ok();
 }
 
-template <typename T>
+template <typename T, typename MutableRows>
 Status CombineBackward(int64_t num_rows, int64_t dim, const std::vector<PooledLookup<T>>& lookups,
-                       T* rows_grad, const ParallelFor& parallel_for) {
+                       const MutableRows& rows_grad, const ParallelFor& parallel_for) {
+  Status status = CheckPositions(num_rows, lookups);
+  if (!status.ok()) return status;
+  // Counting sort of the uses by row: uses of row p are [first_use[p], first_use[p + 1]).
+  std::vector<int64_t> first_use(num_rows + 1, 0);
   for (const PooledLookup<T>& lookup : lookups) {
     const int64_t nnz = lookup.row_splits[lookup.batch];
-    for (int64_t i = 0; i < nnz; ++i) {
-      if (lookup.position[i] < 0 || lookup.position[i] >= num_rows) {
-        return BadPosition(lookup.position[i], num_rows);
+    for (int64_t i = 0; i < nnz; ++i) first_use[lookup.position[i] + 1] += 1;
+  }
+  for (int64_t p = 0; p < num_rows; ++p) first_use[p + 1] += first_use[p];
+  std::vector<const T*> use_grad(first_use[num_rows]);
+  std::vector<T> use_scale(first_use[num_rows]);
+  std::vector<int64_t> next(first_use.begin(), first_use.end() - 1);
+  for (const PooledLookup<T>& lookup : lookups) {
+    for (int64_t s = 0; s < lookup.batch; ++s) {
+      const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];
+      const float denominator = Denominator(lookup.combiner, lookup.weights, begin, end);
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t k = next[lookup.position[i]]++;
+        use_grad[k] = lookup.output_grad + s * dim;
+        use_scale[k] = denominator == 0.0f
+                           ? T(0)
+                           : static_cast<T>((lookup.weights ? lookup.weights[i] : 1.0f) /
+                                            denominator);
       }
     }
   }
-  int64_t total_nnz = 0;
-  for (const PooledLookup<T>& lookup : lookups) total_nnz += lookup.row_splits[lookup.batch];
-  // Column blocks of 8 values: wide enough to vectorise, and they never overlap.
-  constexpr int64_t kBlock = 8;
-  const int64_t num_blocks = (dim + kBlock - 1) / kBlock;
-  parallel_for(num_blocks, (total_nnz + num_rows) * kBlock * 2, [&](int64_t first, int64_t last) {
-    const int64_t d0 = first * kBlock, d1 = std::min(dim, last * kBlock);
-    for (int64_t r = 0; r < num_rows; ++r) {
-      std::fill(rows_grad + r * dim + d0, rows_grad + r * dim + d1, T(0));
-    }
-    for (const PooledLookup<T>& lookup : lookups) {
-      for (int64_t s = 0; s < lookup.batch; ++s) {
-        const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];
-        const float denominator = Denominator(lookup.combiner, lookup.weights, begin, end);
-        if (denominator == 0.0f) continue;
-        const T* grad = lookup.output_grad + s * dim;
-        for (int64_t i = begin; i < end; ++i) {
-          const T scale =
-              static_cast<T>((lookup.weights ? lookup.weights[i] : 1.0f) / denominator);
-          T* out = rows_grad + static_cast<int64_t>(lookup.position[i]) * dim;
-          for (int64_t d = d0; d < d1; ++d) out[d] += scale * grad[d];
-        }
+  const int64_t uses_per_row = first_use[num_rows] / std::max<int64_t>(num_rows, 1) + 1;
+  parallel_for(num_rows, dim * (uses_per_row + 1) * 2, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      T* out = rows_grad(p);
+      std::fill(out, out + dim, T(0));
+      for (int64_t k = first_use[p]; k < first_use[p + 1]; ++k) {
+        const T scale = use_scale[k];
+        const T* grad = use_grad[k];
+        for (int64_t d = 0; d < dim; ++d) out[d] += scale * grad[d];
       }
     }
   });
   return Status::Ok();
 }
 
-template Status CombineForward<float>(const float*, int64_t, int64_t,
-                                      const std::vector<PooledLookup<float>>&,
-                                      const ParallelFor&);
-template Status CombineBackward<float>(int64_t, int64_t, const std::vector<PooledLookup<float>>&,
-                                       float*, const ParallelFor&);
+template Status CombineForward<float, DenseRows<const float>>(
+    const DenseRows<const float>&, int64_t, int64_t, const std::vector<PooledLookup<float>>&,
+    const ParallelFor&);
+template Status CombineBackward<float, DenseRows<float>>(
+    int64_t, int64_t, const std::vector<PooledLookup<float>>&, const DenseRows<float>&,
+    const ParallelFor&);
 
 }  // namespace sok

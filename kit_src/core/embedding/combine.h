@@ -34,16 +34,25 @@ struct PooledLookup {
 Status ValidateRowSplits(const int64_t* row_splits, int64_t batch, int64_t nnz,
                          const std::string& what);
 
-// output[s] = combine over ids i of s of weights[i] * rows[position[i]]; rows is [num_rows, dim].
+// Where row p of the (logical) rows matrix lives. `Rows` reads it, `MutableRows` writes it.
 template <typename T>
-Status CombineForward(const T* rows, int64_t num_rows, int64_t dim,
+struct DenseRows {  // one [num_rows, dim] matrix
+  T* data;
+  int64_t dim;
+  T* operator()(int64_t p) const { return data + p * dim; }
+};
+
+// output[s] = combine over ids i of s of weights[i] * rows(position[i]), p in [0, num_rows).
+template <typename T, typename Rows>
+Status CombineForward(const Rows& rows, int64_t num_rows, int64_t dim,
                       const std::vector<PooledLookup<T>>& lookups,
                       const ParallelFor& parallel_for);
 
-// rows_grad ([num_rows, dim], overwritten) = sum over uses of each row of its share of the
-// output gradient. Columns are split across threads so no two threads add to one element.
-template <typename T>
+// rows_grad(p) (overwritten, for every p in [0, num_rows)) = sum over the uses of row p of
+// their share of the output gradient. Uses are grouped by row first (a counting sort), so
+// each row is written by one thread, once, with no atomics.
+template <typename T, typename MutableRows>
 Status CombineBackward(int64_t num_rows, int64_t dim, const std::vector<PooledLookup<T>>& lookups,
-                       T* rows_grad, const ParallelFor& parallel_for);
+                       const MutableRows& rows_grad, const ParallelFor& parallel_for);
 
 }  // namespace sok

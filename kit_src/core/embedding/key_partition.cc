@@ -31,6 +31,48 @@ int64_t LocalRowOf(const TablePlacement& table, int64_t id, int32_t num_workers)
   return table.owner >= 0 ? id : id / num_workers;
 }
 
+// Dedup through a bitmap of the table's rows, for tables not much larger than the number of
+// ids: no hashing, and the unique ids come out sorted, so the owner reads its shard in
+// increasing row order (far fewer cache and TLB misses than first-seen order).
+template <typename Tindex>
+void CollectTableKeysSorted(const std::vector<LookupIds<Tindex>>& lookups,
+                            const std::vector<int64_t>& lookup_offsets, int32_t table_index,
+                            const TablePlacement& table, const PartitionOptions& options,
+                            int32_t* position, TableKeys* keys) {
+  const int64_t words = (table.rows + 63) / 64;
+  std::vector<uint64_t> bits(words, 0);
+  for (const LookupIds<Tindex>& lookup : lookups) {
+    if (lookup.table != table_index) continue;
+    for (int64_t i = 0; i < lookup.count; ++i) {
+      const int64_t id = static_cast<int64_t>(lookup.ids[i]);
+      if (id < 0 || id >= table.rows) {
+        keys->status = OutOfRange(table, id);
+        return;
+      }
+      bits[id >> 6] |= uint64_t{1} << (id & 63);
+    }
+  }
+  std::vector<int32_t> ids_before(words);  // unique ids in words [0, w)
+  for (int64_t w = 0; w < words; ++w) {
+    ids_before[w] = static_cast<int32_t>(keys->unique_ids.size());
+    for (uint64_t word = bits[w]; word != 0; word &= word - 1) {
+      const int64_t id = w * 64 + __builtin_ctzll(word);
+      keys->unique_ids.push_back(id);
+      keys->per_worker[OwnerOf(table, id, options.num_workers)] += 1;
+    }
+  }
+  for (size_t l = 0; l < lookups.size(); ++l) {
+    const LookupIds<Tindex>& lookup = lookups[l];
+    if (lookup.table != table_index) continue;
+    int32_t* out = position + lookup_offsets[l];
+    for (int64_t i = 0; i < lookup.count; ++i) {
+      const int64_t id = static_cast<int64_t>(lookup.ids[i]);
+      const uint64_t below = (uint64_t{1} << (id & 63)) - 1;
+      out[i] = ids_before[id >> 6] + __builtin_popcountll(bits[id >> 6] & below);
+    }
+  }
+}
+
 // Collects one table's unique ids; writes each occurrence's index among them to `position`.
 template <typename Tindex>
 void CollectTableKeys(const std::vector<LookupIds<Tindex>>& lookups,
@@ -41,6 +83,10 @@ void CollectTableKeys(const std::vector<LookupIds<Tindex>>& lookups,
   int64_t total = 0;
   for (const auto& lookup : lookups) total += lookup.table == table_index ? lookup.count : 0;
   keys->unique_ids.reserve(total);
+  if (options.dedup && table.rows / 64 <= 4 * total + 1024) {
+    CollectTableKeysSorted(lookups, lookup_offsets, table_index, table, options, position, keys);
+    return;
+  }
   absl::flat_hash_map<int64_t, int32_t> index_of;
   if (options.dedup) index_of.reserve(total);
 

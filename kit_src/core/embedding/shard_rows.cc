@@ -43,6 +43,22 @@ Status CountKeysPerTable(const int64_t* keys, int64_t n, int32_t num_tables,
   return Status::Ok();
 }
 
+Status TableBlocks(const int64_t* keys, int64_t n, int32_t num_tables,
+                   std::vector<int64_t>* first, std::vector<int64_t>* counts) {
+  Status status = CountKeysPerTable(keys, n, num_tables, counts);
+  if (!status.ok()) return status;
+  first->assign(num_tables, 0);
+  for (int32_t t = 1; t < num_tables; ++t) (*first)[t] = (*first)[t - 1] + (*counts)[t - 1];
+  for (int64_t p = 0; p < n; ++p) {
+    const int32_t t = PackedTable(keys[p]);
+    if (p < (*first)[t] || p >= (*first)[t] + (*counts)[t]) {
+      return Status::InvalidArgument("keys are not grouped by table (key " + std::to_string(p) +
+                                     " of table " + std::to_string(t) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
 template <typename T>
 void SplitGradientByTable(const int64_t* keys, int64_t n, int64_t dim, const T* grad,
                           const std::vector<int64_t*>& indices, const std::vector<T*>& values,

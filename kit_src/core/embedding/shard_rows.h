@@ -26,6 +26,11 @@ Status GatherShardRows(const std::vector<ShardView<T>>& shards, int64_t dim, con
 Status CountKeysPerTable(const int64_t* keys, int64_t n, int32_t num_tables,
                          std::vector<int64_t>* counts);
 
+// For keys laid out table by table (one worker's send buffer): first[t] is where table t's
+// keys start and counts[t] how many there are. Fails if the keys are not grouped by table.
+Status TableBlocks(const int64_t* keys, int64_t n, int32_t num_tables,
+                   std::vector<int64_t>* first, std::vector<int64_t>* counts);
+
 // Splits the rows' gradient ([n, dim]) by table: for table t, indices[t] receives the local
 // rows and values[t] ([counts[t], dim]) their gradients, in key order.
 template <typename T>

@@ -6,6 +6,7 @@
 
 #include "kit_src/core/embedding/combine.h"
 #include "kit_src/core/embedding/key_partition.h"
+#include "kit_src/core/embedding/packed_key.h"
 #include "kit_src/core/embedding/shard_rows.h"
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -86,6 +87,42 @@ REGISTER_PARTITION(int32_t);
 REGISTER_PARTITION(int64_t);
 #undef REGISTER_PARTITION
 
+// Holds shared locks on the variables of the first `num_tables` inputs for its lifetime, so
+// an update cannot tear a row while a kernel reads it.
+template <typename T>
+class LockedShards {
+ public:
+  tf::Status Lock(tf::OpKernelContext* ctx, int num_tables, int64_t dim) {
+    vars_.resize(num_tables);
+    for (int t = 0; t < num_tables; ++t) {
+      TF_RETURN_IF_ERROR(tf::LookupResource(ctx, tf::HandleFromInput(ctx, t), &vars_[t]));
+      locks_.push_back(std::make_unique<tf::tf_shared_lock>(*vars_[t]->mu()));
+      const tf::Tensor& shard = *vars_[t]->tensor();
+      if (shard.dtype() != tf::DataTypeToEnum<T>::value) {
+        return tf::errors::InvalidArgument("table ", t, " holds ", tf::DataTypeString(shard.dtype()),
+                                           ", expected ",
+                                           tf::DataTypeString(tf::DataTypeToEnum<T>::value));
+      }
+      if (shard.dims() != 2 || shard.dim_size(1) != dim) {
+        return tf::errors::InvalidArgument("table ", t, " must have shape [rows, ", dim, "], got ",
+                                           shard.shape().DebugString());
+      }
+      views_.push_back(ShardView<T>{shard.flat<T>().data(), shard.dim_size(0)});
+      // Rows are only read through this pointer; the core's row accessors are non-const.
+      bases_.push_back(const_cast<T*>(shard.flat<T>().data()));
+    }
+    return tf::Status();
+  }
+  const std::vector<ShardView<T>>& views() const { return views_; }
+  const std::vector<T*>& bases() const { return bases_; }
+
+ private:
+  std::vector<tf::core::RefCountPtr<tf::Var>> vars_;
+  std::vector<std::unique_ptr<tf::tf_shared_lock>> locks_;
+  std::vector<ShardView<T>> views_;
+  std::vector<T*> bases_;
+};
+
 template <typename T>
 class GatherShardRowsOp : public tf::OpKernel {
  public:
@@ -99,26 +136,11 @@ class GatherShardRowsOp : public tf::OpKernel {
     OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(keys.shape()),
                 tf::errors::InvalidArgument("keys must be a vector, got shape ",
                                             keys.shape().DebugString()));
-    // Shared locks on every shard for the whole read, so an update cannot tear a row.
-    std::vector<tf::core::RefCountPtr<tf::Var>> vars(num_tables);
-    std::vector<std::unique_ptr<tf::tf_shared_lock>> locks;
-    std::vector<ShardView<T>> shards(num_tables);
-    for (int t = 0; t < num_tables; ++t) {
-      OP_REQUIRES_OK(ctx, tf::LookupResource(ctx, tf::HandleFromInput(ctx, t), &vars[t]));
-      locks.push_back(std::make_unique<tf::tf_shared_lock>(*vars[t]->mu()));
-      const tf::Tensor& shard = *vars[t]->tensor();
-      OP_REQUIRES(ctx, shard.dtype() == tf::DataTypeToEnum<T>::value,
-                  tf::errors::InvalidArgument("table ", t, " holds ",
-                                              tf::DataTypeString(shard.dtype()), ", expected ",
-                                              tf::DataTypeString(tf::DataTypeToEnum<T>::value)));
-      OP_REQUIRES(ctx, shard.dims() == 2 && shard.dim_size(1) == dim_,
-                  tf::errors::InvalidArgument("table ", t, " must have shape [rows, ", dim_,
-                                              "], got ", shard.shape().DebugString()));
-      shards[t] = ShardView<T>{shard.flat<T>().data(), shard.dim_size(0)};
-    }
+    LockedShards<T> shards;
+    OP_REQUIRES_OK(ctx, shards.Lock(ctx, num_tables, dim_));
     tf::Tensor* rows = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({keys.NumElements(), dim_}), &rows));
-    SOK_OP_REQUIRES_OK(ctx, GatherShardRows(shards, dim_, keys.flat<int64_t>().data(),
+    SOK_OP_REQUIRES_OK(ctx, GatherShardRows(shards.views(), dim_, keys.flat<int64_t>().data(),
                                             keys.NumElements(), rows->flat<T>().data(),
                                             CpuParallelFor(ctx)));
   }
@@ -146,9 +168,14 @@ class SplitGradientByTableOp : public tf::OpKernel {
                                             keys.shape().DebugString(), " and grad ",
                                             grad.shape().DebugString()));
     const int64_t n = keys.NumElements(), dim = grad.dim_size(1);
-    std::vector<int64_t> counts;
-    SOK_OP_REQUIRES_OK(ctx, CountKeysPerTable(keys.flat<int64_t>().data(), n,
-                                              static_cast<int32_t>(num_tables_), &counts));
+    const int64_t* key_data = keys.flat<int64_t>().data();
+    std::vector<int64_t> first, counts;
+    if (TableBlocks(key_data, n, static_cast<int32_t>(num_tables_), &first, &counts).ok()) {
+      SliceGroupedGradient(ctx, key_data, grad, first, counts);
+      return;
+    }
+    SOK_OP_REQUIRES_OK(ctx, CountKeysPerTable(key_data, n, static_cast<int32_t>(num_tables_),
+                                              &counts));
     std::vector<int64_t*> indices(num_tables_);
     std::vector<T*> values(num_tables_);
     for (int64_t t = 0; t < num_tables_; ++t) {
@@ -165,6 +192,29 @@ class SplitGradientByTableOp : public tf::OpKernel {
   }
 
  private:
+  // Keys grouped by table (one worker's own keys): each table's gradient is a block of rows
+  // of `grad`, handed out without a copy where the block is aligned.
+  void SliceGroupedGradient(tf::OpKernelContext* ctx, const int64_t* keys, const tf::Tensor& grad,
+                            const std::vector<int64_t>& first, const std::vector<int64_t>& counts) {
+    for (int64_t t = 0; t < num_tables_; ++t) {
+      tf::Tensor* index_out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(t, tf::TensorShape({counts[t]}), &index_out));
+      int64_t* indices = index_out->flat<int64_t>().data();
+      for (int64_t j = 0; j < counts[t]; ++j) indices[j] = PackedRow(keys[first[t] + j]);
+      tf::Tensor block = grad.Slice(first[t], first[t] + counts[t]);
+      if (block.IsAligned()) {
+        ctx->set_output(num_tables_ + t, block);
+      } else {
+        tf::Tensor* value_out = nullptr;
+        OP_REQUIRES_OK(ctx, ctx->allocate_output(num_tables_ + t, block.shape(), &value_out));
+        if (block.NumElements() > 0) {
+          std::memcpy(value_out->flat<T>().data(), block.unaligned_flat<T>().data(),
+                      block.NumElements() * sizeof(T));
+        }
+      }
+    }
+  }
+
   int64_t num_tables_ = 0;
 };
 
@@ -259,7 +309,8 @@ class CombineForwardOp : public tf::OpKernel {
                                                tf::TensorShape({lookups[l].batch, dim}), &out));
       lookups[l].output = out->flat<T>().data();
     }
-    SOK_OP_REQUIRES_OK(ctx, CombineForward(rows.flat<T>().data(), rows.dim_size(0), dim, lookups,
+    const DenseRows<const T> source{rows.flat<T>().data(), dim};
+    SOK_OP_REQUIRES_OK(ctx, CombineForward(source, rows.dim_size(0), dim, lookups,
                                            CpuParallelFor(ctx)));
   }
 
@@ -285,6 +336,7 @@ class CombineBackwardOp : public tf::OpKernel {
     OP_REQUIRES(ctx, tf::TensorShapeUtils::IsScalar(num_rows_tensor.shape()),
                 tf::errors::InvalidArgument("num_rows must be a scalar"));
     const int64_t num_rows = num_rows_tensor.scalar<int64_t>()();
+    OP_REQUIRES(ctx, num_rows >= 0, tf::errors::InvalidArgument("num_rows is negative: ", num_rows));
     const int64_t dim = ctx->input(0).dim_size(1);
     for (int l = 0; l < n; ++l) {
       const tf::Tensor& grad = ctx->input(l);
@@ -297,7 +349,8 @@ class CombineBackwardOp : public tf::OpKernel {
     }
     tf::Tensor* rows_grad = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({num_rows, dim}), &rows_grad));
-    SOK_OP_REQUIRES_OK(ctx, CombineBackward(num_rows, dim, lookups, rows_grad->flat<T>().data(),
+    const DenseRows<T> destination{rows_grad->flat<T>().data(), dim};
+    SOK_OP_REQUIRES_OK(ctx, CombineBackward(num_rows, dim, lookups, destination,
                                             CpuParallelFor(ctx)));
   }
 

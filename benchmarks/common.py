@@ -1,0 +1,52 @@
+"""Shared pieces of the CPU benchmarks: timing, machine description, result files."""
+import json
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+import tensorflow as tf
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+# The seed notebook's 26 vocabulary sizes (SPEC section 10).
+NOTEBOOK_VOCAB = [203931, 18598, 14092, 7012, 18977, 4, 6385, 1245, 49, 186213, 71328, 67288,
+                  11, 2168, 7338, 61, 4, 932, 15, 204515, 141526, 199433, 60919, 9137, 71, 34]
+
+
+def median_ms(fn, warmup=3, iterations=15):
+    """Median wall time of fn() in milliseconds; fn must force its own results."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def machine():
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "numpy": np.__version__,
+    }
+
+
+def write_result(name, payload):
+    os.makedirs(RESULTS, exist_ok=True)
+    payload = dict(payload, machine=machine(), date=time.strftime("%Y-%m-%d"))
+    path = os.path.join(RESULTS, name + ".json")
+    with open(path, "w") as handle:
+        json.dump(payload, handle, indent=2)
+    return path
+
+
+def markdown_table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)

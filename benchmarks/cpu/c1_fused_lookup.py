@@ -1,0 +1,87 @@
+"""C1: fused sok.lookup_sparse forward+backward vs one tf.nn.safe_embedding_lookup_sparse per
+table, 26 tables of the seed notebook's sizes, batch 8192, tf.function, same process and data.
+"""
+import argparse
+import math
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # noqa: E402
+
+import sparse_operation_kit as sok  # noqa: E402
+
+VARIANTS = [("dim128_hot1", 128, 1, 1), ("dim16_hot1", 16, 1, 1), ("dim128_hot1-10", 128, 1, 10)]
+
+
+def make_batch(rng, batch, vocab_sizes, min_hot, max_hot):
+    batches = []
+    for vocab in vocab_sizes:
+        lengths = rng.integers(min_hot, max_hot + 1, size=batch)
+        ids = rng.integers(0, vocab, size=lengths.sum())
+        batches.append(tf.RaggedTensor.from_row_lengths(tf.constant(ids, tf.int64),
+                                                        tf.constant(lengths, tf.int64)))
+    return batches
+
+
+def run_variant(dim, min_hot, max_hot, batch, vocab_sizes, iterations):
+    rng = np.random.default_rng(0)
+    initial = [tf.random.stateless_uniform([v, dim], seed=[i, 0]) for i, v in enumerate(vocab_sizes)]
+    sok_tables = [sok.Variable(value) for value in initial]
+    tf_tables = [tf.Variable(value) for value in initial]
+    del initial
+    batches = make_batch(rng, batch, vocab_sizes, min_hot, max_hot)
+    sparse_batches = [b.to_sparse() for b in batches]
+    combiners = ["sum"] * len(vocab_sizes)
+
+    @tf.function
+    def sok_step(ids):
+        with tf.GradientTape() as tape:
+            outputs = sok.lookup_sparse(sok_tables, ids, combiners=combiners)
+            loss = tf.add_n([tf.reduce_sum(o) for o in outputs])
+        return [g.values for g in tape.gradient(loss, sok_tables)]
+
+    @tf.function
+    def tf_step(ids):
+        with tf.GradientTape() as tape:
+            outputs = [tf.nn.safe_embedding_lookup_sparse(t, i, combiner="sum")
+                       for t, i in zip(tf_tables, ids)]
+            loss = tf.add_n([tf.reduce_sum(o) for o in outputs])
+        return [g.values for g in tape.gradient(loss, tf_tables)]
+
+    sok_ms = common.median_ms(lambda: sok_step(batches), iterations=iterations)
+    tf_ms = common.median_ms(lambda: tf_step(sparse_batches), iterations=iterations)
+    return sok_ms, tf_ms
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batch", type=int, default=8192)
+    parser.add_argument("--iterations", type=int, default=15)
+    args = parser.parse_args()
+    sok.init(comm_tool="single")
+    rows, results = [], {}
+    for name, dim, min_hot, max_hot in VARIANTS:
+        sok_ms, tf_ms = run_variant(dim, min_hot, max_hot, args.batch, common.NOTEBOOK_VOCAB,
+                                    args.iterations)
+        ratio = tf_ms / sok_ms
+        results[name] = {"sok_ms": round(sok_ms, 3), "tf_ms": round(tf_ms, 3),
+                         "speedup": round(ratio, 3)}
+        rows.append([name, f"{sok_ms:.2f}", f"{tf_ms:.2f}", f"{ratio:.2f}x"])
+        print(f"{name}: sok {sok_ms:.2f} ms, tf {tf_ms:.2f} ms, {ratio:.2f}x", flush=True)
+    geomean = math.exp(sum(math.log(r["speedup"]) for r in results.values()) / len(results))
+    path = common.write_result("c1_fused_lookup", {
+        "benchmark": "C1 fused lookup_sparse forward+backward vs safe_embedding_lookup_sparse per table",
+        "config": {"batch": args.batch, "tables": len(common.NOTEBOOK_VOCAB), "combiner": "sum",
+                   "iterations": args.iterations, "ids": "uniform in [0, vocab)"},
+        "variants": results, "geomean_speedup": round(geomean, 3),
+        "target": "geomean >= 3x, none under 2x"})
+    print(common.markdown_table(["variant", "sok ms", "tf ms", "speedup"], rows))
+    print(f"geometric mean speedup {geomean:.2f}x; written to {path}")
+
+
+if __name__ == "__main__":
+    main()
