@@ -1,3 +1,254 @@
-"""Hash-backed dynamic tables (issue 3). Until they land, no dynamic variable types exist."""
+"""Hash-backed dynamic embedding tables that grow as new ids appear.
 
-DYNAMIC_TYPES = ()
+A `DynamicVariable` is a [None, dimension] table keyed by any int64 (or int32) id. It holds
+the keys this worker owns: key k lives on worker uint64(k) % N ("distributed") or on worker
+K ("localized:K"). It acts as a resource variable for `tf.GradientTape`, whose gradients with
+respect to it are `tf.IndexedSlices` keyed by id; `sok.OptimizerWrapper` applies them.
+"""
+import itertools
+import zlib
+
+import numpy as np
+import tensorflow as tf
+
+from sparse_operation_kit import communication
+from sparse_operation_kit._ops import raw_ops
+from sparse_operation_kit.variables import DISTRIBUTED, parse_mode
+
+EVICT_STRATEGIES = ("lru", "lfu")
+# Accepted for compatibility with SOK's HierarchicalKV options; hints for storage placement.
+_HINT_CONFIG = ("max_hbm_for_vectors", "max_load_factor", "max_bucket_size", "block_size",
+                "device_id", "io_by_cpu")
+VALID_CONFIG = ("init_capacity", "max_capacity", "evict_strategy", "filter_ratio") + _HINT_CONFIG
+_VAR_TYPES = (None, "hbm", "hybrid")
+_counter = itertools.count()
+
+
+def _parse_initializer(initializer):
+    """(kind, a, b) of the table's row initializer."""
+    if initializer is None or initializer in ("random", "normal", "random_normal"):
+        return "normal", 0.0, 0.05
+    if initializer == "uniform":
+        return "uniform", -0.05, 0.05
+    if initializer == "zeros":
+        return "constant", 0.0, 0.0
+    if initializer == "ones":
+        return "constant", 1.0, 0.0
+    if isinstance(initializer, str):
+        try:
+            return "constant", float(initializer), 0.0
+        except ValueError:
+            raise ValueError(f"unknown initializer {initializer!r}; use 'random'/'normal', "
+                             "'uniform', 'zeros', 'ones', a float string or a TF initializer")
+    config = getattr(initializer, "get_config", lambda: None)()
+    name = type(initializer).__name__
+    if config is not None and name in ("RandomNormal", "TruncatedNormal"):
+        return "normal", float(config["mean"]), float(config["stddev"])
+    if config is not None and name == "RandomUniform":
+        return "uniform", float(config["minval"]), float(config["maxval"])
+    if config is not None and name == "Constant":
+        return "constant", float(config["value"]), 0.0
+    if config is not None and name in ("Zeros", "Ones"):
+        return "constant", 0.0 if name == "Zeros" else 1.0, 0.0
+    raise ValueError(f"initializer {initializer!r} is not supported by dynamic tables: a key's "
+                     "initial row must depend only on (seed, key); use RandomNormal, "
+                     "TruncatedNormal (sampled untruncated), RandomUniform, Constant, Zeros, Ones")
+
+
+class DynamicVariable:
+    """A hash-backed embedding table of rows [dimension] keyed by int64 or int32 ids.
+
+    Args:
+      dimension: floats per row.
+      initializer: "random"/"normal" (default, N(0, 0.05)), "uniform", "zeros", "ones", a float
+        string, or a Keras RandomNormal / RandomUniform / Constant initializer. The initial row
+        of a key depends only on (seed, key), so every worker count agrees.
+      var_type: None, "hbm" or "hybrid" (storage hints; rows live in host memory on CPU).
+      name: the table's name (also seeds its initializer).
+      key_type: tf.int64 (default) or tf.int32.
+      dtype: tf.float32.
+      mode: None / "distributed" (key k on worker uint64(k) % N) or "localized:K".
+      **config: init_capacity, max_capacity (keys this worker holds), evict_strategy
+        ("lru" or "lfu"; without it a full table raises ResourceExhaustedError),
+        filter_ratio, and SOK's HierarchicalKV hints.
+    """
+
+    _should_act_as_resource_variable = True  # so GradientTape watches and differentiates it
+
+    def __init__(self, dimension, initializer=None, var_type=None, name=None, key_type=None,
+                 dtype=None, mode=None, **config):
+        communication._require_init()
+        unknown = sorted(set(config) - set(VALID_CONFIG))
+        if unknown:
+            raise ValueError(f"unknown DynamicVariable config {unknown}; valid keys are "
+                             f"{VALID_CONFIG}")
+        if not isinstance(dimension, (int, np.integer)) or dimension < 1:
+            raise ValueError(f"dimension must be a positive int, got {dimension!r}")
+        if var_type not in _VAR_TYPES:
+            raise ValueError(f"unknown var_type {var_type!r}; valid types are {_VAR_TYPES}")
+        self._key_type = tf.as_dtype(key_type or tf.int64)
+        if self._key_type not in (tf.int64, tf.int32):
+            raise TypeError(f"key_type must be int64 or int32, got {self._key_type.name}")
+        self._dtype = tf.as_dtype(dtype or tf.float32)
+        if self._dtype != tf.float32:
+            raise TypeError(f"dtype must be float32, got {self._dtype.name}")
+        evict = config.get("evict_strategy")
+        if evict is not None and evict not in EVICT_STRATEGIES:
+            raise ValueError(f"unknown evict_strategy {evict!r}; valid strategies are "
+                             f"{EVICT_STRATEGIES} (or None to fail when full)")
+        max_capacity = int(config.get("max_capacity", 1 << 40))
+        init_capacity = int(config.get("init_capacity", min(1024 * 1024, max_capacity)))
+        if max_capacity < 1 or init_capacity < 1:
+            raise ValueError(f"capacities must be positive, got init_capacity={init_capacity}, "
+                             f"max_capacity={max_capacity}")
+        filter_ratio = float(config.get("filter_ratio", 1.0))
+        if not 0.0 <= filter_ratio <= 1.0:
+            raise ValueError(f"filter_ratio must be in [0, 1], got {filter_ratio}")
+        kind, a, b = _parse_initializer(initializer)
+
+        self._dimension = int(dimension)
+        self._placement = parse_mode(mode, communication.num_workers())
+        self._name = name or f"DynamicVariable_{next(_counter)}"
+        self._config = dict(config)
+        self._filter_ratio = filter_ratio
+        self._unique_id = f"sok_dynamic_{self._name}_{id(self)}"
+        self.trainable = True
+        with tf.init_scope():
+            self._handle = raw_ops.sok_dynamic_table_handle(shared_name=self._unique_id)
+            raw_ops.sok_dynamic_table_create(
+                self._handle, dim=self._dimension, init_capacity=init_capacity,
+                max_capacity=max_capacity, evict_strategy=evict or "none", initializer=kind,
+                init_a=a, init_b=b, seed=zlib.crc32(self._name.encode()))
+
+    def __del__(self):
+        try:
+            if tf.executing_eagerly():
+                tf.raw_ops.DestroyResourceOp(resource=self._handle, ignore_lookup_error=True)
+        except Exception:  # noqa: BLE001  (interpreter shutdown: nothing left to free)
+            return
+
+    # --- what GradientTape and tf.Module look at -------------------------------------------
+    @property
+    def handle(self):
+        return self._handle
+
+    @property
+    def dtype(self):
+        return self._dtype
+
+    @property
+    def shape(self):
+        return tf.TensorShape([None, self._dimension])
+
+    @property
+    def name(self):
+        return self._name
+
+    # --- SOK attributes ------------------------------------------------------------------------
+    @property
+    def dimension(self):
+        return self._dimension
+
+    @property
+    def key_type(self):
+        return self._key_type
+
+    @property
+    def placement(self):
+        return self._placement
+
+    @property
+    def mode(self):
+        return self._placement.mode()
+
+    @property
+    def target_gpu(self):
+        return self._placement.owner
+
+    @property
+    def num_gpus(self):
+        return self._placement.num_workers
+
+    @property
+    def filter_ratio(self):
+        return self._filter_ratio
+
+    def size(self):
+        """Keys held on this worker."""
+        return raw_ops.sok_dynamic_table_size(self._handle)
+
+    def owns(self, keys):
+        """Whether this worker owns each key (bool array)."""
+        keys = np.asarray(keys, np.int64)
+        if self._placement.owner != DISTRIBUTED:
+            return np.full(keys.shape, self._placement.owner == communication.rank())
+        owners = keys.astype(np.uint64) % np.uint64(communication.num_workers())
+        return owners == np.uint64(communication.rank())
+
+    def sparse_read(self, ids, insert=True):
+        """Rows of locally held `ids` ([n, dimension]); missing ids are inserted with their
+        initial value (insert=True) or read as zeros."""
+        ids = tf.cast(tf.reshape(ids, [-1]), tf.int64)
+        return raw_ops.sok_dynamic_table_lookup(self._handle, ids, dim=self._dimension,
+                                                insert=insert)
+
+    def assign(self, keys, values):
+        """Inserts or overwrites the rows of `keys` on this worker."""
+        keys = tf.cast(tf.reshape(keys, [-1]), tf.int64)
+        values = tf.convert_to_tensor(values, tf.float32)
+        return raw_ops.sok_dynamic_table_assign(self._handle, keys, values, tf.zeros([0, 0]))
+
+    def _scatter(self, sparse_delta, combine):
+        keys = tf.cast(sparse_delta.indices, tf.int64)
+        current = self.sparse_read(keys)
+        return self.assign(keys, combine(current, tf.convert_to_tensor(sparse_delta.values)))
+
+    def scatter_add(self, sparse_delta):
+        return self._scatter(sparse_delta, lambda old, delta: old + delta)
+
+    def scatter_sub(self, sparse_delta):
+        return self._scatter(sparse_delta, lambda old, delta: old - delta)
+
+    def scatter_update(self, sparse_delta):
+        return self._scatter(sparse_delta, lambda old, delta: delta)
+
+    def __repr__(self):
+        return (f"<sok.DynamicVariable '{self._name}' dimension={self._dimension} "
+                f"key_type={self._key_type.name} mode={self.mode}>")
+
+
+DYNAMIC_TYPES = (DynamicVariable,)
+
+
+def export(variable):
+    """(keys, values) held by this worker: a dynamic table's keys, or a static table's global
+    row ids with its local shard."""
+    if isinstance(variable, DynamicVariable):
+        keys, values, _ = raw_ops.sok_dynamic_table_export(variable.handle)
+        return tf.cast(keys, variable.key_type), values
+    return tf.constant(variable.global_row_ids()), tf.convert_to_tensor(variable)
+
+
+def assign(variable, keys, values):
+    """Writes `values` to the rows of `keys` that this worker holds."""
+    if isinstance(variable, DynamicVariable):
+        return variable.assign(keys, values)
+    from sparse_operation_kit.variables import Variable  # noqa: PLC0415
+
+    if not isinstance(variable, Variable):
+        raise TypeError(f"sok.assign takes a sok.Variable or sok.DynamicVariable, got "
+                        f"{type(variable).__name__}")
+    local = np.searchsorted(variable.global_row_ids(), np.asarray(keys, np.int64))
+    return variable.scatter_update(tf.IndexedSlices(tf.convert_to_tensor(values, tf.float32),
+                                                    tf.constant(local, tf.int64)))
+
+
+def sparse_read_and_evict(variable, ids):
+    """Reads the rows of `ids` held on this worker and removes them from the table."""
+    if not isinstance(variable, DynamicVariable):
+        raise TypeError(f"sparse_read_and_evict takes a sok.DynamicVariable, got "
+                        f"{type(variable).__name__}")
+    values = variable.sparse_read(ids, insert=False)
+    with tf.control_dependencies([values]):
+        raw_ops.sok_dynamic_table_erase(variable.handle, tf.cast(tf.reshape(ids, [-1]), tf.int64))
+    return values

@@ -20,6 +20,7 @@ from tensorflow.python.ops import resource_variable_ops
 
 from sparse_operation_kit import communication
 from sparse_operation_kit._ops import raw_ops
+from sparse_operation_kit.dynamic_variable import DynamicVariable
 from sparse_operation_kit.variables import DISTRIBUTED, Variable
 
 COMBINERS = ("sum", "mean", "sqrtn")
@@ -73,6 +74,8 @@ def _flatten_weights(sp_weights, index):
 
 
 def _check_table(param, index):
+    if isinstance(param, DynamicVariable):
+        return
     if not isinstance(param, resource_variable_ops.BaseResourceVariable):
         raise TypeError(f"params[{index}] must be a sok.Variable or tf.Variable, got "
                         f"{type(param).__name__}")
@@ -86,6 +89,8 @@ def _check_table(param, index):
 
 def _placement_attrs(table):
     """(global rows, owner) of a table; a plain tf.Variable is replicated on every worker."""
+    if isinstance(table, DynamicVariable):
+        return 0, table.placement.owner
     if isinstance(table, Variable):
         return table.global_rows, table.placement.owner
     return int(table.shape[0]), communication.rank()
@@ -116,15 +121,16 @@ def _validate(params, sp_ids, sp_weights, combiners):
     return lookups
 
 
-def _group_by_dimension(lookups):
-    """{dim: [lookup index, ...]} in first-seen order: one op chain per group."""
+def _group_tables(lookups):
+    """{(dim, dynamic): [lookup index, ...]} in first-seen order: one op chain per group."""
     groups = collections.OrderedDict()
     for i, lookup in enumerate(lookups):
-        groups.setdefault(int(lookup.table.shape[1]), []).append(i)
+        key = (int(lookup.table.shape[1]), isinstance(lookup.table, DynamicVariable))
+        groups.setdefault(key, []).append(i)
     return groups
 
 
-def _fused_group(lookups, dim):
+def _fused_group(lookups, dim, dynamic=False, training=True):
     """Runs the op chain for lookups whose tables share `dim`; returns one output each."""
     tables = []  # unique tables, by identity, in first-seen order
     table_index = {}
@@ -147,32 +153,42 @@ def _fused_group(lookups, dim):
         table_rows=[rows for rows, _ in placements],
         table_owner=[owner if owner != DISTRIBUTED else -1 for _, owner in placements],
         table_names=[table.name for table in tables],
-        num_workers=communication.num_workers())
+        num_workers=communication.num_workers(),
+        table_dynamic=[dynamic] * len(tables), pair_keys=dynamic)
     row_splits = [lookup.row_splits for lookup in lookups]
     empty = tf.zeros([0], tf.float32)
     weights = [empty if lookup.weights is None else lookup.weights for lookup in lookups]
     combiners = [lookup.combiner for lookup in lookups]
     received_keys, received_splits = communication.alltoall(send_keys, splits)
     # Compute on the owner.
-    rows = raw_ops.sok_gather_shard_rows(
-        shards=[table.handle for table in tables], keys=received_keys, dtype=tf.float32, dim=dim)
+    if dynamic:
+        rows = raw_ops.sok_dynamic_gather_rows(
+            tables=[table.handle for table in tables], keys=received_keys, dim=dim,
+            insert=training)
+    else:
+        rows = raw_ops.sok_gather_shard_rows(
+            shards=[table.handle for table in tables], keys=received_keys, dtype=tf.float32,
+            dim=dim)
     # Output distribution.
     rows, _ = communication.alltoall(rows, received_splits)
     return raw_ops.sok_combine_forward(rows=rows, position=position, row_splits=row_splits,
                                        weights=weights, combiners=combiners)
 
 
-def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequency_filter=False):
+def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequency_filter=False,
+                  training=True):
     """Pooled embedding lookups of several tables in one fused op chain.
 
     Args:
-      params: list of tables (`sok.Variable`; a plain `tf.Variable` is treated as replicated
-        on every worker). Several lookups may share one table.
+      params: list of tables (`sok.Variable`, `sok.DynamicVariable`; a plain `tf.Variable`
+        is treated as replicated on every worker). Several lookups may share one table.
       sp_ids: list, one per lookup, of 2-D `tf.SparseTensor` or `tf.RaggedTensor` of int32 or
         int64 ids, [local_batch, None].
       sp_weights: None, or a list like sp_ids of float32 per-id weights (entries may be None).
       combiners: list of "sum", "mean" (the default) or "sqrtn".
-      use_low_frequency_filter: only affects dynamic tables (accepted for SOK compatibility).
+      use_low_frequency_filter: accepted for SOK compatibility; not implemented yet (ignored).
+      training: with False (inference), ids missing from a dynamic table read as zeros and
+        are not inserted; with True they are inserted with their initial value.
 
     Returns:
       A list with one [local_batch, dim] float32 tensor per lookup, equal to
@@ -192,8 +208,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
     lookups = _validate(params, sp_ids, sp_weights, combiners)
     outputs = [None] * len(lookups)
     with tf.name_scope("sok_lookup_sparse"):
-        for dim, members in _group_by_dimension(lookups).items():
-            results = _fused_group([lookups[i] for i in members], dim)
+        for (dim, dynamic), members in _group_tables(lookups).items():
+            results = _fused_group([lookups[i] for i in members], dim, dynamic, training)
             for i, result in zip(members, results):
                 outputs[i] = result
     return outputs[0] if single else outputs
@@ -236,6 +252,14 @@ def _gather_shard_rows_grad(op, grad):
     indices, values = raw_ops.sok_split_gradient_by_table(
         keys=keys, grad=tf.convert_to_tensor(grad), num_tables=num_tables)
     return _table_gradients(op, indices, values) + [None]
+
+
+@tf.RegisterGradient("Sok>DynamicGatherRows")
+def _dynamic_gather_rows_grad(op, grad):
+    num_tables = op.get_attr("num_tables")
+    indices, values = raw_ops.sok_split_dynamic_gradient(
+        keys=op.inputs[num_tables], grad=tf.convert_to_tensor(grad), num_tables=num_tables)
+    return [tf.IndexedSlices(v, i) for i, v in zip(indices, values)] + [None]
 
 
 @tf.RegisterGradient("Sok>CombineForward")

@@ -24,11 +24,13 @@ Status OutOfRange(const TablePlacement& table, int64_t id) {
 }
 
 int32_t OwnerOf(const TablePlacement& table, int64_t id, int32_t num_workers) {
-  return table.owner >= 0 ? table.owner : static_cast<int32_t>(id % num_workers);
+  if (table.owner >= 0) return table.owner;
+  if (table.dynamic) return static_cast<int32_t>(static_cast<uint64_t>(id) % num_workers);
+  return static_cast<int32_t>(id % num_workers);
 }
 
 int64_t LocalRowOf(const TablePlacement& table, int64_t id, int32_t num_workers) {
-  return table.owner >= 0 ? id : id / num_workers;
+  return table.owner >= 0 || table.dynamic ? id : id / num_workers;
 }
 
 // Dedup through a bitmap of the table's rows, for tables not much larger than the number of
@@ -83,7 +85,7 @@ void CollectTableKeys(const std::vector<LookupIds<Tindex>>& lookups,
   int64_t total = 0;
   for (const auto& lookup : lookups) total += lookup.table == table_index ? lookup.count : 0;
   keys->unique_ids.reserve(total);
-  if (options.dedup && table.rows / 64 <= 4 * total + 1024) {
+  if (options.dedup && !table.dynamic && table.rows / 64 <= 4 * total + 1024) {
     CollectTableKeysSorted(lookups, lookup_offsets, table_index, table, options, position, keys);
     return;
   }
@@ -96,7 +98,7 @@ void CollectTableKeys(const std::vector<LookupIds<Tindex>>& lookups,
     int32_t* out = position + lookup_offsets[l];
     for (int64_t i = 0; i < lookup.count; ++i) {
       const int64_t id = static_cast<int64_t>(lookup.ids[i]);
-      if (id < 0 || id >= table.rows) {
+      if (!table.dynamic && (id < 0 || id >= table.rows)) {
         keys->status = OutOfRange(table, id);
         return;
       }
@@ -165,7 +167,8 @@ Status PartitionKeys(const std::vector<LookupIds<Tindex>>& lookups,
       result->splits[w] += table_keys[t].per_worker[w];
     }
   }
-  result->send_keys.resize(cursor);
+  const int64_t key_width = options.pair_keys ? 2 : 1;
+  result->send_keys.resize(cursor * key_width);
 
   // 3. Write the packed keys and turn each occurrence's index into a send-buffer position.
   parallel_for(num_tables, 20 * (ids_per_table + 1), [&](int64_t begin, int64_t end) {
@@ -178,8 +181,13 @@ Status PartitionKeys(const std::vector<LookupIds<Tindex>>& lookups,
       for (size_t j = 0; j < unique_ids.size(); ++j) {
         const int64_t id = unique_ids[j];
         const int64_t pos = next[OwnerOf(table, id, num_workers)]++;
-        result->send_keys[pos] =
-            PackKey(static_cast<int32_t>(t), LocalRowOf(table, id, num_workers));
+        if (options.pair_keys) {
+          result->send_keys[2 * pos] = t;
+          result->send_keys[2 * pos + 1] = id;
+        } else {
+          result->send_keys[pos] =
+              PackKey(static_cast<int32_t>(t), LocalRowOf(table, id, num_workers));
+        }
         slot[j] = static_cast<int32_t>(pos);
       }
       for (size_t l = 0; l < lookups.size(); ++l) {

@@ -18,6 +18,7 @@ struct TablePlacement {
   int32_t owner = -1;     // -1: distributed, row r on worker r % num_workers at local row
                           // r / num_workers; >= 0: localized, every row on that worker
   std::string name;       // for error messages
+  bool dynamic = false;   // hash table: any int64 id is valid, owner uint64(id) % num_workers
 };
 
 // The ids of one lookup (host memory, `count` entries) and the table they index.
@@ -31,10 +32,13 @@ struct LookupIds {
 struct PartitionOptions {
   int32_t num_workers = 1;  // workers taking part in the all-to-all
   bool dedup = true;        // send each (table, id) once per step instead of once per use
+  bool pair_keys = false;   // send (table, id) pairs instead of PackKey(table, local row),
+                            // for dynamic tables whose ids need all 64 bits
 };
 
 struct PartitionResult {
-  std::vector<int64_t> send_keys;       // [K] PackKey(table, local row), grouped by worker
+  std::vector<int64_t> send_keys;       // [K] PackKey(table, local row), or [K, 2] (table, id)
+                                        // pairs with pair_keys; grouped by worker
   std::vector<int64_t> splits;          // [num_workers] keys sent to each worker
   std::vector<int32_t> position;        // [sum of counts] where each id's row is in send_keys
 };

@@ -31,6 +31,11 @@ class PartitionKeysOp : public tf::OpKernel {
     int64_t num_workers = 1;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_workers", &num_workers));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dedup", &options_.dedup));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("pair_keys", &options_.pair_keys));
+    std::vector<bool> dynamic;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_dynamic", &dynamic));
+    OP_REQUIRES(ctx, dynamic.empty() || dynamic.size() == rows.size(),
+                tf::errors::InvalidArgument("table_dynamic needs one entry per table"));
     options_.num_workers = static_cast<int32_t>(num_workers);
     OP_REQUIRES(ctx, rows.size() == owners.size() && rows.size() == names.size(),
                 tf::errors::InvalidArgument("table_rows, table_owner and table_names must have "
@@ -42,7 +47,8 @@ class PartitionKeysOp : public tf::OpKernel {
       OP_REQUIRES(ctx, owners[t] < num_workers,
                   tf::errors::InvalidArgument("table '", names[t], "' is placed on worker ",
                                               owners[t], " but there are ", num_workers));
-      tables_.push_back(TablePlacement{rows[t], static_cast<int32_t>(owners[t]), names[t]});
+      tables_.push_back(TablePlacement{rows[t], static_cast<int32_t>(owners[t]), names[t],
+                                       !dynamic.empty() && dynamic[t]});
     }
   }
 
@@ -59,7 +65,14 @@ class PartitionKeysOp : public tf::OpKernel {
     PartitionResult result;
     SOK_OP_REQUIRES_OK(ctx, PartitionKeys(lookups, tables_, options_, CpuParallelFor(ctx),
                                           &result));
-    CopyToOutput(ctx, 0, result.send_keys);
+    if (options_.pair_keys) {
+      tf::Tensor* keys = nullptr;
+      const int64_t k = static_cast<int64_t>(result.send_keys.size()) / 2;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({k, 2}), &keys));
+      if (k > 0) std::memcpy(keys->flat<int64_t>().data(), result.send_keys.data(), 2 * k * sizeof(int64_t));
+    } else {
+      CopyToOutput(ctx, 0, result.send_keys);
+    }
     std::vector<int32_t> splits(result.splits.begin(), result.splits.end());
     CopyToOutput(ctx, 1, splits);
     CopyToOutput(ctx, 2, result.position);

@@ -29,16 +29,20 @@ REGISTER_OP("Sok>PartitionKeys")
     .Attr("table_names: list(string)")
     .Attr("num_workers: int >= 1")
     .Attr("dedup: bool = true")
+    .Attr("table_dynamic: list(bool) = []")
+    .Attr("pair_keys: bool = false")
     .SetShapeFn([](InferenceContext* c) -> Status {
       int64_t num_workers = 0;
+      bool pair_keys = false;
       TF_RETURN_IF_ERROR(c->GetAttr("num_workers", &num_workers));
+      TF_RETURN_IF_ERROR(c->GetAttr("pair_keys", &pair_keys));
       DimensionHandle total = c->MakeDim(0);
       for (int i = 0; i < c->num_inputs(); ++i) {
         ShapeHandle ids;
         TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &ids));
         TF_RETURN_IF_ERROR(c->Add(total, c->Dim(ids, 0), &total));
       }
-      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(0, pair_keys ? c->Matrix(c->UnknownDim(), 2) : c->Vector(c->UnknownDim()));
       c->set_output(1, c->Vector(num_workers));
       c->set_output(2, c->Vector(total));
       return Status();

@@ -1,0 +1,71 @@
+// One definition of each sparse optimizer's row update, shared by every table kind and device.
+// Each rule updates one row in place: `w` the value, `state` the optimizer state stored after
+// it, `g` the row's gradient (duplicates already summed), `dim` floats each. The formulas are
+// those of the Keras optimizers (tf.keras.optimizers.legacy), applied to the touched rows only.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace sok {
+
+struct SgdHyper {
+  float lr = 0.01f;
+  float momentum = 0.0f;  // state: dim floats of velocity when > 0
+  bool nesterov = false;
+};
+
+struct AdagradHyper {
+  float lr = 0.001f;
+  float epsilon = 1e-7f;  // state: dim floats of accumulator, starting at initial_accumulator
+  bool epsilon_inside_sqrt = false;  // Keras 3-style: g / sqrt(acc + eps); legacy: sqrt(acc) + eps
+};
+
+struct AdamHyper {
+  float lr = 0.001f;       // already bias-corrected: lr * sqrt(1 - beta2^t) / (1 - beta1^t)
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float epsilon = 1e-7f;   // state: m (dim floats) then v (dim floats)
+};
+
+#if defined(__CUDACC__)
+#define SOK_HOST_DEVICE __host__ __device__
+#else
+#define SOK_HOST_DEVICE
+#endif
+
+SOK_HOST_DEVICE inline void ApplySgd(float* w, float* state, const float* g, int64_t dim,
+                                     const SgdHyper& h) {
+  if (h.momentum == 0.0f) {
+    for (int64_t d = 0; d < dim; ++d) w[d] -= h.lr * g[d];
+    return;
+  }
+  for (int64_t d = 0; d < dim; ++d) {
+    const float velocity = h.momentum * state[d] - h.lr * g[d];
+    state[d] = velocity;
+    w[d] += h.nesterov ? h.momentum * velocity - h.lr * g[d] : velocity;
+  }
+}
+
+SOK_HOST_DEVICE inline void ApplyAdagrad(float* w, float* state, const float* g, int64_t dim,
+                                         const AdagradHyper& h) {
+  for (int64_t d = 0; d < dim; ++d) {
+    state[d] += g[d] * g[d];
+    const float denominator = h.epsilon_inside_sqrt ? std::sqrt(state[d] + h.epsilon)
+                                                    : std::sqrt(state[d]) + h.epsilon;
+    w[d] -= h.lr * g[d] / denominator;
+  }
+}
+
+SOK_HOST_DEVICE inline void ApplyAdam(float* w, float* state, const float* g, int64_t dim,
+                                      const AdamHyper& h) {
+  float* m = state;
+  float* v = state + dim;
+  for (int64_t d = 0; d < dim; ++d) {
+    m[d] = h.beta1 * m[d] + (1.0f - h.beta1) * g[d];
+    v[d] = h.beta2 * v[d] + (1.0f - h.beta2) * g[d] * g[d];
+    w[d] -= h.lr * m[d] / (std::sqrt(v[d]) + h.epsilon);
+  }
+}
+
+}  // namespace sok

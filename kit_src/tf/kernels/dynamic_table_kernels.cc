@@ -1,0 +1,357 @@
+// CPU kernels of the dynamic table ops: validate, allocate, call kit_src/core/hash_table.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "kit_src/core/optimizers/update_rules.h"
+#include "kit_src/tf/kernels/core_bridge.h"
+#include "kit_src/tf/kernels/dynamic_table_resource.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_op_kernel.h"
+
+namespace sok {
+
+namespace tf = ::tensorflow;
+
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableHandle").Device(tf::DEVICE_CPU),
+                        tf::ResourceHandleOp<DynamicTableResource>);
+
+namespace {
+
+tf::Status GetTable(tf::OpKernelContext* ctx, int input,
+                    tf::core::RefCountPtr<DynamicTableResource>* table) {
+  tf::Status status = tf::LookupResource(ctx, tf::HandleFromInput(ctx, input), table);
+  if (!status.ok()) {
+    return tf::errors::FailedPrecondition("dynamic table of input ", input,
+                                          " is not created or was destroyed: ",
+                                          status.message());
+  }
+  return tf::Status();
+}
+
+tf::Status CheckKeys(const tf::Tensor& keys) {
+  if (!tf::TensorShapeUtils::IsVector(keys.shape())) {
+    return tf::errors::InvalidArgument("keys must be a vector, got shape ",
+                                       keys.shape().DebugString());
+  }
+  return tf::Status();
+}
+
+}  // namespace
+
+class DynamicTableCreateOp : public tf::OpKernel {
+ public:
+  explicit DynamicTableCreateOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string evict, initializer;
+    int64_t seed = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &options_.dim));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_capacity", &options_.init_capacity));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_capacity", &options_.max_capacity));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("evict_strategy", &evict));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("initializer", &initializer));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_a", &initializer_.a));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_b", &initializer_.b));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed));
+    initializer_.seed = static_cast<uint64_t>(seed);
+    options_.evict = evict == "lru"   ? EvictStrategy::kLru
+                     : evict == "lfu" ? EvictStrategy::kLfu
+                                      : EvictStrategy::kNone;
+    initializer_.kind = initializer == "uniform"    ? RowInitializer::Kind::kUniform
+                        : initializer == "constant" ? RowInitializer::Kind::kConstant
+                                                    : RowInitializer::Kind::kNormal;
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    auto* resource = new DynamicTableResource(options_, initializer_);
+    OP_REQUIRES_OK(ctx, tf::CreateResource(ctx, tf::HandleFromInput(ctx, 0), resource));
+  }
+
+ private:
+  HashTableOptions options_;
+  RowInitializer initializer_;
+};
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableCreate").Device(tf::DEVICE_CPU), DynamicTableCreateOp);
+
+class DynamicTableSizeOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* ctx) override {
+    tf::core::RefCountPtr<DynamicTableResource> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, &table));
+    tf::Tensor* size = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({}), &size));
+    size->scalar<int64_t>()() = table->table().size();
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableSize").Device(tf::DEVICE_CPU), DynamicTableSizeOp);
+
+class DynamicTableLookupOp : public tf::OpKernel {
+ public:
+  explicit DynamicTableLookupOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("insert", &insert_));
+  }
+  void Compute(tf::OpKernelContext* ctx) override {
+    tf::core::RefCountPtr<DynamicTableResource> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, &table));
+    const tf::Tensor& keys = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    tf::Tensor* values = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, tf::TensorShape({keys.NumElements(), table->table().dim()}), &values));
+    SOK_OP_REQUIRES_OK(ctx, table->table().Lookup(keys.flat<int64_t>().data(), keys.NumElements(),
+                                                  insert_, values->flat<float>().data(),
+                                                  CpuParallelFor(ctx)));
+  }
+
+ private:
+  bool insert_ = true;
+};
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableLookup").Device(tf::DEVICE_CPU), DynamicTableLookupOp);
+
+class DynamicTableAssignOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* ctx) override {
+    tf::core::RefCountPtr<DynamicTableResource> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, &table));
+    const tf::Tensor& keys = ctx->input(1);
+    const tf::Tensor& values = ctx->input(2);
+    const tf::Tensor& state = ctx->input(3);
+    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    const int64_t n = keys.NumElements(), dim = table->table().dim();
+    OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(0) == n && values.dim_size(1) == dim,
+                tf::errors::InvalidArgument("values must be [", n, ", ", dim, "] for ", n,
+                                            " keys of a table of dim ", dim, ", got ",
+                                            values.shape().DebugString()));
+    const bool with_state = state.NumElements() > 0;
+    if (with_state) {
+      const int64_t state_dim = table->table().state_dim();
+      OP_REQUIRES(ctx, state.dims() == 2 && state.dim_size(0) == n && state.dim_size(1) == state_dim,
+                  tf::errors::InvalidArgument("state must be [", n, ", ", state_dim, "], got ",
+                                              state.shape().DebugString()));
+    }
+    SOK_OP_REQUIRES_OK(ctx, table->table().Assign(keys.flat<int64_t>().data(), n,
+                                                  values.flat<float>().data(),
+                                                  with_state ? state.flat<float>().data() : nullptr));
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableAssign").Device(tf::DEVICE_CPU), DynamicTableAssignOp);
+
+class DynamicTableEraseOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* ctx) override {
+    tf::core::RefCountPtr<DynamicTableResource> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, &table));
+    const tf::Tensor& keys = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    tf::Tensor* erased = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({}), &erased));
+    erased->scalar<int64_t>()() = table->table().Erase(keys.flat<int64_t>().data(), keys.NumElements());
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableErase").Device(tf::DEVICE_CPU), DynamicTableEraseOp);
+
+class DynamicTableExportOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* ctx) override {
+    tf::core::RefCountPtr<DynamicTableResource> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, &table));
+    std::vector<int64_t> keys;
+    std::vector<float> values, state;
+    table->table().Export(&keys, &values, &state);
+    const int64_t n = static_cast<int64_t>(keys.size());
+    const int64_t dim = table->table().dim(), state_dim = table->table().state_dim();
+    tf::Tensor *keys_out = nullptr, *values_out = nullptr, *state_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({n}), &keys_out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tf::TensorShape({n, dim}), &values_out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({n, state_dim}), &state_out));
+    if (n == 0) return;
+    std::memcpy(keys_out->flat<int64_t>().data(), keys.data(), n * sizeof(int64_t));
+    std::memcpy(values_out->flat<float>().data(), values.data(), values.size() * sizeof(float));
+    if (!state.empty()) {
+      std::memcpy(state_out->flat<float>().data(), state.data(), state.size() * sizeof(float));
+    }
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableExport").Device(tf::DEVICE_CPU), DynamicTableExportOp);
+
+// keys: [R, 2] (table index, key) pairs, as PartitionKeys(pair_keys) lays them out.
+tf::Status CheckKeyPairs(const tf::Tensor& keys, int64_t num_tables) {
+  if (keys.dims() != 2 || keys.dim_size(1) != 2) {
+    return tf::errors::InvalidArgument("keys must be [n, 2] (table, key) pairs, got ",
+                                       keys.shape().DebugString());
+  }
+  const auto pairs = keys.matrix<int64_t>();
+  for (int64_t i = 0; i < keys.dim_size(0); ++i) {
+    if (pairs(i, 0) < 0 || pairs(i, 0) >= num_tables) {
+      return tf::errors::InvalidArgument("key pair ", i, " names table ", pairs(i, 0), " of ",
+                                         num_tables);
+    }
+  }
+  return tf::Status();
+}
+
+// Rows of each table's keys, grouped: per table the positions (in `keys`) of its pairs.
+std::vector<std::vector<int64_t>> PositionsByTable(const tf::Tensor& keys, int64_t num_tables) {
+  std::vector<std::vector<int64_t>> positions(num_tables);
+  const auto pairs = keys.matrix<int64_t>();
+  for (int64_t i = 0; i < keys.dim_size(0); ++i) positions[pairs(i, 0)].push_back(i);
+  return positions;
+}
+
+class DynamicGatherRowsOp : public tf::OpKernel {
+ public:
+  explicit DynamicGatherRowsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("insert", &insert_));
+  }
+  void Compute(tf::OpKernelContext* ctx) override {
+    const int num_tables = ctx->num_inputs() - 1;
+    const tf::Tensor& keys = ctx->input(num_tables);
+    OP_REQUIRES_OK(ctx, CheckKeyPairs(keys, num_tables));
+    const int64_t n = keys.dim_size(0);
+    tf::Tensor* rows = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({n, dim_}), &rows));
+    const auto pairs = keys.matrix<int64_t>();
+    const std::vector<std::vector<int64_t>> positions = PositionsByTable(keys, num_tables);
+    for (int t = 0; t < num_tables; ++t) {
+      if (positions[t].empty()) continue;
+      tf::core::RefCountPtr<DynamicTableResource> table;
+      OP_REQUIRES_OK(ctx, GetTable(ctx, t, &table));
+      OP_REQUIRES(ctx, table->table().dim() == dim_,
+                  tf::errors::InvalidArgument("dynamic table ", t, " has dim ",
+                                              table->table().dim(), ", expected ", dim_));
+      const int64_t count = static_cast<int64_t>(positions[t].size());
+      std::vector<int64_t> table_keys(count);
+      for (int64_t j = 0; j < count; ++j) table_keys[j] = pairs(positions[t][j], 1);
+      std::vector<float> values(count * dim_);
+      SOK_OP_REQUIRES_OK(ctx, table->table().Lookup(table_keys.data(), count, insert_,
+                                                    values.data(), CpuParallelFor(ctx)));
+      float* out = rows->flat<float>().data();
+      for (int64_t j = 0; j < count; ++j) {
+        std::memcpy(out + positions[t][j] * dim_, values.data() + j * dim_, dim_ * sizeof(float));
+      }
+    }
+  }
+
+ private:
+  int64_t dim_ = 0;
+  bool insert_ = true;
+};
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicGatherRows").Device(tf::DEVICE_CPU), DynamicGatherRowsOp);
+
+class SplitDynamicGradientOp : public tf::OpKernel {
+ public:
+  explicit SplitDynamicGradientOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
+  }
+  void Compute(tf::OpKernelContext* ctx) override {
+    const tf::Tensor& keys = ctx->input(0);
+    const tf::Tensor& grad = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckKeyPairs(keys, num_tables_));
+    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == keys.dim_size(0),
+                tf::errors::InvalidArgument("grad must be [keys, dim], got ",
+                                            grad.shape().DebugString()));
+    const int64_t dim = grad.dim_size(1);
+    const auto pairs = keys.matrix<int64_t>();
+    const std::vector<std::vector<int64_t>> positions = PositionsByTable(keys, num_tables_);
+    for (int64_t t = 0; t < num_tables_; ++t) {
+      const int64_t count = static_cast<int64_t>(positions[t].size());
+      tf::Tensor *indices = nullptr, *values = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(t, tf::TensorShape({count}), &indices));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(num_tables_ + t, tf::TensorShape({count, dim}), &values));
+      for (int64_t j = 0; j < count; ++j) {
+        indices->flat<int64_t>()(j) = pairs(positions[t][j], 1);
+        std::memcpy(values->flat<float>().data() + j * dim,
+                    grad.flat<float>().data() + positions[t][j] * dim, dim * sizeof(float));
+      }
+    }
+  }
+
+ private:
+  int64_t num_tables_ = 0;
+};
+REGISTER_KERNEL_BUILDER(Name("Sok>SplitDynamicGradient").Device(tf::DEVICE_CPU), SplitDynamicGradientOp);
+
+class DynamicApplyOp : public tf::OpKernel {
+ public:
+  explicit DynamicApplyOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &rule_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("state_dim", &state_dim_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("state_initial_value", &state_initial_value_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("nesterov", &nesterov_));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    tf::core::RefCountPtr<DynamicTableResource> resource;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, &resource));
+    CpuHashTable& table = resource->table();
+    const tf::Tensor& keys = ctx->input(1);
+    const tf::Tensor& grads = ctx->input(2);
+    const tf::Tensor& hyper = ctx->input(3);
+    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    const int64_t n = keys.NumElements(), dim = table.dim();
+    OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(0) == n && grads.dim_size(1) == dim,
+                tf::errors::InvalidArgument("grads must be [", n, ", ", dim, "], got ",
+                                            grads.shape().DebugString()));
+    const auto h = hyper.flat<float>();
+    const int64_t needed = rule_ == "sgd" ? 2 : rule_ == "adagrad" ? 3 : 4;
+    OP_REQUIRES(ctx, h.size() == needed,
+                tf::errors::InvalidArgument(rule_, " takes ", needed, " hyper-parameters, got ",
+                                            h.size()));
+    // Sum the gradients of duplicate keys so each row is updated once.
+    std::vector<int64_t> unique_keys;
+    std::vector<float> summed;
+    SumDuplicates(keys.flat<int64_t>().data(), grads.flat<float>().data(), n, dim, &unique_keys,
+                  &summed);
+    table.EnsureState(state_dim_, state_initial_value_);
+    const float* g = summed.data();
+    const ParallelFor parallel_for = CpuParallelFor(ctx);
+    if (rule_ == "sgd") {
+      const SgdHyper hp{h(0), h(1), nesterov_};
+      table.UpdateRows(unique_keys.data(), unique_keys.size(),
+                       [&](int64_t i, float* row) { ApplySgd(row, row + dim, g + i * dim, dim, hp); },
+                       parallel_for);
+    } else if (rule_ == "adagrad") {
+      const AdagradHyper hp{h(0), h(1), h(2) != 0.0f};
+      table.UpdateRows(unique_keys.data(), unique_keys.size(),
+                       [&](int64_t i, float* row) { ApplyAdagrad(row, row + dim, g + i * dim, dim, hp); },
+                       parallel_for);
+    } else {
+      const AdamHyper hp{h(0), h(1), h(2), h(3)};
+      table.UpdateRows(unique_keys.data(), unique_keys.size(),
+                       [&](int64_t i, float* row) { ApplyAdam(row, row + dim, g + i * dim, dim, hp); },
+                       parallel_for);
+    }
+  }
+
+ private:
+  static void SumDuplicates(const int64_t* keys, const float* grads, int64_t n, int64_t dim,
+                            std::vector<int64_t>* unique_keys, std::vector<float>* summed) {
+    absl::flat_hash_map<int64_t, int64_t> index_of;
+    index_of.reserve(n);
+    summed->reserve(n * dim);
+    for (int64_t i = 0; i < n; ++i) {
+      auto inserted = index_of.try_emplace(keys[i], static_cast<int64_t>(unique_keys->size()));
+      if (inserted.second) {
+        unique_keys->push_back(keys[i]);
+        summed->insert(summed->end(), grads + i * dim, grads + (i + 1) * dim);
+      } else {
+        float* out = summed->data() + inserted.first->second * dim;
+        for (int64_t d = 0; d < dim; ++d) out[d] += grads[i * dim + d];
+      }
+    }
+  }
+
+  std::string rule_;
+  int64_t state_dim_ = 0;
+  float state_initial_value_ = 0.0f;
+  bool nesterov_ = false;
+};
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicApply").Device(tf::DEVICE_CPU), DynamicApplyOp);
+
+}  // namespace sok

@@ -1,0 +1,142 @@
+// Registration of the dynamic (hash) table ops: lifetime, reads and writes, the lookup-chain
+// ops for dynamic tables, and the fused sparse optimizer update.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace sok {
+
+using ::tensorflow::Status;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+REGISTER_OP("Sok>DynamicTableHandle")
+    .Output("handle: resource")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("A handle to a dynamic table in the resource manager.");
+
+REGISTER_OP("Sok>DynamicTableCreate")
+    .Input("handle: resource")
+    .Attr("dim: int >= 1")
+    .Attr("init_capacity: int >= 1")
+    .Attr("max_capacity: int >= 1")
+    .Attr("evict_strategy: {'none', 'lru', 'lfu'}")
+    .Attr("initializer: {'normal', 'uniform', 'constant'}")
+    .Attr("init_a: float")
+    .Attr("init_b: float")
+    .Attr("seed: int")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc("Creates the table behind `handle`; the initial row of a key depends on (seed, key).");
+
+REGISTER_OP("Sok>DynamicTableSize")
+    .Input("handle: resource")
+    .Output("size: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("Sok>DynamicTableLookup")
+    .Input("handle: resource")
+    .Input("keys: int64")
+    .Output("values: float")
+    .Attr("dim: int >= 1")
+    .Attr("insert: bool = true")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      ShapeHandle keys;
+      int64_t dim = 0;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(0, c->Matrix(c->Dim(keys, 0), dim));
+      return Status();
+    })
+    .Doc("Rows of the keys; missing keys are inserted (insert) or read as zeros.");
+
+REGISTER_OP("Sok>DynamicTableAssign")
+    .Input("handle: resource")
+    .Input("keys: int64")
+    .Input("values: float")
+    .Input("state: float")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc("Inserts or overwrites rows (and optimizer state unless `state` is empty).");
+
+REGISTER_OP("Sok>DynamicTableErase")
+    .Input("handle: resource")
+    .Input("keys: int64")
+    .Output("erased: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("Sok>DynamicTableExport")
+    .Input("handle: resource")
+    .Output("keys: int64")
+    .Output("values: float")
+    .Output("state: float")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Matrix(c->UnknownDim(), c->UnknownDim()));
+      c->set_output(2, c->Matrix(c->UnknownDim(), c->UnknownDim()));
+      return Status();
+    });
+
+REGISTER_OP("Sok>DynamicGatherRows")
+    .Input("tables: num_tables * resource")
+    .Input("keys: int64")
+    .Output("rows: float")
+    .Attr("num_tables: int >= 1")
+    .Attr("dim: int >= 1")
+    .Attr("insert: bool = true")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      ShapeHandle keys;
+      int64_t dim = 0;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(c->num_inputs() - 1), 2, &keys));
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(0, c->Matrix(c->Dim(keys, 0), dim));
+      return Status();
+    })
+    .Doc("The owner's read for dynamic tables: rows of (table, key) pairs, find-or-insert.");
+
+REGISTER_OP("Sok>SplitDynamicGradient")
+    .Input("keys: int64")
+    .Input("grad: float")
+    .Output("indices: num_tables * int64")
+    .Output("values: num_tables * float")
+    .Attr("num_tables: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      int64_t num_tables = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &num_tables));
+      ShapeHandle grad;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &grad));
+      for (int64_t t = 0; t < num_tables; ++t) {
+        c->set_output(t, c->Vector(c->UnknownDim()));
+        c->set_output(num_tables + t, c->Matrix(c->UnknownDim(), c->Dim(grad, 1)));
+      }
+      return Status();
+    })
+    .Doc("Gradient of DynamicGatherRows: (keys, row gradients) per table.");
+
+REGISTER_OP("Sok>DynamicApply")
+    .Input("handle: resource")
+    .Input("keys: int64")
+    .Input("grads: float")
+    .Input("hyper: float")
+    .Attr("rule: {'sgd', 'adagrad', 'adam'}")
+    .Attr("state_dim: int >= 0")
+    .Attr("state_initial_value: float = 0.0")
+    .Attr("nesterov: bool = false")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Fused lazy optimizer update of a dynamic table: duplicate keys' gradients are summed, then each
+touched row and its state are updated in place by kit_src/core/optimizers/update_rules.h.
+hyper: sgd [lr, momentum]; adagrad [lr, epsilon, epsilon inside sqrt (0/1)]; adam [bias-corrected lr, beta1, beta2, epsilon].
+)doc");
+
+}  // namespace sok

@@ -1,0 +1,102 @@
+"""Sparse optimizers for sok tables.
+
+`OptimizerWrapper(optimizer)` applies a Keras optimizer's update rule lazily: a dynamic
+table's touched rows and their state change, in one fused op per table (Sok>DynamicApply);
+every other variable (static `sok.Variable`s included) goes to the wrapped optimizer itself.
+Hyper-parameters and learning-rate schedules are read from the wrapped optimizer at each step.
+"""
+import tensorflow as tf
+
+from sparse_operation_kit._ops import raw_ops
+from sparse_operation_kit.dynamic_variable import DynamicVariable
+
+_SUPPORTED = ("SGD", "Adagrad", "Adam")
+
+
+def _hyper(optimizer, name):
+    if hasattr(optimizer, "_get_hyper"):  # tf.keras.optimizers.legacy
+        return optimizer._get_hyper(name, tf.float32)
+    return tf.cast(getattr(optimizer, name), tf.float32)
+
+
+def _learning_rate(optimizer):
+    if hasattr(optimizer, "_decayed_lr"):  # legacy: applies the schedule at `iterations`
+        return optimizer._decayed_lr(tf.float32)
+    rate = optimizer._learning_rate
+    if isinstance(rate, tf.keras.optimizers.schedules.LearningRateSchedule):
+        rate = rate(optimizer.iterations)
+    return tf.cast(rate, tf.float32)
+
+
+class OptimizerWrapper:
+    """Wraps a Keras optimizer so it also trains sok dynamic tables, lazily.
+
+    Supports SGD (momentum, nesterov), Adagrad and Adam, legacy and new Keras. Other
+    optimizers raise NotImplementedError when they meet a dynamic table.
+    """
+
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+        self._kind = type(optimizer).__name__
+        if getattr(optimizer, "amsgrad", False):
+            raise NotImplementedError("amsgrad is not supported for sok dynamic tables")
+
+    @property
+    def optimizer(self):
+        return self._optimizer
+
+    def __getattr__(self, name):  # learning_rate, iterations, ...
+        return getattr(self._optimizer, name)
+
+    def apply_gradients(self, grads_and_vars, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        dynamic = [(g, v) for g, v in grads_and_vars if isinstance(v, DynamicVariable)]
+        others = [(g, v) for g, v in grads_and_vars if not isinstance(v, DynamicVariable)]
+        step = tf.cast(self._optimizer.iterations + 1, tf.float32)  # before `others` count it
+        lr = _learning_rate(self._optimizer)
+        updates = [self._apply_dynamic(g, v, lr, step) for g, v in dynamic if g is not None]
+        with tf.control_dependencies(updates):
+            if others:
+                return self._optimizer.apply_gradients(others, **kwargs)
+            return self._optimizer.iterations.assign_add(1)
+
+    def _apply_dynamic(self, grad, variable, lr, step):
+        if not isinstance(grad, tf.IndexedSlices):
+            raise TypeError(f"the gradient of dynamic table {variable.name} must be "
+                            f"tf.IndexedSlices keyed by id, got {type(grad).__name__}")
+        keys = tf.cast(grad.indices, tf.int64)
+        values = tf.convert_to_tensor(grad.values, tf.float32)
+        dim = variable.dimension
+        if self._kind == "SGD":
+            momentum = _hyper(self._optimizer, "momentum")
+            if hasattr(self._optimizer, "_get_hyper"):  # legacy keeps whether momentum is used
+                has_momentum = bool(self._optimizer._momentum)
+            else:
+                has_momentum = float(self._optimizer.momentum) != 0.0
+            return raw_ops.sok_dynamic_apply(
+                variable.handle, keys, values, tf.stack([lr, momentum]), rule="sgd",
+                state_dim=dim if has_momentum else 0,
+                nesterov=bool(getattr(self._optimizer, "nesterov", False)))
+        if self._kind == "Adagrad":
+            legacy = hasattr(self._optimizer, "_get_hyper")
+            initial = (self._optimizer._initial_accumulator_value if legacy
+                       else self._optimizer.initial_accumulator_value)
+            epsilon = tf.cast(self._optimizer.epsilon, tf.float32)
+            return raw_ops.sok_dynamic_apply(
+                variable.handle, keys, values,
+                tf.stack([lr, epsilon, tf.constant(0.0 if legacy else 1.0)]), rule="adagrad",
+                state_dim=dim, state_initial_value=float(initial))
+        if self._kind == "Adam":
+            beta1, beta2 = _hyper(self._optimizer, "beta_1"), _hyper(self._optimizer, "beta_2")
+            epsilon = tf.cast(self._optimizer.epsilon, tf.float32)
+            corrected = lr * tf.sqrt(1.0 - tf.pow(beta2, step)) / (1.0 - tf.pow(beta1, step))
+            return raw_ops.sok_dynamic_apply(
+                variable.handle, keys, values, tf.stack([corrected, beta1, beta2, epsilon]),
+                rule="adam", state_dim=2 * dim)
+        raise NotImplementedError(
+            f"{self._kind} is not supported for sok dynamic tables yet; supported: {_SUPPORTED}")
+
+
+def SGD(lr=0.01):  # noqa: N802  (SOK's name)
+    """Plain SGD for sok tables: `sok.SGD(lr).apply_gradients(grads_and_vars)`."""
+    return OptimizerWrapper(tf.keras.optimizers.legacy.SGD(lr))

@@ -1,0 +1,219 @@
+"""Dynamic (hash) tables: the table through its ops, DynamicVariable, lookups, optimizers."""
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+from conftest import run_mode
+
+EXTREME_KEYS = [np.iinfo(np.int64).min, -1, 0, 1, np.iinfo(np.int64).max, 1 << 40]
+
+
+def keys_of(values):
+    return tf.constant(np.asarray(values, np.int64))
+
+
+def exported(variable):
+    keys, values = sok.export(variable)
+    order = np.argsort(keys.numpy())
+    return keys.numpy()[order], values.numpy()[order]
+
+
+def test_assign_read_erase_export_round_trip_with_extreme_keys():
+    table = sok.DynamicVariable(3, initializer="zeros")
+    values = np.arange(len(EXTREME_KEYS) * 3, dtype=np.float32).reshape(-1, 3)
+    table.assign(keys_of(EXTREME_KEYS), values)
+    assert table.size().numpy() == len(EXTREME_KEYS)
+    np.testing.assert_array_equal(table.sparse_read(keys_of(EXTREME_KEYS)).numpy(), values)
+    keys, rows = exported(table)
+    order = np.argsort(EXTREME_KEYS)
+    np.testing.assert_array_equal(keys, np.asarray(EXTREME_KEYS)[order])
+    np.testing.assert_array_equal(rows, values[order])
+    read = sok.sparse_read_and_evict(table, keys_of(EXTREME_KEYS[:2]))
+    np.testing.assert_array_equal(read.numpy(), values[:2])
+    assert table.size().numpy() == len(EXTREME_KEYS) - 2
+    np.testing.assert_array_equal(table.sparse_read(keys_of(EXTREME_KEYS[:2]), insert=False).numpy(),
+                                  np.zeros([2, 3], np.float32))
+
+
+def test_int32_keys():
+    table = sok.DynamicVariable(2, key_type=tf.int32, initializer="ones")
+    ids = tf.ragged.constant([[np.iinfo(np.int32).min, 5], [np.iinfo(np.int32).max]], tf.int32)
+    out = sok.lookup_sparse([table], [ids], combiners=["sum"])[0]
+    np.testing.assert_array_equal(out.numpy(), [[2.0, 2.0], [1.0, 1.0]])
+    keys, _ = sok.export(table)
+    assert keys.dtype == tf.int32
+    assert sorted(keys.numpy().tolist()) == sorted([np.iinfo(np.int32).min, 5, np.iinfo(np.int32).max])
+
+
+def test_grows_past_initial_capacity_without_losing_keys():
+    table = sok.DynamicVariable(4, initializer="zeros", init_capacity=4)
+    keys = np.random.default_rng(0).choice(1 << 50, size=5000, replace=False)
+    values = np.random.default_rng(1).normal(size=[5000, 4]).astype(np.float32)
+    for chunk in range(0, 5000, 700):
+        table.assign(keys_of(keys[chunk:chunk + 700]), values[chunk:chunk + 700])
+    assert table.size().numpy() == 5000
+    np.testing.assert_array_equal(table.sparse_read(keys_of(keys), insert=False).numpy(), values)
+
+
+def test_initial_value_depends_only_on_seed_and_key():
+    a = sok.DynamicVariable(8, name="same_seed")
+    b = sok.DynamicVariable(8, name="same_seed")
+    c = sok.DynamicVariable(8, name="other_seed")
+    keys = np.arange(-50, 50)
+    rows_a = a.sparse_read(keys_of(keys)).numpy()
+    rows_b = b.sparse_read(keys_of(keys[::-1])).numpy()[::-1]  # other insertion order
+    np.testing.assert_array_equal(rows_a, rows_b)
+    assert not np.allclose(rows_a, c.sparse_read(keys_of(keys)).numpy())
+    assert abs(rows_a.mean()) < 0.01 and 0.04 < rows_a.std() < 0.06  # N(0, 0.05)
+
+
+@pytest.mark.parametrize("initializer, low, high", [
+    ("uniform", -0.05, 0.05), ("zeros", 0.0, 0.0), ("ones", 1.0, 1.0), ("0.25", 0.25, 0.25),
+    (tf.keras.initializers.RandomUniform(2.0, 3.0), 2.0, 3.0),
+    (tf.keras.initializers.Constant(-4.0), -4.0, -4.0),
+])
+def test_initializers(initializer, low, high):
+    rows = sok.DynamicVariable(16, initializer=initializer).sparse_read(keys_of(range(200))).numpy()
+    assert rows.min() >= low and rows.max() <= high
+
+
+def test_full_table_without_eviction_fails_and_changes_nothing():
+    table = sok.DynamicVariable(2, initializer="zeros", max_capacity=10)
+    table.assign(keys_of(range(8)), np.ones([8, 2], np.float32))
+    before = exported(table)
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="max_capacity is 10"):
+        table.sparse_read(keys_of([100, 101, 102]))
+    ids = tf.ragged.constant([[100, 101], [102]], tf.int64)
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="dynamic table is full"):
+        sok.lookup_sparse([table], [ids])
+    after = exported(table)
+    np.testing.assert_array_equal(before[0], after[0])
+    np.testing.assert_array_equal(before[1], after[1])
+
+
+def test_lru_evicts_least_recently_used():
+    table = sok.DynamicVariable(1, initializer="zeros", max_capacity=4, evict_strategy="lru")
+    for key in [1, 2, 3, 4]:
+        table.sparse_read(keys_of([key]))
+    table.sparse_read(keys_of([1]))       # 2 is now the least recently used
+    table.sparse_read(keys_of([5, 6]))    # evicts 2 and 3
+    assert sorted(exported(table)[0].tolist()) == [1, 4, 5, 6]
+
+
+def test_lfu_evicts_least_frequently_used():
+    table = sok.DynamicVariable(1, initializer="zeros", max_capacity=3, evict_strategy="lfu")
+    for key, uses in [(10, 3), (20, 1), (30, 2)]:
+        for _ in range(uses):
+            table.sparse_read(keys_of([key]))
+    table.sparse_read(keys_of([40]))      # evicts 20, used once
+    assert sorted(exported(table)[0].tolist()) == [10, 30, 40]
+
+
+def test_concurrent_inserts_and_lookups_lose_nothing():
+    table = sok.DynamicVariable(4, name="stress", init_capacity=16)
+    reference = sok.DynamicVariable(4, name="stress")  # same seed: same initial rows
+    rng = np.random.default_rng(3)
+    batches = [rng.integers(-(1 << 40), 1 << 40, size=2000) for _ in range(8)]
+    shared = rng.integers(0, 500, size=2000)           # keys every thread hits
+    errors = []
+
+    def worker(keys):
+        try:
+            for _ in range(3):
+                table.sparse_read(keys_of(np.concatenate([keys, shared])))
+        except Exception as error:  # noqa: BLE001  (reported below)
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(b,)) for b in batches]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    everything = np.unique(np.concatenate(batches + [shared]))
+    assert table.size().numpy() == len(everything)
+    np.testing.assert_array_equal(table.sparse_read(keys_of(everything), insert=False).numpy(),
+                                  reference.sparse_read(keys_of(everything)).numpy())
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_lookup_matches_rows_read_back(combiner, mode):
+    table = sok.DynamicVariable(5, name=f"lookup_{combiner}_{mode}")
+    rng = np.random.default_rng(4)
+    universe = rng.integers(-(1 << 60), 1 << 60, size=30)
+    lengths = rng.integers(0, 4, size=9)
+    flat = universe[rng.integers(0, 30, size=lengths.sum())]
+    ids = tf.RaggedTensor.from_row_lengths(keys_of(flat), lengths)
+    weights = tf.RaggedTensor.from_row_lengths(
+        tf.constant(rng.uniform(0.5, 2, size=lengths.sum()), tf.float32), lengths)
+
+    def step():
+        with tf.GradientTape() as tape:
+            out = sok.lookup_sparse([table], [ids], [weights], [combiner])[0]
+            loss = tf.reduce_sum(out * out)
+        return out, tape.gradient(loss, table)
+
+    out, grad = run_mode(mode, step)
+    rows = table.sparse_read(keys_of(flat), insert=False).numpy()  # every id was inserted
+    ref_table = tf.Variable(rows)
+    ref_ids = tf.RaggedTensor.from_row_lengths(tf.range(len(flat), dtype=tf.int64), lengths)
+    with tf.GradientTape() as tape:
+        ref = tf.nn.safe_embedding_lookup_sparse(ref_table, ref_ids.to_sparse(),
+                                                 weights.to_sparse(), combiner=combiner)
+        ref_loss = tf.reduce_sum(ref * ref)
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+    # Gradient per key = sum of the reference's per-occurrence gradients of that key.
+    ref_grad = tf.convert_to_tensor(tape.gradient(ref_loss, ref_table)).numpy()
+    expected = {}
+    for key, row in zip(flat, ref_grad):
+        expected[key] = expected.get(key, 0) + row
+    assert isinstance(grad, tf.IndexedSlices)
+    got = dict(zip(grad.indices.numpy().tolist(), grad.values.numpy()))
+    assert set(got) == set(expected)
+    for key in expected:
+        np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, atol=1e-6)
+
+
+def test_inference_mode_does_not_insert():
+    table = sok.DynamicVariable(3, initializer="ones")
+    table.sparse_read(keys_of([1]))
+    ids = tf.ragged.constant([[1, 2], [3]], tf.int64)
+    out = sok.lookup_sparse([table], [ids], combiners=["sum"], training=False)[0]
+    np.testing.assert_array_equal(out.numpy(), [[1, 1, 1], [0, 0, 0]])
+    assert table.size().numpy() == 1
+
+
+def test_static_and_dynamic_tables_in_one_call():
+    static = sok.Variable(np.arange(20, dtype=np.float32).reshape(10, 2))
+    dynamic = sok.DynamicVariable(2, initializer="ones")
+    ids = tf.ragged.constant([[1, 2], [9]], tf.int64)
+    out_static, out_dynamic = sok.lookup_sparse([static, dynamic], [ids, ids],
+                                                combiners=["sum", "sum"])
+    np.testing.assert_array_equal(out_static.numpy(), [[6, 8], [18, 19]])
+    np.testing.assert_array_equal(out_dynamic.numpy(), [[2, 2], [1, 1]])
+
+
+@pytest.mark.parametrize("config, error, message", [
+    ({"capacity": 5}, ValueError, "unknown DynamicVariable config \\['capacity'\\]; valid keys"),
+    ({"evict_strategy": "fifo"}, ValueError, "unknown evict_strategy 'fifo'"),
+    ({"key_type": tf.float32}, TypeError, "key_type must be int64 or int32"),
+    ({"dtype": tf.float64}, TypeError, "dtype must be float32"),
+    ({"initializer": "glorot"}, ValueError, "unknown initializer 'glorot'"),
+    ({"var_type": "ssd"}, ValueError, "unknown var_type 'ssd'"),
+    ({"mode": "localized:3"}, ValueError, "only 1 workers"),
+    ({"filter_ratio": 2.0}, ValueError, "filter_ratio must be in \\[0, 1\\]"),
+])
+def test_bad_configuration(config, error, message):
+    with pytest.raises(error, match=message):
+        sok.DynamicVariable(4, **config)
+
+
+def test_hint_configuration_is_accepted():
+    table = sok.DynamicVariable(4, var_type="hybrid", max_hbm_for_vectors=1, max_load_factor=0.5,
+                                max_bucket_size=128, block_size=1024, device_id=0, io_by_cpu=True)
+    assert table.size().numpy() == 0
+    assert sok.filter_variables([table]) == ([table], [])
