@@ -28,3 +28,11 @@ def test_static_tables_match_single_worker_reference(optimizer, function):
     args = ["--optimizer", optimizer] + (["--function"] if function else [])
     output = horovodrun("train_static.py", *args)
     assert output.count("PASS rank=") == 2, output[-3000:]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd_momentum", "adagrad"])
+@pytest.mark.parametrize("function", [False, True])
+def test_dynamic_tables_match_single_worker_reference(optimizer, function):
+    args = ["--optimizer", optimizer] + (["--function"] if function else [])
+    output = horovodrun("train_dynamic.py", *args)
+    assert output.count("PASS rank=") == 2, output[-3000:]
