@@ -27,6 +27,7 @@ uint64_t HashKey(int64_t key) {
 
 CpuHashTable::CpuHashTable(const HashTableOptions& options, const RowInitializer& initializer)
     : options_(options), initializer_(initializer) {
+  mask_ = -1;  // no slots yet
   Rehash(SlotsFor(std::max<int64_t>(1, std::min(options.init_capacity, options.max_capacity))));
 }
 
@@ -39,53 +40,62 @@ int64_t CpuHashTable::Home(int64_t key) const {
   return static_cast<int64_t>(HashKey(key) & static_cast<uint64_t>(mask_));
 }
 
+// Linear probing finds most keys in their home slot, so its row is worth fetching early too.
+void CpuHashTable::Prefetch(int64_t key) const {
+  const int64_t home = Home(key);
+  __builtin_prefetch(&slots_[home]);
+  const char* row = reinterpret_cast<const char*>(values_.data() + home * RowWidth());
+  for (int64_t offset = 0; offset < options_.dim * 4; offset += 64) __builtin_prefetch(row + offset);
+}
+
 int64_t CpuHashTable::FindSlot(int64_t key) const {
   for (int64_t slot = Home(key);; slot = (slot + 1) & mask_) {
-    if (!occupied_[slot]) return -1;
-    if (keys_[slot] == key) return slot;
+    if (!Occupied(slot)) return -1;
+    if (slots_[slot].key == key) return slot;
   }
 }
 
 void CpuHashTable::Touch(int64_t slot, uint64_t clock) {
   if (options_.evict == EvictStrategy::kLfu) {
-    scores_[slot].fetch_add(1, std::memory_order_relaxed);
+    slots_[slot].meta.fetch_add(1, std::memory_order_relaxed);
   } else {
-    scores_[slot].store(clock, std::memory_order_relaxed);
+    slots_[slot].meta.store(kOccupied | clock, std::memory_order_relaxed);
   }
 }
 
-void CpuHashTable::Rehash(int64_t slots) {
-  std::vector<int64_t> old_keys = std::move(keys_);
-  std::vector<uint8_t> old_occupied = std::move(occupied_);
+void CpuHashTable::Rehash(int64_t num_slots) {
+  std::unique_ptr<Slot[]> old_slots = std::move(slots_);
   std::vector<float> old_values = std::move(values_);
-  std::unique_ptr<std::atomic<uint64_t>[]> old_scores = std::move(scores_);
+  const int64_t old_count = old_slots ? mask_ + 1 : 0;
   const int64_t width = RowWidth();
-  keys_.assign(slots, 0);
-  occupied_.assign(slots, 0);
-  values_.assign(slots * width, 0.0f);
-  scores_.reset(new std::atomic<uint64_t>[slots]);
-  for (int64_t s = 0; s < slots; ++s) scores_[s].store(0, std::memory_order_relaxed);
-  mask_ = slots - 1;
-  for (size_t old = 0; old < old_occupied.size(); ++old) {
-    if (!old_occupied[old]) continue;
-    int64_t slot = Home(old_keys[old]);
-    while (occupied_[slot]) slot = (slot + 1) & mask_;
-    occupied_[slot] = 1;
-    keys_[slot] = old_keys[old];
-    scores_[slot].store(old_scores[old].load(std::memory_order_relaxed), std::memory_order_relaxed);
+  slots_.reset(new Slot[num_slots]);
+  for (int64_t s = 0; s < num_slots; ++s) {
+    slots_[s].key = 0;
+    slots_[s].meta.store(0, std::memory_order_relaxed);
+  }
+  values_.assign(num_slots * width, 0.0f);
+  mask_ = num_slots - 1;
+  for (int64_t old = 0; old < old_count; ++old) {
+    const uint64_t meta = old_slots[old].meta.load(std::memory_order_relaxed);
+    if (!(meta & kOccupied)) continue;
+    int64_t slot = Home(old_slots[old].key);
+    while (Occupied(slot)) slot = (slot + 1) & mask_;
+    slots_[slot].key = old_slots[old].key;
+    slots_[slot].meta.store(meta, std::memory_order_relaxed);
     std::memcpy(Row(slot), old_values.data() + old * width, width * sizeof(float));
   }
 }
 
-int64_t CpuHashTable::InsertNew(int64_t key) {
+int64_t CpuHashTable::FindOrInsertSlot(int64_t key) {
   int64_t slot = Home(key);
-  while (occupied_[slot]) slot = (slot + 1) & mask_;
-  occupied_[slot] = 1;
-  keys_[slot] = key;
+  for (; Occupied(slot); slot = (slot + 1) & mask_) {
+    if (slots_[slot].key == key) return slot;
+  }
+  slots_[slot].key = key;
+  slots_[slot].meta.store(kOccupied, std::memory_order_relaxed);
   float* row = Row(slot);
   initializer_.Fill(key, row, options_.dim);
   std::fill(row + options_.dim, row + RowWidth(), options_.state_initial_value);
-  scores_[slot].store(0, std::memory_order_relaxed);
   ++size_;
   return slot;
 }
@@ -94,17 +104,27 @@ void CpuHashTable::EraseSlot(int64_t slot) {
   // Backward-shift deletion: pull later entries of the probe run into the hole.
   const int64_t width = RowWidth();
   int64_t hole = slot;
-  for (int64_t next = (hole + 1) & mask_; occupied_[next]; next = (next + 1) & mask_) {
-    const int64_t home = Home(keys_[next]);
+  for (int64_t next = (hole + 1) & mask_; Occupied(next); next = (next + 1) & mask_) {
+    const int64_t home = Home(slots_[next].key);
     const bool stays = hole <= next ? (hole < home && home <= next) : (hole < home || home <= next);
     if (stays) continue;
-    keys_[hole] = keys_[next];
-    scores_[hole].store(scores_[next].load(std::memory_order_relaxed), std::memory_order_relaxed);
+    slots_[hole].key = slots_[next].key;
+    slots_[hole].meta.store(slots_[next].meta.load(std::memory_order_relaxed),
+                            std::memory_order_relaxed);
     std::memcpy(Row(hole), Row(next), width * sizeof(float));
     hole = next;
   }
-  occupied_[hole] = 0;
+  slots_[hole].meta.store(0, std::memory_order_relaxed);
   --size_;
+}
+
+int64_t CpuHashTable::CountNewKeys(const int64_t* keys, const std::vector<uint8_t>& missing) const {
+  std::vector<int64_t> new_keys;
+  for (size_t i = 0; i < missing.size(); ++i) {
+    if (missing[i] && FindSlot(keys[i]) < 0) new_keys.push_back(keys[i]);
+  }
+  std::sort(new_keys.begin(), new_keys.end());
+  return std::unique(new_keys.begin(), new_keys.end()) - new_keys.begin();
 }
 
 Status CpuHashTable::Reserve(int64_t incoming) {
@@ -121,7 +141,7 @@ Status CpuHashTable::Reserve(int64_t incoming) {
     std::vector<std::pair<uint64_t, int64_t>> scored;
     scored.reserve(size_);
     for (int64_t s = 0; s <= mask_; ++s) {
-      if (occupied_[s]) scored.emplace_back(scores_[s].load(std::memory_order_relaxed), keys_[s]);
+      if (Occupied(s)) scored.emplace_back(Score(s), slots_[s].key);
     }
     std::nth_element(scored.begin(), scored.begin() + (overflow - 1), scored.end());
     for (int64_t v = 0; v < overflow; ++v) EraseSlot(FindSlot(scored[v].second));
@@ -134,28 +154,31 @@ Status CpuHashTable::Reserve(int64_t incoming) {
 
 Status CpuHashTable::Lookup(const int64_t* keys, int64_t n, bool insert, float* values,
                             const ParallelFor& parallel_for) {
+  constexpr int64_t kAhead = 8;  // probes in flight: the table is far larger than the caches
   const int64_t dim = options_.dim;
   const uint64_t clock = clock_.fetch_add(1) + 1;
   std::vector<uint8_t> missing(n, 0);
-  bool any_missing = false;
+  std::atomic<int64_t> num_missing{0};
   {
     std::shared_lock<std::shared_mutex> lock(mutex_);
-    std::atomic<bool> missed{false};
     parallel_for(n, 4 * dim + 100, [&](int64_t begin, int64_t end) {
+      int64_t missed = 0;
       for (int64_t i = begin; i < end; ++i) {
+        if (i + kAhead < end) Prefetch(keys[i + kAhead]);
         const int64_t slot = FindSlot(keys[i]);
         if (slot < 0) {
           missing[i] = 1;
-          missed.store(true, std::memory_order_relaxed);
+          ++missed;
           continue;
         }
         std::memcpy(values + i * dim, Row(slot), dim * sizeof(float));
         if (insert) Touch(slot, clock);
       }
+      num_missing.fetch_add(missed, std::memory_order_relaxed);
     });
-    any_missing = missed.load();
   }
-  if (!any_missing) return Status::Ok();
+  const int64_t missed = num_missing.load();
+  if (missed == 0) return Status::Ok();
   if (!insert) {
     for (int64_t i = 0; i < n; ++i) {
       if (missing[i]) std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
@@ -163,19 +186,20 @@ Status CpuHashTable::Lookup(const int64_t* keys, int64_t n, bool insert, float* 
     return Status::Ok();
   }
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  // Another call may have inserted some of them meanwhile, and `keys` may repeat a key.
-  std::vector<int64_t> new_keys;
-  for (int64_t i = 0; i < n; ++i) {
-    if (missing[i] && FindSlot(keys[i]) < 0) new_keys.push_back(keys[i]);
-  }
-  std::sort(new_keys.begin(), new_keys.end());
-  new_keys.erase(std::unique(new_keys.begin(), new_keys.end()), new_keys.end());
-  Status status = Reserve(static_cast<int64_t>(new_keys.size()));
+  // `missed` bounds the new keys; count them exactly only when that bound would overflow.
+  const int64_t incoming = size_ + missed > options_.max_capacity ? CountNewKeys(keys, missing)
+                                                                  : missed;
+  Status status = Reserve(incoming);
   if (!status.ok()) return status;
-  for (int64_t key : new_keys) InsertNew(key);
+  std::vector<int64_t> missing_index;
+  missing_index.reserve(missed);
   for (int64_t i = 0; i < n; ++i) {
-    if (!missing[i]) continue;
-    const int64_t slot = FindSlot(keys[i]);
+    if (missing[i]) missing_index.push_back(i);
+  }
+  for (size_t j = 0; j < missing_index.size(); ++j) {
+    if (j + kAhead < missing_index.size()) Prefetch(keys[missing_index[j + kAhead]]);
+    const int64_t i = missing_index[j];
+    const int64_t slot = FindOrInsertSlot(keys[i]);
     std::memcpy(values + i * dim, Row(slot), dim * sizeof(float));
     Touch(slot, clock);
   }
@@ -185,18 +209,13 @@ Status CpuHashTable::Lookup(const int64_t* keys, int64_t n, bool insert, float* 
 Status CpuHashTable::Assign(const int64_t* keys, int64_t n, const float* values,
                             const float* state) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  std::vector<int64_t> new_keys;
-  for (int64_t i = 0; i < n; ++i) {
-    if (FindSlot(keys[i]) < 0) new_keys.push_back(keys[i]);
-  }
-  std::sort(new_keys.begin(), new_keys.end());
-  new_keys.erase(std::unique(new_keys.begin(), new_keys.end()), new_keys.end());
-  Status status = Reserve(static_cast<int64_t>(new_keys.size()));
+  const std::vector<uint8_t> all(n, 1);
+  const int64_t incoming = size_ + n > options_.max_capacity ? CountNewKeys(keys, all) : n;
+  Status status = Reserve(incoming);
   if (!status.ok()) return status;
-  for (int64_t key : new_keys) InsertNew(key);
   const uint64_t clock = clock_.fetch_add(1) + 1;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t slot = FindSlot(keys[i]);
+    const int64_t slot = FindOrInsertSlot(keys[i]);
     float* row = Row(slot);
     std::memcpy(row, values + i * options_.dim, options_.dim * sizeof(float));
     if (state != nullptr) {
@@ -217,7 +236,7 @@ void CpuHashTable::EnsureState(int64_t state_dim, float initial_value) {
   options_.state_initial_value = initial_value;
   values_.assign(slots * RowWidth(), initial_value);
   for (int64_t s = 0; s < slots; ++s) {
-    if (occupied_[s]) std::memcpy(Row(s), old_values.data() + s * old_width, dim * sizeof(float));
+    if (Occupied(s)) std::memcpy(Row(s), old_values.data() + s * old_width, dim * sizeof(float));
   }
 }
 
@@ -242,8 +261,8 @@ void CpuHashTable::Export(std::vector<int64_t>* keys, std::vector<float>* values
   values->clear();
   if (state) state->clear();
   for (int64_t s = 0; s <= mask_; ++s) {
-    if (!occupied_[s]) continue;
-    keys->push_back(keys_[s]);
+    if (!Occupied(s)) continue;
+    keys->push_back(slots_[s].key);
     const float* row = values_.data() + s * width;
     values->insert(values->end(), row, row + dim);
     if (state) state->insert(state->end(), row + dim, row + dim + state_dim);

@@ -1,8 +1,9 @@
 // A growable hash table from int64 keys to float rows, with each row's optimizer state
 // stored right after it so one probe serves a lookup and an update.
 //
-// Open addressing with linear probing; occupancy lives in its own array, so every int64
-// value is a valid key. Lookups of present keys run in parallel under a shared lock;
+// Open addressing with linear probing. A slot is 16 bytes, the key and a metadata word (an
+// occupied bit and the eviction score) side by side, so a probe touches one cache line and
+// every int64 value is a valid key. Lookups of present keys run in parallel under a shared lock;
 // inserts, erases, assigns and updates take the lock exclusively. Beyond max_capacity keys the
 // table evicts the lowest-scored keys (LRU: last step used; LFU: times used) or, with no
 // eviction, fails with ResourceExhausted and changes nothing.
@@ -80,13 +81,28 @@ class CpuHashTable {
  private:
   int64_t RowWidth() const { return options_.dim + options_.state_dim; }
   float* Row(int64_t slot) { return values_.data() + slot * RowWidth(); }
+  struct Slot {
+    int64_t key;
+    std::atomic<uint64_t> meta;  // kOccupied | score
+  };
+  static constexpr uint64_t kOccupied = uint64_t{1} << 63;
+  bool Occupied(int64_t slot) const {
+    return slots_[slot].meta.load(std::memory_order_relaxed) & kOccupied;
+  }
+  uint64_t Score(int64_t slot) const {
+    return slots_[slot].meta.load(std::memory_order_relaxed) & ~kOccupied;
+  }
   int64_t Home(int64_t key) const;
+  void Prefetch(int64_t key) const;
   int64_t FindSlot(int64_t key) const;  // -1 when absent
+  int64_t FindOrInsertSlot(int64_t key);  // exclusive lock; room already reserved
   void Touch(int64_t slot, uint64_t clock);
-  // Makes room for `incoming` new keys: evicts or fails; grows the slot array. Exclusive lock.
+  // Distinct keys among keys[i] with missing[i] that are not in the table.
+  int64_t CountNewKeys(const int64_t* keys, const std::vector<uint8_t>& missing) const;
+  // Makes room for `incoming` new keys (an upper bound is fine unless it would overflow
+  // max_capacity): evicts or fails; grows the slot array. Exclusive lock.
   Status Reserve(int64_t incoming);
   void Rehash(int64_t slots);
-  int64_t InsertNew(int64_t key);  // key known absent; returns its slot
   void EraseSlot(int64_t slot);
 
   HashTableOptions options_;
@@ -95,9 +111,7 @@ class CpuHashTable {
   std::atomic<uint64_t> clock_{0};
   int64_t size_ = 0;
   int64_t mask_ = 0;                      // slots - 1; slots is a power of two
-  std::vector<int64_t> keys_;
-  std::vector<uint8_t> occupied_;
-  std::unique_ptr<std::atomic<uint64_t>[]> scores_;
+  std::unique_ptr<Slot[]> slots_;
   std::vector<float> values_;
 };
 

@@ -1,0 +1,87 @@
+"""C2 / C3: DynamicVariable lookup of present keys and insert of new keys, against TensorFlow
+Recommenders-Addons' CPU cuckoo table (dynamic_embedding), same process, same keys.
+
+C2: 65,536 int64 keys a call, dim 16, table holding ~3.3M keys uniform in [0, 2^22).
+C3: 65,536 new keys a call into the same table (find-or-insert vs TFRA upsert).
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # noqa: E402
+
+import sparse_operation_kit as sok  # noqa: E402
+
+DIM, BATCH, KEY_RANGE = 16, 65536, 1 << 22
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--fill", type=int, default=3_300_000)
+    parser.add_argument("--iterations", type=int, default=20)
+    args = parser.parse_args()
+    import tensorflow_recommenders_addons.dynamic_embedding as de  # benchmark-only competitor
+
+    sok.init(comm_tool="single")
+    rng = np.random.default_rng(0)
+    present = rng.choice(KEY_RANGE, size=args.fill, replace=False).astype(np.int64)
+    print(f"filling both tables with {args.fill} keys", flush=True)
+    table = sok.DynamicVariable(DIM, initializer="zeros", init_capacity=args.fill)
+    tfra = de.get_variable("c2", key_dtype=tf.int64, value_dtype=tf.float32, dim=DIM,
+                           initializer=tf.keras.initializers.Zeros())
+    values = tf.zeros([1 << 20, DIM])
+    for start in range(0, args.fill, 1 << 20):
+        chunk = tf.constant(present[start:start + (1 << 20)])
+        table.assign(chunk, values[:len(chunk)])
+        tfra.upsert(chunk, values[:len(chunk)])
+
+    sok_find = tf.function(lambda k: table.sparse_read(k, insert=False))
+    tfra_find = tf.function(lambda k: tfra.lookup(k))
+    queries = [tf.constant(rng.choice(present, size=BATCH)) for _ in range(8)]
+    state = {"i": 0}
+
+    def cycle(fn):
+        def call():
+            state["i"] += 1
+            return fn(queries[state["i"] % len(queries)]).numpy()
+        return call
+
+    c2_sok = common.median_ms(cycle(sok_find), iterations=args.iterations)
+    c2_tfra = common.median_ms(cycle(tfra_find), iterations=args.iterations)
+
+    # C3: every call inserts keys neither table has seen (beyond the filled range).
+    fresh = iter(range(KEY_RANGE, KEY_RANGE + (1 << 40), BATCH))
+    sok_insert = tf.function(lambda k: table.sparse_read(k, insert=True))
+    @tf.function
+    def tfra_insert(keys, values):
+        tfra.upsert(keys, values)
+    new_values = tf.zeros([BATCH, DIM])
+
+    def new_keys():
+        return tf.constant(np.arange(BATCH, dtype=np.int64) + next(fresh))
+
+    c3_sok = common.median_ms(lambda: sok_insert(new_keys()).numpy(), iterations=args.iterations)
+    c3_tfra = common.median_ms(lambda: tfra_insert(new_keys(), new_values),
+                               iterations=args.iterations)
+    results = {
+        "C2_lookup": {"sok_ms": round(c2_sok, 3), "tfra_ms": round(c2_tfra, 3),
+                      "speedup": round(c2_tfra / c2_sok, 3), "target": ">= 4x"},
+        "C3_insert": {"sok_ms": round(c3_sok, 3), "tfra_ms": round(c3_tfra, 3),
+                      "speedup": round(c3_tfra / c3_sok, 3), "target": ">= 4x"},
+    }
+    path = common.write_result("c2_c3_hash_table", {
+        "benchmark": "C2 lookup of present keys / C3 insert of new keys vs TFRA 0.7.2 cuckoo table",
+        "config": {"keys_per_call": BATCH, "dim": DIM, "filled_keys": args.fill,
+                   "key_range": KEY_RANGE, "iterations": args.iterations},
+        "results": results})
+    rows = [[name, r["sok_ms"], r["tfra_ms"], f"{r['speedup']:.2f}x"] for name, r in results.items()]
+    print(common.markdown_table(["benchmark", "sok ms", "TFRA ms", "speedup"], rows))
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()
