@@ -12,9 +12,14 @@ build: setup
 test: setup
 	$(PY) -m pytest -q tests
 
-# CPU benchmarks against the competitors, results under benchmarks/results/.
+# CPU benchmarks against the competitors (TFRA installed beside, benchmark-only), results
+# under benchmarks/results/.
 bench: setup
+	$(PY) -c "import tensorflow_recommenders_addons" 2>/dev/null || \
+	  $(PY) -m pip install -q --no-deps -r benchmarks/requirements.txt
 	$(PY) benchmarks/cpu/c1_fused_lookup.py
+	$(PY) benchmarks/cpu/c2_c3_hash_table.py
+	$(PY) benchmarks/cpu/c4_dynamic_training.py
 
 clean:
 	rm -rf build sparse_operation_kit/lib
