@@ -10,7 +10,7 @@ import tensorflow as tf
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 
-_SUPPORTED = ("SGD", "Adagrad", "Adam")
+_SUPPORTED = ("SGD", "Adagrad", "Adam", "Adamax", "Adadelta", "RMSprop")
 
 
 def _hyper(optimizer, name):
@@ -31,8 +31,9 @@ def _learning_rate(optimizer):
 class OptimizerWrapper:
     """Wraps a Keras optimizer so it also trains sok dynamic tables, lazily.
 
-    Supports SGD (momentum, nesterov), Adagrad and Adam, legacy and new Keras. Other
-    optimizers raise NotImplementedError when they meet a dynamic table.
+    Supports SGD (momentum, nesterov), Adagrad and Adam (legacy and new Keras), and legacy
+    Adamax, Adadelta and RMSprop (not centered). Ftrl and Nadam raise NotImplementedError
+    when they meet a dynamic table.
     """
 
     def __init__(self, optimizer):
@@ -93,6 +94,28 @@ class OptimizerWrapper:
             return raw_ops.sok_dynamic_apply(
                 variable.handle, keys, values, tf.stack([corrected, beta1, beta2, epsilon]),
                 rule="adam", state_dim=2 * dim)
+        legacy = hasattr(self._optimizer, "_get_hyper")
+        if self._kind == "Adamax" and legacy:
+            beta1, beta2 = _hyper(self._optimizer, "beta_1"), _hyper(self._optimizer, "beta_2")
+            epsilon = tf.constant(self._optimizer.epsilon, tf.float32)
+            corrected = lr / (1.0 - tf.pow(beta1, step))
+            return raw_ops.sok_dynamic_apply(
+                variable.handle, keys, values, tf.stack([corrected, beta1, beta2, epsilon]),
+                rule="adamax", state_dim=2 * dim)
+        if self._kind == "Adadelta" and legacy:
+            rho = _hyper(self._optimizer, "rho")
+            epsilon = tf.constant(self._optimizer.epsilon, tf.float32)
+            return raw_ops.sok_dynamic_apply(variable.handle, keys, values,
+                                             tf.stack([lr, rho, epsilon]), rule="adadelta",
+                                             state_dim=2 * dim)
+        if self._kind == "RMSprop" and legacy and not self._optimizer.centered:
+            rho, momentum = _hyper(self._optimizer, "rho"), _hyper(self._optimizer, "momentum")
+            epsilon = tf.constant(self._optimizer.epsilon, tf.float32)
+            if not self._optimizer._momentum:
+                momentum = tf.constant(0.0)
+            return raw_ops.sok_dynamic_apply(variable.handle, keys, values,
+                                             tf.stack([lr, rho, momentum, epsilon]),
+                                             rule="rmsprop", state_dim=2 * dim)
         raise NotImplementedError(
             f"{self._kind} is not supported for sok dynamic tables yet; supported: {_SUPPORTED}")
 

@@ -2,8 +2,8 @@
 
 The reference applies the optimizer to the touched rows only: TF's own sparse updates for
 SGD / momentum / Adagrad are lazy already, so the reference is the Keras optimizer itself on a
-tf.Variable; Keras Adam's (and the new Keras SGD-momentum's) sparse update also moves
-untouched rows, so their reference is their formulas applied to the touched rows, in NumPy.
+tf.Variable; Keras Adam's (and the new Keras SGD-momentum's and RMSprop-without-momentum's)
+sparse update also moves untouched rows, so their reference is their formulas applied to the touched rows, in NumPy.
 """
 import numpy as np
 import pytest
@@ -19,6 +19,10 @@ OPTIMIZERS = {
     "legacy_adam": lambda: tf.keras.optimizers.legacy.Adam(0.01),
     "legacy_adam_schedule": lambda: tf.keras.optimizers.legacy.Adam(
         tf.keras.optimizers.schedules.ExponentialDecay(0.02, 5, 0.5)),
+    "legacy_adamax": lambda: tf.keras.optimizers.legacy.Adamax(0.02),
+    "legacy_adadelta": lambda: tf.keras.optimizers.legacy.Adadelta(1.0),
+    "legacy_rmsprop": lambda: tf.keras.optimizers.legacy.RMSprop(0.01),
+    "legacy_rmsprop_momentum": lambda: tf.keras.optimizers.legacy.RMSprop(0.01, momentum=0.5),
     "sgd": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9),
     "adagrad": lambda: tf.keras.optimizers.Adagrad(0.1),
     "adam": lambda: tf.keras.optimizers.Adam(0.01),
@@ -38,6 +42,22 @@ class LazyMomentum:
         for row, grad in zip(rows, grads):
             self.m[row] = self.momentum * self.m.get(row, 0.0) - self.lr * grad
             values[row] += self.m[row]
+        table.assign(values)
+
+
+class LazyRmsprop:
+    """Keras RMSprop without momentum on touched rows only (Keras decays every row's mean
+    square): ms = rho ms + (1 - rho) g^2; w -= lr g / (sqrt(ms) + eps)."""
+
+    def __init__(self, optimizer):
+        self.lr, self.rho, self.epsilon = 0.01, 0.9, optimizer.epsilon
+        self.ms = {}
+
+    def apply(self, table, rows, grads):
+        values = table.numpy()
+        for row, grad in zip(rows, grads):
+            self.ms[row] = self.rho * self.ms.get(row, 0.0) + (1 - self.rho) * grad * grad
+            values[row] -= self.lr * grad / (np.sqrt(self.ms[row]) + self.epsilon)
         table.assign(values)
 
 
@@ -72,7 +92,7 @@ def touched_rows_reference(table, optimizer, ids):
         out = tf.reduce_sum(tf.gather(table, ids), axis=1)
         loss = tf.reduce_sum(out * out)
     grad = tape.gradient(loss, table)
-    if isinstance(optimizer, (LazyAdam, LazyMomentum)):
+    if isinstance(optimizer, (LazyAdam, LazyMomentum, LazyRmsprop)):
         dense = tf.convert_to_tensor(grad).numpy().astype(np.float64)
         rows = np.unique(ids.values.numpy())
         optimizer.apply(table, rows, dense[rows])
@@ -90,10 +110,12 @@ def test_matches_keras_optimizer_on_touched_rows(name, mode):
     reference = tf.Variable(initial)
     wrapper = sok.OptimizerWrapper(OPTIMIZERS[name]())
     ref_optimizer = OPTIMIZERS[name]()
-    if "adam" in name:
+    if name in ("legacy_adam", "legacy_adam_schedule", "adam"):
         ref_optimizer = LazyAdam(ref_optimizer)
     elif name == "sgd":
         ref_optimizer = LazyMomentum(ref_optimizer)
+    elif name == "legacy_rmsprop":
+        ref_optimizer = LazyRmsprop(ref_optimizer)
 
     def sok_step(ids):
         with tf.GradientTape() as tape:

@@ -28,6 +28,26 @@ struct AdamHyper {
   float epsilon = 1e-7f;   // state: m (dim floats) then v (dim floats)
 };
 
+struct AdamaxHyper {
+  float lr = 0.001f;       // already bias-corrected: lr / (1 - beta1^t)
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float epsilon = 1e-7f;   // state: m (dim floats) then u, the weighted infinity norm
+};
+
+struct AdadeltaHyper {
+  float lr = 0.001f;
+  float rho = 0.95f;
+  float epsilon = 1e-7f;   // state: accumulated squared gradients, then squared updates
+};
+
+struct RmspropHyper {
+  float lr = 0.001f;
+  float rho = 0.9f;
+  float momentum = 0.0f;   // state: mean square, then (with momentum) the momentum
+  float epsilon = 1e-7f;
+};
+
 #if defined(__CUDACC__)
 #define SOK_HOST_DEVICE __host__ __device__
 #else
@@ -65,6 +85,47 @@ SOK_HOST_DEVICE inline void ApplyAdam(float* w, float* state, const float* g, in
     m[d] = h.beta1 * m[d] + (1.0f - h.beta1) * g[d];
     v[d] = h.beta2 * v[d] + (1.0f - h.beta2) * g[d] * g[d];
     w[d] -= h.lr * m[d] / (std::sqrt(v[d]) + h.epsilon);
+  }
+}
+
+SOK_HOST_DEVICE inline void ApplyAdamax(float* w, float* state, const float* g, int64_t dim,
+                                        const AdamaxHyper& h) {
+  float* m = state;
+  float* u = state + dim;
+  for (int64_t d = 0; d < dim; ++d) {
+    m[d] = h.beta1 * m[d] + (1.0f - h.beta1) * g[d];
+    u[d] = std::fmax(h.beta2 * u[d], std::fabs(g[d]));
+    w[d] -= h.lr * m[d] / (u[d] + h.epsilon);
+  }
+}
+
+SOK_HOST_DEVICE inline void ApplyAdadelta(float* w, float* state, const float* g, int64_t dim,
+                                          const AdadeltaHyper& h) {
+  float* accum = state;
+  float* accum_update = state + dim;
+  for (int64_t d = 0; d < dim; ++d) {
+    accum[d] = h.rho * accum[d] + (1.0f - h.rho) * g[d] * g[d];
+    const float update =
+        std::sqrt(accum_update[d] + h.epsilon) / std::sqrt(accum[d] + h.epsilon) * g[d];
+    accum_update[d] = h.rho * accum_update[d] + (1.0f - h.rho) * update * update;
+    w[d] -= h.lr * update;
+  }
+}
+
+// Keras' two RMSprop forms: without momentum w -= lr g / (sqrt(ms) + eps); with momentum
+// mom = momentum mom + lr g / sqrt(ms + eps), w -= mom.
+SOK_HOST_DEVICE inline void ApplyRmsprop(float* w, float* state, const float* g, int64_t dim,
+                                         const RmspropHyper& h) {
+  float* ms = state;
+  float* mom = state + dim;
+  for (int64_t d = 0; d < dim; ++d) {
+    ms[d] = h.rho * ms[d] + (1.0f - h.rho) * g[d] * g[d];
+    if (h.momentum == 0.0f) {
+      w[d] -= h.lr * g[d] / (std::sqrt(ms[d]) + h.epsilon);
+    } else {
+      mom[d] = h.momentum * mom[d] + h.lr * g[d] / std::sqrt(ms[d] + h.epsilon);
+      w[d] -= mom[d];
+    }
   }
 }
 

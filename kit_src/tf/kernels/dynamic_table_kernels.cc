@@ -299,7 +299,7 @@ class DynamicApplyOp : public tf::OpKernel {
                 tf::errors::InvalidArgument("grads must be [", n, ", ", dim, "], got ",
                                             grads.shape().DebugString()));
     const auto h = hyper.flat<float>();
-    const int64_t needed = rule_ == "sgd" ? 2 : rule_ == "adagrad" ? 3 : 4;
+    const int64_t needed = rule_ == "sgd" ? 2 : (rule_ == "adagrad" || rule_ == "adadelta") ? 3 : 4;
     OP_REQUIRES(ctx, h.size() == needed,
                 tf::errors::InvalidArgument(rule_, " takes ", needed, " hyper-parameters, got ",
                                             h.size()));
@@ -321,10 +321,25 @@ class DynamicApplyOp : public tf::OpKernel {
       table.UpdateRows(unique_keys.data(), unique_keys.size(),
                        [&](int64_t i, float* row) { ApplyAdagrad(row, row + dim, g + i * dim, dim, hp); },
                        parallel_for);
-    } else {
+    } else if (rule_ == "adam") {
       const AdamHyper hp{h(0), h(1), h(2), h(3)};
       table.UpdateRows(unique_keys.data(), unique_keys.size(),
                        [&](int64_t i, float* row) { ApplyAdam(row, row + dim, g + i * dim, dim, hp); },
+                       parallel_for);
+    } else if (rule_ == "adamax") {
+      const AdamaxHyper hp{h(0), h(1), h(2), h(3)};
+      table.UpdateRows(unique_keys.data(), unique_keys.size(),
+                       [&](int64_t i, float* row) { ApplyAdamax(row, row + dim, g + i * dim, dim, hp); },
+                       parallel_for);
+    } else if (rule_ == "adadelta") {
+      const AdadeltaHyper hp{h(0), h(1), h(2)};
+      table.UpdateRows(unique_keys.data(), unique_keys.size(),
+                       [&](int64_t i, float* row) { ApplyAdadelta(row, row + dim, g + i * dim, dim, hp); },
+                       parallel_for);
+    } else {
+      const RmspropHyper hp{h(0), h(1), h(2), h(3)};
+      table.UpdateRows(unique_keys.data(), unique_keys.size(),
+                       [&](int64_t i, float* row) { ApplyRmsprop(row, row + dim, g + i * dim, dim, hp); },
                        parallel_for);
     }
   }
