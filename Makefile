@@ -20,6 +20,7 @@ bench: setup
 	$(PY) benchmarks/cpu/c1_fused_lookup.py
 	$(PY) benchmarks/cpu/c2_c3_hash_table.py
 	$(PY) benchmarks/cpu/c4_dynamic_training.py
+	$(PY) benchmarks/cpu/c5_interaction.py
 
 clean:
 	rm -rf build sparse_operation_kit/lib

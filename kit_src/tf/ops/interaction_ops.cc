@@ -1,0 +1,45 @@
+// Registration of the fused DLRM dot interaction (kit_src/core/interaction).
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace sok {
+
+using ::tensorflow::Status;
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+REGISTER_OP("Sok>DotInteraction")
+    .Input("features: float")
+    .Output("output: float")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      ShapeHandle features;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &features));
+      DimensionHandle f = c->Dim(features, 1), d = c->Dim(features, 2);
+      if (!c->ValueKnown(f) || !c->ValueKnown(d)) {
+        c->set_output(0, c->Matrix(c->Dim(features, 0), c->UnknownDim()));
+        return Status();
+      }
+      const int64_t n = c->Value(f);
+      c->set_output(0, c->Matrix(c->Dim(features, 0), c->Value(d) + n * (n - 1) / 2));
+      return Status();
+    })
+    .Doc(R"doc(
+DLRM dot interaction of features [B, F, D] (row 0 the bottom MLP output): [B, D + F(F-1)/2],
+x[0] then x[i].x[j] for i > j in row-major lower-triangle order.
+)doc");
+
+REGISTER_OP("Sok>DotInteractionGrad")
+    .Input("features: float")
+    .Input("output_grad: float")
+    .Output("features_grad: float")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      ShapeHandle features, grad;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &features));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &grad));
+      c->set_output(0, features);
+      return Status();
+    });
+
+}  // namespace sok
