@@ -1,7 +1,7 @@
 # The README's commands. Each one does its own set-up (idempotent, seconds the second time).
 PY := .venv/bin/python
 
-.PHONY: setup build test test-fast bench dlrm clean
+.PHONY: setup build test bench dlrm clean
 
 setup:
 	bash scripts/setup_env.sh
@@ -11,6 +11,10 @@ build: setup
 # The whole suite, multi-worker tests (horovodrun -np 2 --gloo) included.
 test: setup
 	$(PY) -m pytest -q tests
+
+# The main job: DLRM on a generated Criteo-format dataset, 2 Horovod workers on CPU.
+dlrm: setup
+	bash tutorials/DLRM_Benchmark/run_cpu_demo.sh
 
 # CPU benchmarks against the competitors (TFRA installed beside, benchmark-only), results
 # under benchmarks/results/.

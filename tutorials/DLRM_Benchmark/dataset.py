@@ -1,0 +1,94 @@
+"""Reads split Criteo-format files: each Horovod worker gets its slice of every global batch.
+
+Training drops the last partial global batch; evaluation keeps it and spreads it over the
+workers (some may get no samples). Batches are prepared on a background thread.
+"""
+import json
+import os
+import queue
+import threading
+
+import numpy as np
+
+from criteo_format import NUM_CATEGORICAL, NUM_DENSE, TYPES
+
+
+def local_slice(global_size, rank, num_workers):
+    """[begin, end) of worker `rank` within a batch of `global_size` samples."""
+    base, extra = divmod(global_size, num_workers)
+    begin = rank * base + min(rank, extra)
+    return begin, begin + base + (1 if rank < extra else 0)
+
+
+class BinaryDataset:
+    """Iterates (dense [b, 13] float32, categorical [b, 26] int64, labels [b, 1] float32)."""
+
+    def __init__(self, data_dir, global_batch_size, rank=0, num_workers=1, training=True,
+                 prefetch=4):
+        with open(os.path.join(data_dir, "metadata.json")) as handle:
+            self.metadata = json.load(handle)
+        samples = self.metadata["samples"]
+        read = lambda name, kind, width: np.memmap(  # noqa: E731
+            os.path.join(data_dir, name), dtype=TYPES[self.metadata[kind]], mode="r",
+            shape=(samples, width) if width else (samples,))
+        self.labels = read("label.bin", "label_type", 0)
+        self.dense = read("dense.bin", "dense_type", NUM_DENSE)
+        self.categorical = read("category.bin", "category_type", NUM_CATEGORICAL)
+        self.global_batch_size = global_batch_size
+        self.rank, self.num_workers, self.training = rank, num_workers, training
+        self.prefetch = prefetch
+        full, partial = divmod(samples, global_batch_size)
+        self.num_batches = full if training or partial == 0 else full + 1
+        self.samples = samples
+
+    def __len__(self):
+        return self.num_batches
+
+    def batch(self, index):
+        start = index * self.global_batch_size
+        size = min(self.global_batch_size, self.samples - start)
+        begin, end = local_slice(size, self.rank, self.num_workers)
+        dense = np.asarray(self.dense[start + begin:start + end], np.float32)
+        if self.metadata["dense_log"]:
+            dense = np.log(dense + 3.0, dtype=np.float32)
+        categorical = np.asarray(self.categorical[start + begin:start + end], np.int64)
+        labels = np.asarray(self.labels[start + begin:start + end], np.float32)[:, None]
+        return dense, categorical, labels
+
+    def __iter__(self):
+        """Batches in order, prepared `prefetch` ahead on a background thread."""
+        ready = queue.Queue(maxsize=self.prefetch)
+        done = object()
+
+        def produce():
+            for index in range(self.num_batches):
+                ready.put(self.batch(index))
+            ready.put(done)
+
+        threading.Thread(target=produce, daemon=True).start()
+        while True:
+            item = ready.get()
+            if item is done:
+                return
+            yield item
+
+
+class SyntheticDataset:
+    """Random batches of the same shapes, for --use_synthetic_dataset (no files)."""
+
+    def __init__(self, vocab_sizes, global_batch_size, rank, num_workers, num_batches, seed=0):
+        self.vocab_sizes = np.asarray(vocab_sizes)
+        begin, end = local_slice(global_batch_size, rank, num_workers)
+        self.local = end - begin
+        self.num_batches = num_batches
+        self.rng = np.random.default_rng(seed + rank)
+
+    def __len__(self):
+        return self.num_batches
+
+    def __iter__(self):
+        for _ in range(self.num_batches):
+            dense = np.log(self.rng.poisson(5, size=(self.local, NUM_DENSE)) + 3.0).astype(np.float32)
+            categorical = (self.rng.random((self.local, NUM_CATEGORICAL)) * self.vocab_sizes).astype(np.int64)
+            labels = (self.rng.random((self.local, 1)) < 0.25).astype(np.float32)
+            yield dense, categorical, labels

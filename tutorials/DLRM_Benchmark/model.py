@@ -1,0 +1,68 @@
+"""DLRM with sok embedding tables: bottom MLP 512-256-D, 26 tables looked up in one fused
+sok.lookup_sparse, dot interaction, top MLP 1024-1024-512-256-1.
+
+`embedding="keras"` builds the same model with tf.keras.layers.Embedding tables (the C6
+competitor); it only runs on one worker.
+"""
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+from sparse_operation_kit.interaction import dot_interaction_reference
+
+
+def mlp(widths, last_activation="relu", name=None):
+    layers = [tf.keras.layers.Dense(w, activation="relu") for w in widths[:-1]]
+    layers.append(tf.keras.layers.Dense(widths[-1], activation=last_activation,
+                                        dtype="float32" if last_activation is None else None))
+    return tf.keras.Sequential(layers, name=name)
+
+
+class DLRM:
+    def __init__(self, vocab_sizes, dim=128, embedding="static", custom_interact=True,
+                 xla=False):
+        self.embedding = embedding
+        self.custom_interact = custom_interact
+        initializer = lambda: tf.keras.initializers.RandomUniform(-0.05, 0.05)  # noqa: E731
+        if embedding == "static":
+            self.tables = [sok.Variable(shape=[v, dim], initializer=initializer(), name=f"table{i}")
+                           for i, v in enumerate(vocab_sizes)]
+        elif embedding == "dynamic":
+            self.tables = [sok.DynamicVariable(dim, initializer=initializer(), name=f"table{i}",
+                                               init_capacity=min(v, 1 << 22))
+                           for i, v in enumerate(vocab_sizes)]
+        elif embedding == "keras":
+            self.keras_tables = [tf.keras.layers.Embedding(v, dim, embeddings_initializer=initializer())
+                                 for v in vocab_sizes]
+            for table in self.keras_tables:
+                table.build(None)
+            self.tables = [table.embeddings for table in self.keras_tables]
+        else:
+            raise ValueError(f"unknown embedding {embedding!r}; use static, dynamic or keras")
+        self.bottom = mlp([512, 256, dim], name="bottom")
+        self.top = mlp([1024, 1024, 512, 256, 1], last_activation=None, name="top")
+        self.bottom.build([None, 13])
+        self.top.build([None, dim + (len(vocab_sizes) + 1) * len(vocab_sizes) // 2])
+        self._bottom = tf.function(self.bottom, jit_compile=True) if xla else self.bottom
+        self._top = tf.function(self.top, jit_compile=True) if xla else self.top
+        self._reference_interaction = (tf.function(dot_interaction_reference, jit_compile=True)
+                                       if xla else dot_interaction_reference)
+
+    @property
+    def dense_variables(self):
+        return self.bottom.trainable_variables + self.top.trainable_variables
+
+    def embeddings(self, categorical, training):
+        if self.embedding == "keras":
+            return [table(categorical[:, i]) for i, table in enumerate(self.keras_tables)]
+        ids = [tf.RaggedTensor.from_tensor(categorical[:, i:i + 1]) for i in range(len(self.tables))]
+        return sok.lookup_sparse(self.tables, ids, combiners=["sum"] * len(self.tables),
+                                 training=training)
+
+    def __call__(self, dense, categorical, training=True):
+        bottom = tf.cast(self._bottom(dense), tf.float32)
+        features = tf.stack([bottom] + self.embeddings(categorical, training), axis=1)
+        if self.custom_interact:
+            interaction = sok.dot_interaction(features)
+        else:
+            interaction = self._reference_interaction(features)
+        return tf.cast(self._top(interaction), tf.float32)
