@@ -1,0 +1,62 @@
+"""C6: DLRM training samples/s with sok tables against the same model with
+tf.keras.layers.Embedding tables (1 worker), plus sok on 2 Horovod workers (scaling), in one
+run on the same synthetic data. Each configuration runs tutorials/DLRM_Benchmark/main.py.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+def run(workers, embedding, args):
+    command = [HOROVODRUN, "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
+               sys.executable, os.path.join(ROOT, "tutorials", "DLRM_Benchmark", "main.py"),
+               "--use_synthetic_dataset", "--synthetic_steps", str(args.steps),
+               "--global_batch_size", str(args.batch), "--embedding", embedding,
+               "--embedding_dim", str(args.dim), "--eval_in_last", "--custom_interact",
+               "--optimizer", "sgd", "--lr", "0.1", "--log_interval", "1000"]
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    output = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    return float(re.search(r"FINAL samples_per_second=([0-9.]+)", output).group(1))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batch", type=int, default=4096)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args()
+    sok_one = run(1, "static", args)
+    print(f"sok, 1 worker: {sok_one:,.0f} samples/s", flush=True)
+    keras_one = run(1, "keras", args)
+    print(f"keras Embedding, 1 worker: {keras_one:,.0f} samples/s", flush=True)
+    sok_two = run(2, "static", args)
+    print(f"sok, 2 workers: {sok_two:,.0f} samples/s", flush=True)
+    results = {
+        "sok_1_worker": round(sok_one, 1), "keras_embedding_1_worker": round(keras_one, 1),
+        "speedup_vs_keras": round(sok_one / keras_one, 3), "sok_2_workers": round(sok_two, 1),
+        "scaling_2_workers": round(sok_two / sok_one, 3), "target": ">= 2x vs keras",
+    }
+    path = common.write_result("c6_dlrm", {
+        "benchmark": "C6 DLRM training samples/s, sok tables vs tf.keras.layers.Embedding",
+        "config": {"batch": args.batch, "dim": args.dim, "steps": args.steps,
+                   "data": "synthetic", "optimizer": "sgd", "custom_interact": True,
+                   "note": "2 workers share the machine's 2 cores"},
+        "results": results})
+    print(common.markdown_table(
+        ["configuration", "samples/s"],
+        [["sok, 1 worker", f"{sok_one:,.0f}"], ["tf.keras Embedding, 1 worker", f"{keras_one:,.0f}"],
+         ["sok, 2 workers", f"{sok_two:,.0f}"]]))
+    print(f"speedup vs keras {results['speedup_vs_keras']}x, 2-worker scaling "
+          f"{results['scaling_2_workers']}x; written to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""End to end: generate, split, train DLRM on 2 Horovod workers, check AUC and the table."""
+import os
+import re
+import subprocess
+import sys
+
+from test_multiworker import HOROVODRUN, ROOT
+
+DLRM = os.path.join(ROOT, "tutorials", "DLRM_Benchmark")
+sys.path.insert(0, DLRM)
+
+
+def test_two_workers_learn_the_planted_signal(tmp_path):
+    from criteo_format import VOCABULARIES  # noqa: PLC0415
+
+    generated = subprocess.run(
+        [sys.executable, os.path.join(DLRM, "gen_data.py"), str(tmp_path / "raw"),
+         "--train_samples", "120000", "--test_samples", "20000"],
+        check=True, capture_output=True, text=True).stdout
+    ceiling = float(re.search(r"\(the ceiling\): ([0-9.]+)", generated).group(1))
+    for split in ["train", "test"]:
+        subprocess.run([sys.executable, os.path.join(DLRM, "split_bin.py"),
+                        str(tmp_path / "raw" / f"{split}.bin"), str(tmp_path / split),
+                        f"--slot_size_array={VOCABULARIES['notebook']}"], check=True,
+                       capture_output=True)
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(
+        [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+         os.path.join(DLRM, "main.py"), "--data_dir", str(tmp_path), "--global_batch_size", "1024",
+         "--optimizer", "adam", "--lr", "0.003", "--warmup_steps", "5", "--embedding_dim", "16",
+         "--custom_interact", "--epochs", "2", "--log_interval", "50"],
+        env=env, capture_output=True, text=True, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    assert "| batch size | exit criteria |" in output and "samples per second" in output
+    auc = float(re.search(r"FINAL samples_per_second=[0-9.]+ auc=([0-9.]+)", output).group(1))
+    # Well above chance: at least half the way from 0.5 to the generating model's AUC.
+    assert auc > 0.5 + 0.5 * (ceiling - 0.5), (auc, ceiling)
