@@ -36,3 +36,19 @@ def test_two_workers_learn_the_planted_signal(tmp_path):
     auc = float(re.search(r"FINAL samples_per_second=[0-9.]+ auc=([0-9.]+)", output).group(1))
     # Well above chance: at least half the way from 0.5 to the generating model's AUC.
     assert auc > 0.5 + 0.5 * (ceiling - 0.5), (auc, ceiling)
+
+
+def test_amp_xla_compress_dynamic_tables_run_on_two_workers():
+    """The flag combinations run end to end (synthetic data) and show in the final table."""
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(
+        [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+         os.path.join(DLRM, "main.py"), "--use_synthetic_dataset", "--synthetic_steps", "8",
+         "--global_batch_size", "256", "--embedding_dim", "8", "--embedding", "dynamic",
+         "--amp", "--xla", "--compress", "--eval_in_last", "--lr", "0.1"],
+        env=env, capture_output=True, text=True, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    row = next(line for line in output.splitlines() if "| 256 |" in line)
+    assert "| at end | True | False | True | True |" in row, row  # xla, custom, amp, compress
+    assert "| dynamic |" in row
