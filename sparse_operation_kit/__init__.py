@@ -9,6 +9,7 @@ from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.communication import init
 from sparse_operation_kit.dynamic_variable import (DynamicVariable, assign, export,
                                                     sparse_read_and_evict)
+from sparse_operation_kit import layers
 from sparse_operation_kit.interaction import dot_interaction
 from sparse_operation_kit.lookup import all2all_dense_embedding, lookup_sparse
 from sparse_operation_kit.optimizer import SGD, OptimizerWrapper
@@ -21,5 +22,5 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "Variable", "DynamicVariable", "lookup_sparse", "all2all_dense_embedding",
     "filter_variables", "export", "assign", "sparse_read_and_evict", "OptimizerWrapper", "SGD",
-    "dot_interaction", "raw_ops", "tf_version",
+    "dot_interaction", "layers", "raw_ops", "tf_version",
 ]

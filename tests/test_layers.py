@@ -1,0 +1,139 @@
+"""Keras layers over sok tables against references built from tf.keras / tf.nn."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+
+
+def ragged(rng, batch, vocab, max_len=3):
+    lengths = rng.integers(0, max_len + 1, size=batch)
+    return tf.RaggedTensor.from_row_lengths(
+        tf.constant(rng.integers(0, vocab, size=lengths.sum()), tf.int64), lengths)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_embedding_pooled_and_unpooled_match_tf(combiner):
+    rng = np.random.default_rng(0)
+    layer = sok.layers.Embedding(6, input_dim=30, combiner=combiner)
+    ids = ragged(rng, 7, 30)
+    pooled = layer(ids)
+    table = tf.Variable(layer.table.numpy())
+    np.testing.assert_allclose(
+        pooled.numpy(),
+        tf.nn.safe_embedding_lookup_sparse(table, ids.to_sparse(), combiner=combiner).numpy(),
+        rtol=1e-5, atol=1e-6)
+    dense_ids = tf.constant(rng.integers(0, 30, size=[4, 5]), tf.int64)
+    np.testing.assert_allclose(layer(dense_ids).numpy(), tf.gather(table, dense_ids).numpy())
+    assert layer.trainable_weights == [layer.table]
+
+
+def test_dynamic_embedding_reads_its_rows_and_respects_training():
+    layer = sok.layers.Embedding(4, dynamic_table=True, combiner="sum", initializer="ones")
+    ids = tf.ragged.constant([[1 << 50, 3], [7]], tf.int64)
+    np.testing.assert_array_equal(layer(ids).numpy(), [[2] * 4, [1] * 4])
+    assert layer.table.size().numpy() == 3
+    layer(tf.ragged.constant([[99]], tf.int64), training=False)
+    assert layer.table.size().numpy() == 3
+    assert layer.sok_dynamic_table is layer.table and layer.trainable_weights == []
+
+
+def test_distributed_embedding_sok_v1_shapes_and_values():
+    layer = sok.layers.DistributedEmbedding("sum", max_vocabulary_size_per_gpu=100,
+                                            embedding_vec_size=5, slot_num=3, max_nnz=2,
+                                            use_hashtable=False)
+    ids = tf.sparse.from_dense(tf.constant([[1, 2], [3, 0], [4, 4], [5, 6], [7, 0], [9, 8]],
+                                           tf.int64))  # [batch 2 * slot 3, max_nnz 2]
+    out = layer(ids)
+    assert out.shape == (2, 3, 5)
+    table = layer.table.numpy()
+    np.testing.assert_allclose(out.numpy()[0, 0], table[1] + table[2], rtol=1e-6)
+    np.testing.assert_allclose(out.numpy()[1, 2], table[9] + table[8], rtol=1e-6)
+    hashed = sok.layers.DistributedEmbedding("mean", 100, 5, 3, 2, use_hashtable=True)
+    assert hashed(ids).shape == (2, 3, 5) and hashed.table.size().numpy() == 9
+
+
+def test_all2all_dense_embedding_sok_v1_shapes():
+    layer = sok.layers.All2AllDenseEmbedding(100, 4, slot_num=3, nnz_per_slot=2)
+    ids = tf.constant(np.arange(2 * 3 * 2).reshape(2, 3, 2), tf.int64)
+    out = layer(ids)
+    assert out.shape == (2, 3, 2, 4)
+    rows = layer.table.sparse_read(tf.reshape(ids, [-1]), insert=False).numpy()
+    np.testing.assert_array_equal(out.numpy().reshape(-1, 4), rows)
+    flat = sok.layers.All2AllDenseEmbedding(100, 4, 3, 2, dynamic_input=True)
+    assert flat(tf.constant([1, 2, 3], tf.int64)).shape == (3, 4)
+
+
+def test_fit_equals_keras_embedding_model():
+    """A static sok Embedding trained by model.fit equals tf.keras.layers.Embedding."""
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 40, size=[64, 3])
+    y = rng.normal(size=[64, 1]).astype(np.float32)
+
+    def build(embedding):
+        inputs = tf.keras.Input([3], dtype=tf.int64)
+        hidden = tf.keras.layers.Flatten()(embedding(inputs))
+        return tf.keras.Model(inputs, tf.keras.layers.Dense(1, kernel_initializer="ones")(hidden))
+
+    sok_layer = sok.layers.Embedding(4, input_dim=40)
+    sok_model = build(sok_layer)
+    keras_layer = tf.keras.layers.Embedding(40, 4)
+    keras_model = build(keras_layer)
+    keras_layer.set_weights([sok_layer.table.numpy()])
+    for model in (sok_model, keras_model):
+        model.compile(tf.keras.optimizers.legacy.SGD(0.1, momentum=0.5), "mse")
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    np.testing.assert_allclose(sok_layer.table.numpy(), keras_layer.get_weights()[0], rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(sok_model.evaluate(x, y, verbose=0),
+                               keras_model.evaluate(x, y, verbose=0), rtol=1e-5)
+    np.testing.assert_allclose(sok_model.predict(x, verbose=0), keras_model.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_fit_trains_dynamic_tables_like_a_tape_loop():
+    rng = np.random.default_rng(2)
+    x = rng.integers(-(1 << 40), 1 << 40, size=[48, 2])
+    y = rng.normal(size=[48, 1]).astype(np.float32)
+
+    class Net(sok.layers.Model):
+        def __init__(self, name):
+            super().__init__()
+            self.embedding = sok.layers.Embedding(3, dynamic_table=True, name=name)
+            self.dense = tf.keras.layers.Dense(1, kernel_initializer="ones")
+
+        def call(self, ids, training=None):
+            rows = self.embedding(ids, training=training)
+            return self.dense(tf.reshape(rows, [-1, 6]))
+
+    fitted = Net("same_name")
+    fitted.compile(tf.keras.optimizers.legacy.Adagrad(0.1), "mse")
+    fitted.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+
+    looped = Net("same_name")  # same table name: same initial rows
+    looped(tf.constant(x[:1]))
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adagrad(0.1))
+    for _ in range(2):
+        for start in range(0, 48, 16):
+            with tf.GradientTape() as tape:
+                pred = looped(tf.constant(x[start:start + 16]), training=True)
+                loss = tf.reduce_mean(tf.square(pred - y[start:start + 16]))
+            variables = looped.trainable_variables + [looped.embedding.table]
+            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+    keys = tf.constant(x.reshape(-1))
+    np.testing.assert_allclose(fitted.embedding.table.sparse_read(keys, insert=False).numpy(),
+                               looped.embedding.table.sparse_read(keys, insert=False).numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_config_round_trip_and_serialization():
+    layers = [sok.layers.Embedding(8, input_dim=10, combiner="sqrtn", mode="distributed"),
+              sok.layers.Embedding(8, dynamic_table=True, table_config={"max_capacity": 100}),
+              sok.layers.DistributedEmbedding("sum", 10, 4, 3, 2, use_hashtable=False),
+              sok.layers.All2AllDenseEmbedding(10, 4, 3, 2)]
+    for layer in layers:
+        config = layer.get_config()
+        clone = type(layer).from_config(config)
+        assert clone.get_config() == config
+        restored = tf.keras.layers.deserialize(tf.keras.layers.serialize(layer))
+        assert type(restored) is type(layer) and restored.get_config() == config
