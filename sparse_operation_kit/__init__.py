@@ -13,6 +13,9 @@ from sparse_operation_kit import layers
 from sparse_operation_kit.interaction import dot_interaction
 from sparse_operation_kit.lookup import all2all_dense_embedding, lookup_sparse
 from sparse_operation_kit.optimizer import SGD, OptimizerWrapper
+from sparse_operation_kit.planner import (EmbeddingCollection, EmbeddingPlanner,
+                                          EmbeddingTableConfig, generate_plan, read_plan,
+                                          validate_plan, write_plan)
 from sparse_operation_kit.variables import Variable, filter_variables
 
 tf_version = tuple(int(part) for part in _tf.__version__.split(".")[:2])
@@ -22,5 +25,6 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "Variable", "DynamicVariable", "lookup_sparse", "all2all_dense_embedding",
     "filter_variables", "export", "assign", "sparse_read_and_evict", "OptimizerWrapper", "SGD",
-    "dot_interaction", "layers", "raw_ops", "tf_version",
+    "dot_interaction", "layers", "EmbeddingTableConfig", "EmbeddingPlanner",
+    "EmbeddingCollection", "generate_plan", "validate_plan", "read_plan", "write_plan", "raw_ops", "tf_version",
 ]
