@@ -36,3 +36,8 @@ def test_dynamic_tables_match_single_worker_reference(optimizer, function):
     args = ["--optimizer", optimizer] + (["--function"] if function else [])
     output = horovodrun("train_dynamic.py", *args)
     assert output.count("PASS rank=") == 2, output[-3000:]
+
+
+def test_plan_with_dp_localized_and_distributed_groups_matches_single_worker():
+    output = horovodrun("train_plan.py")
+    assert output.count("PASS rank=") == 2, output[-3000:]
