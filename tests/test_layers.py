@@ -137,3 +137,60 @@ def test_config_round_trip_and_serialization():
         assert clone.get_config() == config
         restored = tf.keras.layers.deserialize(tf.keras.layers.serialize(layer))
         assert type(restored) is type(layer) and restored.get_config() == config
+
+
+def test_sok_v1_layers_train_in_fit_like_a_tape_loop():
+    """DistributedEmbedding (static) and All2AllDenseEmbedding (hash) inside model.fit equal
+    the same model trained by a GradientTape loop with OptimizerWrapper."""
+    rng = np.random.default_rng(3)
+    dense_ids = rng.integers(0, 50, size=[32, 3, 2])
+    y = rng.normal(size=[32, 1]).astype(np.float32)
+
+    class Net(sok.layers.Model):
+        def __init__(self, name):
+            super().__init__()
+            self.a2a = sok.layers.All2AllDenseEmbedding(100, 2, slot_num=3, nnz_per_slot=2,
+                                                        name=name)
+            self.dist = sok.layers.DistributedEmbedding("sum", 100, 2, slot_num=3, max_nnz=2,
+                                                        use_hashtable=False, name=name + "_d")
+            self.dense = tf.keras.layers.Dense(1, kernel_initializer="ones")
+
+        def call(self, ids, training=None):
+            unpooled = tf.reshape(self.a2a(ids, training=training), [-1, 12])
+            sparse = tf.sparse.from_dense(tf.reshape(ids + 1, [-1, 2]))  # [batch * slot, nnz]
+            pooled = tf.reshape(self.dist(sparse, training=training), [-1, 6])
+            return self.dense(tf.concat([unpooled, pooled], axis=1))
+
+    fitted, looped = Net("v1"), Net("v1")
+    x = tf.constant(dense_ids, tf.int64)
+    fitted(x[:1])
+    looped(x[:1])
+    looped.dist.table.assign(fitted.dist.table.numpy())
+    fitted.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
+    fitted.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.1))
+    for start in range(0, 32, 8):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(looped(x[start:start + 8], training=True) -
+                                            y[start:start + 8]))
+        variables = looped.trainable_variables + [looped.a2a.table]
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+    np.testing.assert_allclose(fitted.dist.table.numpy(), looped.dist.table.numpy(), rtol=1e-5,
+                               atol=1e-6)
+    keys = tf.reshape(x, [-1])
+    np.testing.assert_allclose(fitted.a2a.table.sparse_read(keys, insert=False).numpy(),
+                               looped.a2a.table.sparse_read(keys, insert=False).numpy(),
+                               rtol=1e-5, atol=1e-6)
+    assert np.isfinite(fitted.evaluate(x, y, verbose=0))
+    assert fitted.predict(x, verbose=0).shape == (32, 1)
+
+
+def test_functional_model_config_round_trip():
+    inputs = tf.keras.Input([3], dtype=tf.int64)
+    embedded = sok.layers.Embedding(4, input_dim=20, name="emb")(inputs)
+    outputs = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(embedded))
+    model = tf.keras.Model(inputs, outputs)
+    clone = tf.keras.Model.from_config(model.get_config())
+    assert isinstance(clone.get_layer("emb"), sok.layers.Embedding)
+    assert clone.get_layer("emb").get_config() == model.get_layer("emb").get_config()
+    assert clone(tf.constant([[1, 2, 3]], tf.int64)).shape == (1, 1)
