@@ -1,0 +1,19 @@
+"""Loads libsok_capi.so (the CUDA kernels' C ABI) for the GPU tests and benchmarks."""
+import ctypes
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LIBRARY = os.environ.get("SOK_CAPI_LIB", os.path.join(ROOT, "build-gpu", "lib", "libsok_capi.so"))
+
+
+def load():
+    lib = ctypes.CDLL(LIBRARY)
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.sok_dot_interaction_forward.argtypes = [ptr, ptr, i64, i64, i64, ptr]
+    lib.sok_dot_interaction_backward.argtypes = [ptr, ptr, ptr, i64, i64, i64, ptr]
+    return lib
+
+
+def check(code):
+    if code != 0:
+        raise RuntimeError(f"CUDA error {code}")

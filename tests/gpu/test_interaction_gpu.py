@@ -1,0 +1,55 @@
+"""CUDA dot interaction through the C ABI against a float64 PyTorch reference.
+
+Skipped without PyTorch, a GPU or the built libsok_capi.so (benchmarks/gpu/run_on_device.sh
+builds it). Outputs are poisoned with NaN first, inputs drawn fresh for every case.
+"""
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import capi  # noqa: E402
+
+if not os.path.exists(capi.LIBRARY):
+    pytest.skip(f"{capi.LIBRARY} is not built", allow_module_level=True)
+LIB = capi.load()
+
+
+def reference(features):
+    """float64: x[0] then x[i].x[j] for i > j, row-major lower triangle."""
+    f = features.shape[1]
+    products = torch.bmm(features, features.transpose(1, 2))
+    rows, cols = torch.tril_indices(f, f, offset=-1, device=features.device)
+    return torch.cat([features[:, 0], products[:, rows, cols]], dim=1)
+
+
+def stream():
+    return torch.cuda.current_stream().cuda_stream
+
+
+@pytest.mark.parametrize("batch, num_features, dim", [(1, 2, 1), (3, 5, 7), (64, 27, 128),
+                                                      (1000, 27, 16), (0, 4, 8), (5, 33, 64)])
+def test_forward_and_backward_match_float64(batch, num_features, dim):
+    generator = torch.Generator(device="cuda").manual_seed(batch * 31 + num_features)
+    x = torch.randn(batch, num_features, dim, device="cuda", generator=generator)
+    width = dim + num_features * (num_features - 1) // 2
+    out = torch.full((batch, width), float("nan"), device="cuda")
+    capi.check(LIB.sok_dot_interaction_forward(x.data_ptr(), out.data_ptr(), batch, num_features,
+                                               dim, stream()))
+    x64 = x.double().requires_grad_(True)
+    ref = reference(x64)
+    grad = torch.randn(batch, width, device="cuda", generator=generator)
+    ref.backward(grad.double())
+    dx = torch.full_like(x, float("nan"))
+    capi.check(LIB.sok_dot_interaction_backward(x.data_ptr(), grad.data_ptr(), dx.data_ptr(),
+                                                batch, num_features, dim, stream()))
+    torch.cuda.synchronize()
+    if batch == 0:
+        return
+    rel = lambda a, b: ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()  # noqa: E731
+    assert rel(out, ref.detach()) < 1e-5
+    assert rel(dx, x64.grad) < 1e-5
