@@ -15,3 +15,4 @@ else
   echo "pytest missing: GPU tests not run" | tee "$OUT/gpu_tests.log"
 fi
 python benchmarks/gpu/g5_interaction.py
+python benchmarks/gpu/g3_pooled.py

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "kit_src/core/embedding/pooled_lookup.cuh"
 #include "kit_src/core/interaction/dot_interaction.cuh"
 
 extern "C" {
@@ -21,6 +22,24 @@ int sok_dot_interaction_backward(const float* features, const float* output_grad
   const sok::InteractionShape shape{batch, num_features, dim};
   return static_cast<int>(sok::DotInteractionBackwardGpu(
       shape, features, output_grad, features_grad, static_cast<cudaStream_t>(stream)));
+}
+
+// Pooled lookup of `bags` bags from table [rows, dim]; weights may be null; mean != 0 for mean.
+int sok_pooled_lookup_forward(const float* table, int64_t dim, const int64_t* ids,
+                              const int64_t* offsets, const float* weights, int64_t bags,
+                              int mean, float* output, void* stream) {
+  const sok::PooledBatch batch{ids, offsets, weights, bags, mean != 0};
+  return static_cast<int>(sok::PooledLookupForwardGpu(table, dim, batch, output,
+                                                      static_cast<cudaStream_t>(stream)));
+}
+
+// Fused backward + SGD update of the rows the bags used.
+int sok_pooled_sgd_backward(float* table, int64_t dim, const int64_t* ids, const int64_t* offsets,
+                            const float* weights, int64_t bags, int mean,
+                            const float* output_grad, float lr, void* stream) {
+  const sok::PooledBatch batch{ids, offsets, weights, bags, mean != 0};
+  return static_cast<int>(sok::PooledSgdBackwardGpu(table, dim, batch, output_grad, lr,
+                                                    static_cast<cudaStream_t>(stream)));
 }
 
 }  // extern "C"

@@ -1,0 +1,66 @@
+"""CUDA pooled lookup and fused SGD backward (C ABI) against a float64 PyTorch reference.
+
+Skipped without PyTorch, a GPU or libsok_capi.so. Outputs are poisoned with NaN first."""
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import capi  # noqa: E402
+
+if not os.path.exists(capi.LIBRARY):
+    pytest.skip(f"{capi.LIBRARY} is not built", allow_module_level=True)
+LIB = capi.load()
+
+
+def reference(table64, ids, lengths, weights, mean):
+    bags = len(lengths)
+    owner = torch.repeat_interleave(torch.arange(bags, device="cuda"), lengths)
+    w = torch.ones(len(ids), dtype=torch.float64, device="cuda") if weights is None \
+        else weights.double()
+    pooled = torch.zeros(bags, table64.shape[1], dtype=torch.float64, device="cuda")
+    pooled.index_add_(0, owner, w[:, None] * table64[ids])
+    denominator = torch.ones(bags, dtype=torch.float64, device="cuda")
+    if mean:
+        denominator = torch.zeros(bags, dtype=torch.float64, device="cuda").index_add_(0, owner, w)
+    safe = torch.where(denominator == 0, torch.ones_like(denominator), denominator)
+    pooled = torch.where(denominator[:, None] == 0, torch.zeros_like(pooled), pooled / safe[:, None])
+    return pooled, owner, w, safe, denominator
+
+
+@pytest.mark.parametrize("dim", [1, 16, 100, 128, 300])
+@pytest.mark.parametrize("mean", [False, True])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_forward_and_sgd_backward_match_float64(dim, mean, weighted):
+    g = torch.Generator(device="cuda").manual_seed(dim * 4 + mean * 2 + weighted)
+    rows, bags = 1000, 257
+    lengths = torch.randint(0, 6, (bags,), device="cuda", generator=g)
+    offsets = torch.zeros(bags + 1, dtype=torch.int64, device="cuda")
+    offsets[1:] = torch.cumsum(lengths, 0)
+    ids = torch.randint(0, rows, (int(offsets[-1]),), device="cuda", generator=g)
+    weights = torch.rand(len(ids), device="cuda", generator=g) + 0.5 if weighted else None
+    table = torch.randn(rows, dim, device="cuda", generator=g)
+    out = torch.full((bags, dim), float("nan"), device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    wptr = weights.data_ptr() if weighted else None
+    capi.check(LIB.sok_pooled_lookup_forward(table.data_ptr(), dim, ids.data_ptr(),
+                                             offsets.data_ptr(), wptr, bags, int(mean),
+                                             out.data_ptr(), stream))
+    table64 = table.double()
+    expected, owner, w, safe, denominator = reference(table64, ids, lengths, weights, mean)
+    torch.cuda.synchronize()
+    assert ((out.double() - expected).norm() / expected.norm()).item() < 1e-6
+
+    grad = torch.randn(bags, dim, device="cuda", generator=g)
+    lr = 0.3
+    scale = torch.where(denominator[owner] == 0, torch.zeros_like(w), w / safe[owner])
+    updated = table64.index_add(0, ids, -lr * scale[:, None] * grad.double()[owner])
+    capi.check(LIB.sok_pooled_sgd_backward(table.data_ptr(), dim, ids.data_ptr(),
+                                           offsets.data_ptr(), wptr, bags, int(mean),
+                                           grad.data_ptr(), lr, stream))
+    torch.cuda.synchronize()
+    assert ((table.double() - updated).norm() / updated.norm()).item() < 1e-6
