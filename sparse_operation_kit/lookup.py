@@ -130,7 +130,7 @@ def _group_tables(lookups):
     return groups
 
 
-def _fused_group(lookups, dim, dynamic=False, training=True):
+def _fused_group(lookups, dim, dynamic=False, training=True, low_frequency_filter=False):
     """Runs the op chain for lookups whose tables share `dim`; returns one output each."""
     tables = []  # unique tables, by identity, in first-seen order
     table_index = {}
@@ -162,9 +162,10 @@ def _fused_group(lookups, dim, dynamic=False, training=True):
     received_keys, received_splits = communication.alltoall(send_keys, splits)
     # Compute on the owner.
     if dynamic:
+        admit = [table.filter_ratio if low_frequency_filter else 1.0 for table in tables]
         rows = raw_ops.sok_dynamic_gather_rows(
             tables=[table.handle for table in tables], keys=received_keys, dim=dim,
-            insert=training)
+            insert=training, admit_probability=admit)
     else:
         rows = raw_ops.sok_gather_shard_rows(
             shards=[table.handle for table in tables], keys=received_keys, dtype=tf.float32,
@@ -186,7 +187,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
         int64 ids, [local_batch, None].
       sp_weights: None, or a list like sp_ids of float32 per-id weights (entries may be None).
       combiners: list of "sum", "mean" (the default) or "sqrtn".
-      use_low_frequency_filter: accepted for SOK compatibility; not implemented yet (ignored).
+      use_low_frequency_filter: admit each new key of a dynamic table with probability
+        `filter_ratio` (its config); a key not admitted reads as zeros and is not stored.
       training: with False (inference), ids missing from a dynamic table read as zeros and
         are not inserted; with True they are inserted with their initial value.
 
@@ -209,7 +211,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
     outputs = [None] * len(lookups)
     with tf.name_scope("sok_lookup_sparse"):
         for (dim, dynamic), members in _group_tables(lookups).items():
-            results = _fused_group([lookups[i] for i in members], dim, dynamic, training)
+            results = _fused_group([lookups[i] for i in members], dim, dynamic, training,
+                                   use_low_frequency_filter)
             for i, result in zip(members, results):
                 outputs[i] = result
     return outputs[0] if single else outputs

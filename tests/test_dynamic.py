@@ -217,3 +217,19 @@ def test_hint_configuration_is_accepted():
                                 max_bucket_size=128, block_size=1024, device_id=0, io_by_cpu=True)
     assert table.size().numpy() == 0
     assert sok.filter_variables([table]) == ([table], [])
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.3, 1.0])
+def test_low_frequency_filter_admits_new_keys_with_filter_ratio(ratio):
+    table = sok.DynamicVariable(2, initializer="ones", filter_ratio=ratio)
+    ids = tf.RaggedTensor.from_row_lengths(keys_of(np.arange(10000) * 7919), [1] * 10000)
+    out = sok.lookup_sparse([table], [ids], combiners=["sum"], use_low_frequency_filter=True)[0]
+    admitted = table.size().numpy()
+    expected = 10000 * ratio
+    assert abs(admitted - expected) <= 5 * np.sqrt(10000 * ratio * (1 - ratio)) + 1e-9
+    # Admitted keys read their initial row (ones); the others read zeros and are not stored.
+    assert (out.numpy()[:, 0] == 1.0).sum() == admitted
+    assert ((out.numpy() == 0.0).all(axis=1) | (out.numpy() == 1.0).all(axis=1)).all()
+    unfiltered = sok.DynamicVariable(2, initializer="ones", filter_ratio=ratio)
+    sok.lookup_sparse([unfiltered], [ids], combiners=["sum"])
+    assert unfiltered.size().numpy() == 10000

@@ -153,7 +153,7 @@ Status CpuHashTable::Reserve(int64_t incoming) {
 }
 
 Status CpuHashTable::Lookup(const int64_t* keys, int64_t n, bool insert, float* values,
-                            const ParallelFor& parallel_for) {
+                            const ParallelFor& parallel_for, float admit_probability) {
   constexpr int64_t kAhead = 8;  // probes in flight: the table is far larger than the caches
   const int64_t dim = options_.dim;
   const uint64_t clock = clock_.fetch_add(1) + 1;
@@ -184,6 +184,16 @@ Status CpuHashTable::Lookup(const int64_t* keys, int64_t n, bool insert, float* 
       if (missing[i]) std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
     }
     return Status::Ok();
+  }
+  if (admit_probability < 1.0f) {  // the low-frequency filter: refuse some new keys
+    const uint64_t threshold = static_cast<uint64_t>(
+        static_cast<double>(admit_probability) * 18446744073709551615.0);
+    for (int64_t i = 0; i < n; ++i) {
+      if (missing[i] && HashKey(keys[i] ^ static_cast<int64_t>(HashKey(clock))) > threshold) {
+        missing[i] = 0;
+        std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
+      }
+    }
   }
   std::unique_lock<std::shared_mutex> lock(mutex_);
   // `missed` bounds the new keys; count them exactly only when that bound would overflow.

@@ -44,9 +44,11 @@ class CpuHashTable {
 
   // values ([n, dim], host) receives the row of each key. A missing key is inserted with its
   // initial value and zero state when `insert`, else it reads as zeros and is not stored.
+  // With admit_probability < 1 (the low-frequency filter) each missing key is admitted with
+  // that probability, drawn per (key, call); one not admitted reads as zeros.
   // Every lookup counts as a use for eviction scores.
   Status Lookup(const int64_t* keys, int64_t n, bool insert, float* values,
-                const ParallelFor& parallel_for);
+                const ParallelFor& parallel_for, float admit_probability = 1.0f);
 
   // Inserts or overwrites the value ([n, dim]) and, when `state` ([n, state_dim]) is not null,
   // the optimizer state of each key.

@@ -208,9 +208,13 @@ class DynamicGatherRowsOp : public tf::OpKernel {
   explicit DynamicGatherRowsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("insert", &insert_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("admit_probability", &admit_probability_));
   }
   void Compute(tf::OpKernelContext* ctx) override {
     const int num_tables = ctx->num_inputs() - 1;
+    OP_REQUIRES(ctx, admit_probability_.empty() ||
+                         static_cast<int>(admit_probability_.size()) == num_tables,
+                tf::errors::InvalidArgument("admit_probability needs one entry per table"));
     const tf::Tensor& keys = ctx->input(num_tables);
     OP_REQUIRES_OK(ctx, CheckKeyPairs(keys, num_tables));
     const int64_t n = keys.dim_size(0);
@@ -229,8 +233,9 @@ class DynamicGatherRowsOp : public tf::OpKernel {
       std::vector<int64_t> table_keys(count);
       for (int64_t j = 0; j < count; ++j) table_keys[j] = pairs(positions[t][j], 1);
       std::vector<float> values(count * dim_);
+      const float admit = admit_probability_.empty() ? 1.0f : admit_probability_[t];
       SOK_OP_REQUIRES_OK(ctx, table->table().Lookup(table_keys.data(), count, insert_,
-                                                    values.data(), CpuParallelFor(ctx)));
+                                                    values.data(), CpuParallelFor(ctx), admit));
       float* out = rows->flat<float>().data();
       for (int64_t j = 0; j < count; ++j) {
         std::memcpy(out + positions[t][j] * dim_, values.data() + j * dim_, dim_ * sizeof(float));
@@ -241,6 +246,7 @@ class DynamicGatherRowsOp : public tf::OpKernel {
  private:
   int64_t dim_ = 0;
   bool insert_ = true;
+  std::vector<float> admit_probability_;
 };
 REGISTER_KERNEL_BUILDER(Name("Sok>DynamicGatherRows").Device(tf::DEVICE_CPU), DynamicGatherRowsOp);
 

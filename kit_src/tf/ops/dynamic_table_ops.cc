@@ -91,6 +91,7 @@ REGISTER_OP("Sok>DynamicGatherRows")
     .Attr("num_tables: int >= 1")
     .Attr("dim: int >= 1")
     .Attr("insert: bool = true")
+    .Attr("admit_probability: list(float) = []")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> Status {
       ShapeHandle keys;
@@ -100,7 +101,8 @@ REGISTER_OP("Sok>DynamicGatherRows")
       c->set_output(0, c->Matrix(c->Dim(keys, 0), dim));
       return Status();
     })
-    .Doc("The owner's read for dynamic tables: rows of (table, key) pairs, find-or-insert.");
+    .Doc("The owner's read for dynamic tables: rows of (table, key) pairs, find-or-insert; "
+         "admit_probability (one per table, empty for 1) is the low-frequency filter.");
 
 REGISTER_OP("Sok>SplitDynamicGradient")
     .Input("keys: int64")
