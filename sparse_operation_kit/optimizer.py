@@ -10,7 +10,7 @@ import tensorflow as tf
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 
-_SUPPORTED = ("SGD", "Adagrad", "Adam", "Adamax", "Adadelta", "RMSprop")
+_SUPPORTED = ("SGD", "Adagrad", "Adam", "Adamax", "Adadelta", "RMSprop", "Ftrl")
 
 
 def _hyper(optimizer, name):
@@ -32,8 +32,8 @@ class OptimizerWrapper:
     """Wraps a Keras optimizer so it also trains sok dynamic tables, lazily.
 
     Supports SGD (momentum, nesterov), Adagrad and Adam (legacy and new Keras), and legacy
-    Adamax, Adadelta and RMSprop (not centered). Ftrl and Nadam raise NotImplementedError
-    when they meet a dynamic table.
+    Adamax, Adadelta, RMSprop (not centered) and Ftrl. Nadam raises NotImplementedError
+    when it meets a dynamic table.
     """
 
     def __init__(self, optimizer):
@@ -116,6 +116,16 @@ class OptimizerWrapper:
             return raw_ops.sok_dynamic_apply(variable.handle, keys, values,
                                              tf.stack([lr, rho, momentum, epsilon]),
                                              rule="rmsprop", state_dim=2 * dim)
+        if self._kind == "Ftrl" and legacy:
+            opt = self._optimizer
+            l2 = _hyper(opt, "l2_regularization_strength") + \
+                _hyper(opt, "beta") / (2.0 * lr)
+            hyper = tf.stack([lr, _hyper(opt, "learning_rate_power"),
+                              _hyper(opt, "l1_regularization_strength"), l2,
+                              tf.constant(float(opt._l2_shrinkage_regularization_strength))])
+            return raw_ops.sok_dynamic_apply(variable.handle, keys, values, hyper, rule="ftrl",
+                                             state_dim=2 * dim,
+                                             state_initial_value=float(opt._initial_accumulator_value))
         raise NotImplementedError(
             f"{self._kind} is not supported for sok dynamic tables yet; supported: {_SUPPORTED}")
 

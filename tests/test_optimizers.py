@@ -23,6 +23,10 @@ OPTIMIZERS = {
     "legacy_adadelta": lambda: tf.keras.optimizers.legacy.Adadelta(1.0),
     "legacy_rmsprop": lambda: tf.keras.optimizers.legacy.RMSprop(0.01),
     "legacy_rmsprop_momentum": lambda: tf.keras.optimizers.legacy.RMSprop(0.01, momentum=0.5),
+    "legacy_ftrl": lambda: tf.keras.optimizers.legacy.Ftrl(0.1, l1_regularization_strength=0.01,
+                                                          l2_regularization_strength=0.02),
+    "legacy_ftrl_shrinkage": lambda: tf.keras.optimizers.legacy.Ftrl(
+        0.1, learning_rate_power=-0.6, l2_shrinkage_regularization_strength=0.05, beta=0.1),
     "sgd": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9),
     "adagrad": lambda: tf.keras.optimizers.Adagrad(0.1),
     "adam": lambda: tf.keras.optimizers.Adam(0.01),
@@ -156,5 +160,5 @@ def test_sok_sgd():
 def test_unsupported_optimizer_names_the_supported_ones():
     table = sok.DynamicVariable(2)
     grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64))
-    with pytest.raises(NotImplementedError, match="Ftrl is not supported .* supported: "):
-        sok.OptimizerWrapper(tf.keras.optimizers.legacy.Ftrl(0.1)).apply_gradients([(grad, table)])
+    with pytest.raises(NotImplementedError, match="Nadam is not supported .* supported: "):
+        sok.OptimizerWrapper(tf.keras.optimizers.legacy.Nadam(0.1)).apply_gradients([(grad, table)])

@@ -95,9 +95,15 @@ int64_t CpuHashTable::FindOrInsertSlot(int64_t key) {
   slots_[slot].meta.store(kOccupied, std::memory_order_relaxed);
   float* row = Row(slot);
   initializer_.Fill(key, row, options_.dim);
-  std::fill(row + options_.dim, row + RowWidth(), options_.state_initial_value);
+  FillInitialState(row + options_.dim);
   ++size_;
   return slot;
+}
+
+void CpuHashTable::FillInitialState(float* state) const {
+  const int64_t first = std::min(options_.dim, options_.state_dim);
+  std::fill(state, state + first, options_.state_initial_value);
+  std::fill(state + first, state + options_.state_dim, 0.0f);
 }
 
 void CpuHashTable::EraseSlot(int64_t slot) {
@@ -244,9 +250,11 @@ void CpuHashTable::EnsureState(int64_t state_dim, float initial_value) {
   std::vector<float> old_values = std::move(values_);
   options_.state_dim = state_dim;
   options_.state_initial_value = initial_value;
-  values_.assign(slots * RowWidth(), initial_value);
+  values_.assign(slots * RowWidth(), 0.0f);
   for (int64_t s = 0; s < slots; ++s) {
-    if (Occupied(s)) std::memcpy(Row(s), old_values.data() + s * old_width, dim * sizeof(float));
+    if (!Occupied(s)) continue;
+    std::memcpy(Row(s), old_values.data() + s * old_width, dim * sizeof(float));
+    FillInitialState(Row(s) + dim);
   }
 }
 

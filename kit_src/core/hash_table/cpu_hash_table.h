@@ -30,7 +30,9 @@ struct HashTableOptions {
   int64_t init_capacity = 1024;           // keys held before the first growth
   int64_t max_capacity = int64_t{1} << 40;  // most keys held; beyond it evict or fail
   EvictStrategy evict = EvictStrategy::kNone;
-  float state_initial_value = 0.0f;       // optimizer state of a new key (Adagrad starts at 0.1)
+  float state_initial_value = 0.0f;       // the first `dim` floats of a new key's optimizer
+                                          // state (Adagrad's and Ftrl's accumulators); the
+                                          // rest start at zero
 };
 
 class CpuHashTable {
@@ -55,7 +57,8 @@ class CpuHashTable {
   Status Assign(const int64_t* keys, int64_t n, const float* values, const float* state);
 
   // Widens every row to hold `state_dim` floats of optimizer state (kept if already wide
-  // enough), new state set to `initial_value`. Done once, when an optimizer first applies.
+  // enough), the first dim of them set to `initial_value`, the rest to zero. Done once, when
+  // an optimizer first applies.
   void EnsureState(int64_t state_dim, float initial_value);
 
   // Removes the keys that are present; returns how many were.
@@ -106,6 +109,7 @@ class CpuHashTable {
   Status Reserve(int64_t incoming);
   void Rehash(int64_t slots);
   void EraseSlot(int64_t slot);
+  void FillInitialState(float* state) const;
 
   HashTableOptions options_;
   RowInitializer initializer_;

@@ -48,6 +48,14 @@ struct RmspropHyper {
   float epsilon = 1e-7f;
 };
 
+struct FtrlHyper {
+  float lr = 0.001f;
+  float lr_power = -0.5f;
+  float l1 = 0.0f;
+  float l2 = 0.0f;            // already includes beta / (2 lr)
+  float l2_shrinkage = 0.0f;  // state: accumulator (starts at initial_accumulator), then linear
+};
+
 #if defined(__CUDACC__)
 #define SOK_HOST_DEVICE __host__ __device__
 #else
@@ -126,6 +134,26 @@ SOK_HOST_DEVICE inline void ApplyRmsprop(float* w, float* state, const float* g,
       mom[d] = h.momentum * mom[d] + h.lr * g[d] / std::sqrt(ms[d] + h.epsilon);
       w[d] -= mom[d];
     }
+  }
+}
+
+// TensorFlow's (sparse) FTRL-proximal, V2 when l2_shrinkage > 0.
+SOK_HOST_DEVICE inline void ApplyFtrl(float* w, float* state, const float* g, int64_t dim,
+                                      const FtrlHyper& h) {
+  float* accum = state;
+  float* linear = state + dim;
+  for (int64_t d = 0; d < dim; ++d) {
+    const float shrunk = g[d] + 2.0f * h.l2_shrinkage * w[d];
+    const float new_accum = accum[d] + g[d] * g[d];
+    const float power_new = h.lr_power == -0.5f ? std::sqrt(new_accum)
+                                                : std::pow(new_accum, -h.lr_power);
+    const float power_old = h.lr_power == -0.5f ? std::sqrt(accum[d])
+                                                : std::pow(accum[d], -h.lr_power);
+    linear[d] += shrunk - (power_new - power_old) / h.lr * w[d];
+    const float quadratic = power_new / h.lr + 2.0f * h.l2;
+    const float l1_sign = linear[d] > 0.0f ? h.l1 : -h.l1;
+    w[d] = std::fabs(linear[d]) > h.l1 ? (l1_sign - linear[d]) / quadratic : 0.0f;
+    accum[d] = new_accum;
   }
 }
 

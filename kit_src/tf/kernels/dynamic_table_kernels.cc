@@ -305,7 +305,10 @@ class DynamicApplyOp : public tf::OpKernel {
                 tf::errors::InvalidArgument("grads must be [", n, ", ", dim, "], got ",
                                             grads.shape().DebugString()));
     const auto h = hyper.flat<float>();
-    const int64_t needed = rule_ == "sgd" ? 2 : (rule_ == "adagrad" || rule_ == "adadelta") ? 3 : 4;
+    const int64_t needed = rule_ == "sgd"                                ? 2
+                           : (rule_ == "adagrad" || rule_ == "adadelta") ? 3
+                           : rule_ == "ftrl"                             ? 5
+                                                                         : 4;
     OP_REQUIRES(ctx, h.size() == needed,
                 tf::errors::InvalidArgument(rule_, " takes ", needed, " hyper-parameters, got ",
                                             h.size()));
@@ -341,6 +344,11 @@ class DynamicApplyOp : public tf::OpKernel {
       const AdadeltaHyper hp{h(0), h(1), h(2)};
       table.UpdateRows(unique_keys.data(), unique_keys.size(),
                        [&](int64_t i, float* row) { ApplyAdadelta(row, row + dim, g + i * dim, dim, hp); },
+                       parallel_for);
+    } else if (rule_ == "ftrl") {
+      const FtrlHyper hp{h(0), h(1), h(2), h(3), h(4)};
+      table.UpdateRows(unique_keys.data(), unique_keys.size(),
+                       [&](int64_t i, float* row) { ApplyFtrl(row, row + dim, g + i * dim, dim, hp); },
                        parallel_for);
     } else {
       const RmspropHyper hp{h(0), h(1), h(2), h(3)};
