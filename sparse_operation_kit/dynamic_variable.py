@@ -4,12 +4,15 @@ A `DynamicVariable` is a [None, dimension] table keyed by any int64 (or int32) i
 the keys this worker owns: key k lives on worker uint64(k) % N ("distributed") or on worker
 K ("localized:K"). It acts as a resource variable for `tf.GradientTape`, whose gradients with
 respect to it are `tf.IndexedSlices` keyed by id; `sok.OptimizerWrapper` applies them.
+`tf.train.Checkpoint` saves and restores the keys a worker holds with their rows and
+optimizer state (restores replace the whole table).
 """
 import itertools
 import zlib
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.trackable import base as trackable
 
 from sparse_operation_kit import communication
 from sparse_operation_kit._ops import raw_ops
@@ -55,7 +58,7 @@ def _parse_initializer(initializer):
                      "TruncatedNormal (sampled untruncated), RandomUniform, Constant, Zeros, Ones")
 
 
-class DynamicVariable:
+class DynamicVariable(trackable.Trackable):
     """A hash-backed embedding table of rows [dimension] keyed by int64 or int32 ids.
 
     Args:
@@ -144,6 +147,10 @@ class DynamicVariable:
     def name(self):
         return self._name
 
+    @property
+    def _shared_name(self):  # the name checkpoints record for resource-variable-like objects
+        return self._name
+
     # --- SOK attributes ------------------------------------------------------------------------
     @property
     def dimension(self):
@@ -211,6 +218,16 @@ class DynamicVariable:
 
     def scatter_update(self, sparse_delta):
         return self._scatter(sparse_delta, lambda old, delta: delta)
+
+    # --- tf.train.Checkpoint: the keys this worker holds, their rows and optimizer state ------
+    def _serialize_to_tensors(self):
+        keys, values, state = raw_ops.sok_dynamic_table_export(self._handle)
+        return {"keys": keys, "values": values, "state": state}
+
+    def _restore_from_tensors(self, restored_tensors):
+        return raw_ops.sok_dynamic_table_import(
+            self._handle, restored_tensors["keys"], restored_tensors["values"],
+            restored_tensors["state"])
 
     def __repr__(self):
         return (f"<sok.DynamicVariable '{self._name}' dimension={self._dimension} "

@@ -233,3 +233,33 @@ def test_low_frequency_filter_admits_new_keys_with_filter_ratio(ratio):
     unfiltered = sok.DynamicVariable(2, initializer="ones", filter_ratio=ratio)
     sok.lookup_sparse([unfiltered], [ids], combiners=["sum"])
     assert unfiltered.size().numpy() == 10000
+
+
+def test_checkpoint_round_trip_with_optimizer_state(tmp_path):
+    table = sok.DynamicVariable(3, name="ckpt")
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adagrad(0.1))
+    ids = tf.ragged.constant([[1, 2], [1 << 60]], tf.int64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(sok.lookup_sparse([table], [ids], combiners=["sum"])[0])
+    optimizer.apply_gradients([(tape.gradient(loss, table), table)])
+    checkpoint = tf.train.Checkpoint(table=table)
+    path = checkpoint.save(str(tmp_path / "dyn"))
+    saved = exported(table)
+
+    def train_once():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse([table], [ids], combiners=["sum"])[0])
+        optimizer.apply_gradients([(tape.gradient(loss, table), table)])
+
+    train_once()
+    after_one_more = exported(table)[1]
+    table.sparse_read(keys_of([99, 100]))                 # keys that were not saved
+    checkpoint.restore(path)
+    restored = exported(table)
+    np.testing.assert_array_equal(restored[0], saved[0])  # the extra keys are gone
+    np.testing.assert_array_equal(restored[1], saved[1])
+    train_once()                                          # Adagrad state came back too
+    np.testing.assert_allclose(exported(table)[1], after_one_more, rtol=1e-6)
+    other_dim = sok.DynamicVariable(4)
+    with pytest.raises(Exception, match="restored values must be \\[3, 4\\]"):
+        tf.train.Checkpoint(table=other_dim).restore(path).expect_partial()

@@ -258,6 +258,30 @@ void CpuHashTable::EnsureState(int64_t state_dim, float initial_value) {
   }
 }
 
+Status CpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values,
+                             const float* state, int64_t state_dim) {
+  if (n > options_.max_capacity) {
+    return Status::ResourceExhausted("restoring " + std::to_string(n) +
+                                     " keys into a table whose max_capacity is " +
+                                     std::to_string(options_.max_capacity));
+  }
+  EnsureState(state_dim, options_.state_initial_value);
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  Rehash(SlotsFor(std::max<int64_t>(n, 1)));  // empties: Rehash keeps only occupied slots
+  for (int64_t s = 0; s <= mask_; ++s) slots_[s].meta.store(0, std::memory_order_relaxed);
+  size_ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = FindOrInsertSlot(keys[i]);
+    float* row = Row(slot);
+    std::memcpy(row, values + i * options_.dim, options_.dim * sizeof(float));
+    if (state != nullptr && state_dim > 0) {
+      std::memcpy(row + options_.dim, state + i * state_dim,
+                  std::min(state_dim, options_.state_dim) * sizeof(float));
+    }
+  }
+  return Status::Ok();
+}
+
 int64_t CpuHashTable::Erase(const int64_t* keys, int64_t n) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
   int64_t erased = 0;

@@ -61,6 +61,11 @@ class CpuHashTable {
   // an optimizer first applies.
   void EnsureState(int64_t state_dim, float initial_value);
 
+  // Replaces the whole content with `keys` ([n]), `values` ([n, dim]) and `state`
+  // ([n, state_dim], or null for initial state), widening the state first; all or nothing.
+  Status Replace(const int64_t* keys, int64_t n, const float* values, const float* state,
+                 int64_t state_dim);
+
   // Removes the keys that are present; returns how many were.
   int64_t Erase(const int64_t* keys, int64_t n);
 

@@ -139,6 +139,32 @@ class DynamicTableAssignOp : public tf::OpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableAssign").Device(tf::DEVICE_CPU), DynamicTableAssignOp);
 
+class DynamicTableImportOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* ctx) override {
+    tf::core::RefCountPtr<DynamicTableResource> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, &table));
+    const tf::Tensor& keys = ctx->input(1);
+    const tf::Tensor& values = ctx->input(2);
+    const tf::Tensor& state = ctx->input(3);
+    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    const int64_t n = keys.NumElements(), dim = table->table().dim();
+    OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(0) == n && values.dim_size(1) == dim,
+                tf::errors::InvalidArgument("restored values must be [", n, ", ", dim,
+                                            "] (the table's dim), got ",
+                                            values.shape().DebugString()));
+    OP_REQUIRES(ctx, state.dims() == 2 && (state.dim_size(0) == n || state.dim_size(1) == 0),
+                tf::errors::InvalidArgument("restored state must be [", n, ", state_dim], got ",
+                                            state.shape().DebugString()));
+    const int64_t state_dim = state.dim_size(1);
+    SOK_OP_REQUIRES_OK(ctx, table->table().Replace(
+                                keys.flat<int64_t>().data(), n, values.flat<float>().data(),
+                                state_dim > 0 ? state.flat<float>().data() : nullptr, state_dim));
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableImport").Device(tf::DEVICE_CPU), DynamicTableImportOp);
+
 class DynamicTableEraseOp : public tf::OpKernel {
  public:
   using OpKernel::OpKernel;

@@ -64,6 +64,15 @@ REGISTER_OP("Sok>DynamicTableAssign")
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc("Inserts or overwrites rows (and optimizer state unless `state` is empty).");
 
+REGISTER_OP("Sok>DynamicTableImport")
+    .Input("handle: resource")
+    .Input("keys: int64")
+    .Input("values: float")
+    .Input("state: float")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc("Replaces the table's content (a checkpoint restore); state may have 0 columns.");
+
 REGISTER_OP("Sok>DynamicTableErase")
     .Input("handle: resource")
     .Input("keys: int64")
