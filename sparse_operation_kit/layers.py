@@ -32,6 +32,16 @@ def _make_table(layer_name, dim, rows, dynamic, mode, initializer, key_dtype, co
 class _TableLayer(tf.keras.layers.Layer):
     """Holds one sok table; exposes a dynamic one as `sok_dynamic_table` for `sok.layers.Model`."""
 
+    def _build_sok_v1_table(self):
+        """SOK v1's table: a hash table capped at max_vocabulary_size_per_gpu keys, or a static
+        table of that many rows per worker, distributed."""
+        communication._require_init()
+        per_worker = self.max_vocabulary_size_per_gpu
+        self._set_table(_make_table(
+            self.name, self.embedding_vec_size, per_worker * communication.num_workers(),
+            self.use_hashtable, None, self.embedding_initializer, self.key_dtype,
+            {"max_capacity": per_worker} if self.use_hashtable else None))
+
     def _set_table(self, table):
         if isinstance(table, DynamicVariable):
             # Not a tf.Variable: kept out of Keras' weight tracking, trained via sok.layers.Model.
@@ -119,12 +129,7 @@ class DistributedEmbedding(_TableLayer):
         self.embedding_initializer = embedding_initializer
 
     def build(self, input_shape):
-        communication._require_init()
-        workers = communication.num_workers()
-        self._set_table(_make_table(
-            self.name, self.embedding_vec_size, self.max_vocabulary_size_per_gpu * workers,
-            self.use_hashtable, None, self.embedding_initializer, self.key_dtype,
-            {"max_capacity": self.max_vocabulary_size_per_gpu} if self.use_hashtable else None))
+        self._build_sok_v1_table()
         super().build(input_shape)
 
     def call(self, inputs, training=None):
@@ -161,12 +166,7 @@ class All2AllDenseEmbedding(_TableLayer):
         self.embedding_initializer = embedding_initializer
 
     def build(self, input_shape):
-        communication._require_init()
-        workers = communication.num_workers()
-        self._set_table(_make_table(
-            self.name, self.embedding_vec_size, self.max_vocabulary_size_per_gpu * workers,
-            self.use_hashtable, None, self.embedding_initializer, self.key_dtype,
-            {"max_capacity": self.max_vocabulary_size_per_gpu} if self.use_hashtable else None))
+        self._build_sok_v1_table()
         super().build(input_shape)
 
     def call(self, inputs, training=None):

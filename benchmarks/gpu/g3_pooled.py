@@ -3,7 +3,6 @@ forward and train (forward + fused backward/SGD) through the C ABI vs torch Embe
 (sparse gradients + torch.optim.SGD), CUDA events, same process and batches."""
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -11,6 +10,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "tests", "gpu"))
 import capi  # noqa: E402
+from gpu_timing import results_dir, time_ms  # noqa: E402
 
 ROWS, DIM, BAGS, BATCHES, ALPHA = 8 * 1024 * 1024, 128, 65536, 10, 1.05
 COPY_GBPS = 3000.0  # measured device-to-device copy bandwidth on H100 (BENCHMARKS.md)
@@ -20,20 +20,6 @@ def power_law(n, generator):
     x = torch.rand(n, dtype=torch.float64, device="cuda", generator=generator)
     y = (x * (ROWS ** (1 - ALPHA) - 1) + 1) ** (1 / (1 - ALPHA))
     return torch.clamp(y, max=ROWS - 1).to(torch.int64)
-
-
-def time_ms(fn, warmup=20, iterations=100):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iterations):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main():
@@ -102,8 +88,7 @@ def main():
     payload = {"benchmark": "G3 pooled lookup, 8Mi rows, 65536 bags U{1..10}, sum, SGD",
                "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "results": results}
-    out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))), "results")
+    out_dir = results_dir()
     with open(os.path.join(out_dir, "g3_pooled.json"), "w") as handle:
         json.dump(payload, handle, indent=2)
     print(f"| G3 | sok fwd {results['sok_forward_ms']} ms train {results['sok_train_ms']} ms | "

@@ -2,7 +2,6 @@
 batch 65,536, 27 x 128, CUDA events, same process. Writes JSON to $OUT (or benchmarks/results)."""
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -10,22 +9,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "tests", "gpu"))
 import capi  # noqa: E402
+from gpu_timing import results_dir, time_ms  # noqa: E402
 
 B, F, D = 65536, 27, 128
-
-
-def time_ms(fn, warmup=20, iterations=100):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iterations):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main():
@@ -58,8 +44,7 @@ def main():
               "sok_ms": round(sok_ms, 4), "torch_ms": round(torch_ms, 4),
               "speedup": round(torch_ms / sok_ms, 3), "target": ">= 2x torch",
               "sok_effective_GBps": round(bytes_moved / sok_ms / 1e6, 1)}
-    out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))), "results")
+    out_dir = results_dir()
     with open(os.path.join(out_dir, "g5_interaction.json"), "w") as handle:
         json.dump(result, handle, indent=2)
     print(f"| G5 | sok {sok_ms:.3f} ms | torch {torch_ms:.3f} ms | {torch_ms / sok_ms:.2f}x |")

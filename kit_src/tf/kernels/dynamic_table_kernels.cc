@@ -345,42 +345,26 @@ class DynamicApplyOp : public tf::OpKernel {
                   &summed);
     table.EnsureState(state_dim_, state_initial_value_);
     const float* g = summed.data();
-    const ParallelFor parallel_for = CpuParallelFor(ctx);
+    // Applies `rule(w, state, g, dim, hyper)` to each touched row.
+    auto apply = [&](auto rule, const auto& hyper) {
+      table.UpdateRows(unique_keys.data(), unique_keys.size(),
+                       [&](int64_t i, float* row) { rule(row, row + dim, g + i * dim, dim, hyper); },
+                       CpuParallelFor(ctx));
+    };
     if (rule_ == "sgd") {
-      const SgdHyper hp{h(0), h(1), nesterov_};
-      table.UpdateRows(unique_keys.data(), unique_keys.size(),
-                       [&](int64_t i, float* row) { ApplySgd(row, row + dim, g + i * dim, dim, hp); },
-                       parallel_for);
+      apply(ApplySgd, SgdHyper{h(0), h(1), nesterov_});
     } else if (rule_ == "adagrad") {
-      const AdagradHyper hp{h(0), h(1), h(2) != 0.0f};
-      table.UpdateRows(unique_keys.data(), unique_keys.size(),
-                       [&](int64_t i, float* row) { ApplyAdagrad(row, row + dim, g + i * dim, dim, hp); },
-                       parallel_for);
+      apply(ApplyAdagrad, AdagradHyper{h(0), h(1), h(2) != 0.0f});
     } else if (rule_ == "adam") {
-      const AdamHyper hp{h(0), h(1), h(2), h(3)};
-      table.UpdateRows(unique_keys.data(), unique_keys.size(),
-                       [&](int64_t i, float* row) { ApplyAdam(row, row + dim, g + i * dim, dim, hp); },
-                       parallel_for);
+      apply(ApplyAdam, AdamHyper{h(0), h(1), h(2), h(3)});
     } else if (rule_ == "adamax") {
-      const AdamaxHyper hp{h(0), h(1), h(2), h(3)};
-      table.UpdateRows(unique_keys.data(), unique_keys.size(),
-                       [&](int64_t i, float* row) { ApplyAdamax(row, row + dim, g + i * dim, dim, hp); },
-                       parallel_for);
+      apply(ApplyAdamax, AdamaxHyper{h(0), h(1), h(2), h(3)});
     } else if (rule_ == "adadelta") {
-      const AdadeltaHyper hp{h(0), h(1), h(2)};
-      table.UpdateRows(unique_keys.data(), unique_keys.size(),
-                       [&](int64_t i, float* row) { ApplyAdadelta(row, row + dim, g + i * dim, dim, hp); },
-                       parallel_for);
+      apply(ApplyAdadelta, AdadeltaHyper{h(0), h(1), h(2)});
     } else if (rule_ == "ftrl") {
-      const FtrlHyper hp{h(0), h(1), h(2), h(3), h(4)};
-      table.UpdateRows(unique_keys.data(), unique_keys.size(),
-                       [&](int64_t i, float* row) { ApplyFtrl(row, row + dim, g + i * dim, dim, hp); },
-                       parallel_for);
+      apply(ApplyFtrl, FtrlHyper{h(0), h(1), h(2), h(3), h(4)});
     } else {
-      const RmspropHyper hp{h(0), h(1), h(2), h(3)};
-      table.UpdateRows(unique_keys.data(), unique_keys.size(),
-                       [&](int64_t i, float* row) { ApplyRmsprop(row, row + dim, g + i * dim, dim, hp); },
-                       parallel_for);
+      apply(ApplyRmsprop, RmspropHyper{h(0), h(1), h(2), h(3)});
     }
   }
 
