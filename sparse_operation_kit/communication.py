@@ -85,7 +85,8 @@ def alltoall(tensor, splits):
 
 
 def allreduce_sum(tensor):
-    """Sum of `tensor` over workers (e.g. a dense gradient), safe inside tf.function.
+    """Sum of `tensor` (a dense gradient, or IndexedSlices) over workers, safe inside
+    tf.function.
 
     The input passes through Sok>Unfoldable first: on a worker with an empty local batch the
     gradient is a compile-time constant, and Grappler would otherwise run Horovod's
@@ -95,6 +96,10 @@ def allreduce_sum(tensor):
         return tensor
     from sparse_operation_kit._ops import raw_ops  # noqa: PLC0415
 
+    if isinstance(tensor, tf.IndexedSlices):  # Horovod allgathers the rows
+        tensor = tf.IndexedSlices(raw_ops.sok_unfoldable(tensor.values),
+                                  raw_ops.sok_unfoldable(tensor.indices), tensor.dense_shape)
+        return _state.hvd.allreduce(tensor, op=_state.hvd.Sum)
     return _state.hvd.allreduce(raw_ops.sok_unfoldable(tensor), op=_state.hvd.Sum)
 
 

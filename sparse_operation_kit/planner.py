@@ -261,8 +261,8 @@ class EmbeddingPlanner:
 class EmbeddingCollection(tf.keras.layers.Layer):
     """Takes {bottom_name: ids} and returns {top_name: embeddings}, all tables in one fused
     lookup. Ids: ragged / sparse [batch, None] for sum / mean; dense [batch, hotness] for
-    concat ([batch, hotness * ev_size]). Gradients of data-parallel tables must be
-    allreduced by the caller: `data_parallel_variables` lists them."""
+    concat ([batch, hotness * ev_size]). Data-parallel tables' gradients are summed over
+    workers by `reduce_gradients` (`data_parallel_variables` lists those tables)."""
 
     def __init__(self, lookups, plan, **kwargs):
         super().__init__(**kwargs)
@@ -303,6 +303,12 @@ class EmbeddingCollection(tf.keras.layers.Layer):
     @property
     def data_parallel_variables(self):
         return [self._tables[t] for t, p in self.placements.items() if p.kind == Kind.DATA_PARALLEL]
+
+    def reduce_gradients(self, grads_and_vars):
+        """Sums the gradients of data-parallel tables over workers; others pass through."""
+        replicated = {id(v) for v in self.data_parallel_variables}
+        return [(communication.allreduce_sum(g) if id(v) in replicated and g is not None else g, v)
+                for g, v in grads_and_vars]
 
     def call(self, inputs, training=None):
         training = True if training is None else bool(training)

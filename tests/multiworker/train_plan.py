@@ -56,8 +56,7 @@ def main():
             outputs = collection({f"in{i}": ragged(i, begin, end) for i in range(4)})
             loss = tf.add_n([tf.reduce_sum(o * o) for o in outputs.values()]) / GLOBAL_BATCH
         grads = tape.gradient(loss, tables)
-        grads[0] = hvd.allreduce(grads[0], op=hvd.Sum)  # the data-parallel table
-        optimizer.apply_gradients(zip(grads, tables))
+        optimizer.apply_gradients(collection.reduce_gradients(zip(grads, tables)))
         with tf.GradientTape() as tape:
             full = [ragged(i, 0, GLOBAL_BATCH) for i in range(4)]
             sums = [tf.reduce_sum(tf.gather(t, x), axis=1) for t, x in zip(references, full)]
