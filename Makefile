@@ -25,6 +25,8 @@ bench: setup
 	$(PY) benchmarks/cpu/c2_c3_hash_table.py
 	$(PY) benchmarks/cpu/c4_dynamic_training.py
 	$(PY) benchmarks/cpu/c5_interaction.py
+	$(PY) benchmarks/cpu/c6_dlrm.py
+	$(PY) benchmarks/run.py
 
 clean:
 	rm -rf build sparse_operation_kit/lib
