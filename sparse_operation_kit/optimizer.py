@@ -10,7 +10,7 @@ import tensorflow as tf
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 
-_SUPPORTED = ("SGD", "Adagrad", "Adam", "Adamax", "Adadelta", "RMSprop", "Ftrl")
+_SUPPORTED = ("SGD", "Adagrad", "Adam", "Adamax", "Adadelta", "RMSprop", "Ftrl", "Nadam")
 
 
 def _hyper(optimizer, name):
@@ -32,8 +32,8 @@ class OptimizerWrapper:
     """Wraps a Keras optimizer so it also trains sok dynamic tables, lazily.
 
     Supports SGD (momentum, nesterov), Adagrad and Adam (legacy and new Keras), and legacy
-    Adamax, Adadelta, RMSprop (not centered) and Ftrl. Nadam raises NotImplementedError
-    when it meets a dynamic table.
+    Adamax, Adadelta, RMSprop (not centered), Ftrl and Nadam. Other optimizers raise
+    NotImplementedError when they meet a dynamic table.
     """
 
     def __init__(self, optimizer):
@@ -55,11 +55,27 @@ class OptimizerWrapper:
         others = [(g, v) for g, v in grads_and_vars if not isinstance(v, DynamicVariable)]
         step = tf.cast(self._optimizer.iterations + 1, tf.float32)  # before `others` count it
         lr = _learning_rate(self._optimizer)
+        if self._kind == "Nadam" and dynamic:
+            self._nadam_step = self._advance_nadam_schedule(step)
         updates = [self._apply_dynamic(g, v, lr, step) for g, v in dynamic if g is not None]
         with tf.control_dependencies(updates):
             if others:
                 return self._optimizer.apply_gradients(others, **kwargs)
             return self._optimizer.iterations.assign_add(1)
+
+    def _advance_nadam_schedule(self, step):
+        """Keras' Nadam momentum schedule, kept here for the dynamic tables: m_t, m_t+1 and
+        the products up to t and t + 1 (the product lives in a variable across steps)."""
+        opt = self._optimizer
+        if getattr(self, "_nadam_cache", None) is None:
+            with tf.init_scope():
+                self._nadam_cache = tf.Variable(1.0, trainable=False, name="sok_nadam_m_cache")
+        beta1 = _hyper(opt, "beta_1")
+        decay = tf.constant(float(opt._initial_decay))
+        now = beta1 * (1.0 - 0.5 * tf.pow(0.96, decay * step))
+        following = beta1 * (1.0 - 0.5 * tf.pow(0.96, decay * (step + 1.0)))
+        schedule = self._nadam_cache.assign(self._nadam_cache * now)
+        return now, following, schedule, schedule * following
 
     def _apply_dynamic(self, grad, variable, lr, step):
         if not isinstance(grad, tf.IndexedSlices):
@@ -116,6 +132,19 @@ class OptimizerWrapper:
             return raw_ops.sok_dynamic_apply(variable.handle, keys, values,
                                              tf.stack([lr, rho, momentum, epsilon]),
                                              rule="rmsprop", state_dim=2 * dim)
+        if self._kind == "Nadam" and legacy:
+            now, following, schedule, schedule_next = self._nadam_step
+            beta2 = _hyper(self._optimizer, "beta_2")
+            # Keras' Nadam uses `decay` for its momentum schedule, not to decay the rate.
+            rate = self._optimizer._get_hyper("learning_rate")
+            if callable(rate):
+                rate = rate(self._optimizer.iterations)
+            lr = tf.cast(rate, tf.float32)
+            hyper = tf.stack([lr, _hyper(self._optimizer, "beta_1"), beta2,
+                              tf.constant(self._optimizer.epsilon, tf.float32), now, following,
+                              1.0 - schedule, 1.0 - schedule_next, 1.0 - tf.pow(beta2, step)])
+            return raw_ops.sok_dynamic_apply(variable.handle, keys, values, hyper, rule="nadam",
+                                             state_dim=2 * dim)
         if self._kind == "Ftrl" and legacy:
             opt = self._optimizer
             l2 = _hyper(opt, "l2_regularization_strength") + \

@@ -27,6 +27,7 @@ OPTIMIZERS = {
                                                           l2_regularization_strength=0.02),
     "legacy_ftrl_shrinkage": lambda: tf.keras.optimizers.legacy.Ftrl(
         0.1, learning_rate_power=-0.6, l2_shrinkage_regularization_strength=0.05, beta=0.1),
+    "legacy_nadam": lambda: tf.keras.optimizers.legacy.Nadam(0.01),
     "sgd": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9),
     "adagrad": lambda: tf.keras.optimizers.Adagrad(0.1),
     "adam": lambda: tf.keras.optimizers.Adam(0.01),
@@ -65,6 +66,33 @@ class LazyRmsprop:
         table.assign(values)
 
 
+class LazyNadam:
+    """Keras legacy Nadam on touched rows only (Keras decays every row's moments): its
+    momentum schedule m_t = b1 (1 - 0.5 * 0.96^(decay t)) and running product, then
+    w -= lr ((1 - m_t) g / (1 - prod_t) + m_t+1 m / (1 - prod_t+1)) / (sqrt(v / (1 - b2^t)) + eps)."""
+
+    def __init__(self, optimizer):
+        self.lr, self.beta1, self.beta2 = 0.01, 0.9, 0.999
+        self.epsilon, self.decay = optimizer.epsilon, float(optimizer._initial_decay)
+        self.step, self.product, self.m, self.v = 0, 1.0, {}, {}
+
+    def apply(self, table, rows, grads):
+        self.step += 1
+        t = self.step
+        now = self.beta1 * (1 - 0.5 * 0.96 ** (self.decay * t))
+        following = self.beta1 * (1 - 0.5 * 0.96 ** (self.decay * (t + 1)))
+        self.product *= now
+        product_next = self.product * following
+        values = table.numpy()
+        for row, grad in zip(rows, grads):
+            m = self.beta1 * self.m.get(row, 0.0) + (1 - self.beta1) * grad
+            v = self.beta2 * self.v.get(row, 0.0) + (1 - self.beta2) * grad * grad
+            self.m[row], self.v[row] = m, v
+            m_bar = (1 - now) * grad / (1 - self.product) + following * m / (1 - product_next)
+            values[row] -= self.lr * m_bar / (np.sqrt(v / (1 - self.beta2 ** t)) + self.epsilon)
+        table.assign(values)
+
+
 class LazyAdam:
     """Keras Adam's formulas (legacy and new agree) applied to the touched rows only, in NumPy:
     lr_t = lr(t-1) * sqrt(1 - b2^t) / (1 - b1^t); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
@@ -96,7 +124,7 @@ def touched_rows_reference(table, optimizer, ids):
         out = tf.reduce_sum(tf.gather(table, ids), axis=1)
         loss = tf.reduce_sum(out * out)
     grad = tape.gradient(loss, table)
-    if isinstance(optimizer, (LazyAdam, LazyMomentum, LazyRmsprop)):
+    if isinstance(optimizer, (LazyAdam, LazyMomentum, LazyRmsprop, LazyNadam)):
         dense = tf.convert_to_tensor(grad).numpy().astype(np.float64)
         rows = np.unique(ids.values.numpy())
         optimizer.apply(table, rows, dense[rows])
@@ -120,6 +148,8 @@ def test_matches_keras_optimizer_on_touched_rows(name, mode):
         ref_optimizer = LazyMomentum(ref_optimizer)
     elif name == "legacy_rmsprop":
         ref_optimizer = LazyRmsprop(ref_optimizer)
+    elif name == "legacy_nadam":
+        ref_optimizer = LazyNadam(ref_optimizer)
 
     def sok_step(ids):
         with tf.GradientTape() as tape:
@@ -160,5 +190,5 @@ def test_sok_sgd():
 def test_unsupported_optimizer_names_the_supported_ones():
     table = sok.DynamicVariable(2)
     grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64))
-    with pytest.raises(NotImplementedError, match="Nadam is not supported .* supported: "):
-        sok.OptimizerWrapper(tf.keras.optimizers.legacy.Nadam(0.1)).apply_gradients([(grad, table)])
+    with pytest.raises(NotImplementedError, match="Lion is not supported .* supported: "):
+        sok.OptimizerWrapper(tf.keras.optimizers.Lion(0.1)).apply_gradients([(grad, table)])

@@ -48,6 +48,18 @@ struct RmspropHyper {
   float epsilon = 1e-7f;
 };
 
+struct NadamHyper {
+  float lr = 0.001f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float epsilon = 1e-7f;
+  float momentum_now = 0.0f;      // m_t of Keras' momentum schedule for this step
+  float momentum_next = 0.0f;     // m_{t+1}
+  float one_minus_schedule = 1.0f;       // 1 - prod of m_1..m_t
+  float one_minus_schedule_next = 1.0f;  // 1 - prod of m_1..m_{t+1}
+  float one_minus_beta2_power = 1.0f;    // 1 - beta2^t; state: m, then v
+};
+
 struct FtrlHyper {
   float lr = 0.001f;
   float lr_power = -0.5f;
@@ -134,6 +146,19 @@ SOK_HOST_DEVICE inline void ApplyRmsprop(float* w, float* state, const float* g,
       mom[d] = h.momentum * mom[d] + h.lr * g[d] / std::sqrt(ms[d] + h.epsilon);
       w[d] -= mom[d];
     }
+  }
+}
+
+SOK_HOST_DEVICE inline void ApplyNadam(float* w, float* state, const float* g, int64_t dim,
+                                       const NadamHyper& h) {
+  float* m = state;
+  float* v = state + dim;
+  for (int64_t d = 0; d < dim; ++d) {
+    m[d] = h.beta1 * m[d] + (1.0f - h.beta1) * g[d];
+    v[d] = h.beta2 * v[d] + (1.0f - h.beta2) * g[d] * g[d];
+    const float m_bar = (1.0f - h.momentum_now) * g[d] / h.one_minus_schedule +
+                        h.momentum_next * m[d] / h.one_minus_schedule_next;
+    w[d] -= h.lr * m_bar / (std::sqrt(v[d] / h.one_minus_beta2_power) + h.epsilon);
   }
 }
 

@@ -334,6 +334,7 @@ class DynamicApplyOp : public tf::OpKernel {
     const int64_t needed = rule_ == "sgd"                                ? 2
                            : (rule_ == "adagrad" || rule_ == "adadelta") ? 3
                            : rule_ == "ftrl"                             ? 5
+                           : rule_ == "nadam"                            ? 9
                                                                          : 4;
     OP_REQUIRES(ctx, h.size() == needed,
                 tf::errors::InvalidArgument(rule_, " takes ", needed, " hyper-parameters, got ",
@@ -361,6 +362,8 @@ class DynamicApplyOp : public tf::OpKernel {
       apply(ApplyAdamax, AdamaxHyper{h(0), h(1), h(2), h(3)});
     } else if (rule_ == "adadelta") {
       apply(ApplyAdadelta, AdadeltaHyper{h(0), h(1), h(2)});
+    } else if (rule_ == "nadam") {
+      apply(ApplyNadam, NadamHyper{h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7), h(8)});
     } else if (rule_ == "ftrl") {
       apply(ApplyFtrl, FtrlHyper{h(0), h(1), h(2), h(3), h(4)});
     } else {

@@ -138,7 +138,7 @@ REGISTER_OP("Sok>DynamicApply")
     .Input("keys: int64")
     .Input("grads: float")
     .Input("hyper: float")
-    .Attr("rule: {'sgd', 'adagrad', 'adam', 'adamax', 'adadelta', 'rmsprop', 'ftrl'}")
+    .Attr("rule: {'sgd', 'adagrad', 'adam', 'adamax', 'adadelta', 'rmsprop', 'ftrl', 'nadam'}")
     .Attr("state_dim: int >= 0")
     .Attr("state_initial_value: float = 0.0")
     .Attr("nesterov: bool = false")
@@ -149,7 +149,8 @@ Fused lazy optimizer update of a dynamic table: duplicate keys' gradients are su
 touched row and its state are updated in place by kit_src/core/optimizers/update_rules.h.
 hyper: sgd [lr, momentum]; adagrad [lr, epsilon, epsilon inside sqrt (0/1)]; adam [bias-corrected lr, beta1, beta2, epsilon]; adamax [lr / (1 - beta1^t), beta1, beta2,
 epsilon]; adadelta [lr, rho, epsilon]; rmsprop [lr, rho, momentum, epsilon]; ftrl [lr,
-lr_power, l1, l2 + beta / (2 lr), l2_shrinkage].
+lr_power, l1, l2 + beta / (2 lr), l2_shrinkage]; nadam [lr, beta1, beta2, epsilon, m_t, m_t+1,
+1 - schedule, 1 - next schedule, 1 - beta2^t].
 )doc");
 
 }  // namespace sok
