@@ -10,6 +10,7 @@ from sparse_operation_kit.communication import init
 from sparse_operation_kit.dynamic_variable import (DynamicVariable, assign, export,
                                                     sparse_read_and_evict)
 from sparse_operation_kit import layers
+from sparse_operation_kit.checkpoint import dump, load
 from sparse_operation_kit.interaction import dot_interaction
 from sparse_operation_kit.lookup import all2all_dense_embedding, lookup_sparse
 from sparse_operation_kit.optimizer import SGD, OptimizerWrapper
@@ -25,6 +26,6 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "Variable", "DynamicVariable", "lookup_sparse", "all2all_dense_embedding",
     "filter_variables", "export", "assign", "sparse_read_and_evict", "OptimizerWrapper", "SGD",
-    "dot_interaction", "layers", "EmbeddingTableConfig", "EmbeddingPlanner",
+    "dot_interaction", "layers", "dump", "load", "EmbeddingTableConfig", "EmbeddingPlanner",
     "EmbeddingCollection", "generate_plan", "validate_plan", "read_plan", "write_plan", "raw_ops", "tf_version",
 ]

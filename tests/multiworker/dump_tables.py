@@ -1,0 +1,20 @@
+"""Run under `horovodrun -np 2 --gloo`: each worker holds its shard of a distributed static
+table and the keys it owns of a dynamic table; sok.dump gathers them into one set of files
+(argv[1]). tests/test_checkpoint_files.py loads them into one worker."""
+import sys
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+
+hvd.init()
+sok.init()
+static = sok.Variable(np.arange(7 * 3, dtype=np.float32).reshape(7, 3), name="static_mw")
+dynamic = sok.DynamicVariable(3, name="dynamic_mw", initializer="zeros")
+keys = np.array([-9, 4, 1 << 50, 17, 23], np.int64)
+mine = keys[dynamic.owns(keys)]
+dynamic.assign(tf.constant(mine), np.repeat(mine[:, None].astype(np.float32) % 1000, 3, axis=1))
+sok.dump(sys.argv[1], [static, dynamic])
+print(f"DUMPED rank={hvd.rank()} keys={len(mine)}", flush=True)

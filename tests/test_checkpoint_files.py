@@ -1,0 +1,98 @@
+"""sok.dump / sok.load: SOK's file format, round trips, all-or-nothing loads."""
+import os
+import struct
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+
+
+def trained_tables():
+    static = sok.Variable(np.arange(24, dtype=np.float32).reshape(6, 4), name="static/table")
+    dynamic = sok.DynamicVariable(4, name="dyn.table")
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adagrad(0.1))
+    ids = tf.ragged.constant([[1, 2], [5], [1 << 40]], tf.int64)
+    with tf.GradientTape() as tape:
+        outs = sok.lookup_sparse([static, dynamic], [tf.ragged.constant([[1, 2], [5], [0]],
+                                                                         tf.int64), ids],
+                                 combiners=["sum", "sum"])
+        loss = tf.reduce_sum(outs[0] ** 2) + tf.reduce_sum(outs[1] ** 2)
+    tables = [static, dynamic]
+    optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
+    return static, dynamic, optimizer
+
+
+def snapshot(static, dynamic):
+    keys, values = sok.export(dynamic)
+    order = np.argsort(keys.numpy())
+    return static.numpy().copy(), keys.numpy()[order], values.numpy()[order]
+
+
+def test_files_follow_sok_format(tmp_path):
+    static, dynamic, optimizer = trained_tables()
+    sok.dump(str(tmp_path), [static, dynamic], optimizer)
+    names = sorted(os.listdir(tmp_path))
+    assert names == sorted(["static_table_0-key", "static_table_0-weight",
+                            "static_table_0-Adagrad-accumulator", "dyn_table-key",
+                            "dyn_table-weight", "dyn_table-Adagrad-accumulator"])
+    data = (tmp_path / "static_table_0-weight").read_bytes()
+    assert data[:256].decode().strip() == "static/table:0" and data[:256].startswith(b" ")
+    assert struct.unpack(">I", data[256:260])[0] == 1           # weight
+    assert struct.unpack(">I", data[292:296])[0] == 5           # float32
+    np.testing.assert_array_equal(np.frombuffer(data[296:], "<f4").reshape(6, 4), static.numpy())
+    keys = (tmp_path / "static_table_0-key").read_bytes()
+    assert struct.unpack(">I", keys[256:260])[0] == 0 and struct.unpack(">I", keys[292:296])[0] == 1
+    np.testing.assert_array_equal(np.frombuffer(keys[296:], "<i8"), np.arange(6))
+
+
+def test_round_trip_restores_rows_and_optimizer_state(tmp_path):
+    static, dynamic, optimizer = trained_tables()
+    sok.dump(str(tmp_path), [static, dynamic], optimizer)
+    saved = snapshot(static, dynamic)
+    accumulator = optimizer.optimizer.get_slot(static, "accumulator").numpy().copy()
+    static.assign(np.zeros([6, 4], np.float32))
+    dynamic.sparse_read(tf.constant([777], tf.int64))
+    optimizer.optimizer.get_slot(static, "accumulator").assign(np.zeros([6, 4], np.float32))
+    sok.load(str(tmp_path), [static, dynamic], optimizer)
+    restored = snapshot(static, dynamic)
+    for a, b in zip(saved, restored):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(optimizer.optimizer.get_slot(static, "accumulator").numpy(),
+                                  accumulator)
+
+
+def test_truncated_or_mismatched_files_change_nothing(tmp_path):
+    static, dynamic, optimizer = trained_tables()
+    sok.dump(str(tmp_path), [static, dynamic])
+    before = snapshot(static, dynamic)
+    weight = tmp_path / "dyn_table-weight"
+    weight.write_bytes(weight.read_bytes()[:-3])
+    with pytest.raises(ValueError, match="dyn_table-weight is truncated or has the wrong width"):
+        sok.load(str(tmp_path), [static, dynamic])
+    for a, b in zip(before, snapshot(static, dynamic)):
+        np.testing.assert_array_equal(a, b)
+    other = sok.Variable(np.zeros([6, 4], np.float32), name="other")
+    os.rename(tmp_path / "static_table_0-key", tmp_path / "other_0-key")
+    os.rename(tmp_path / "static_table_0-weight", tmp_path / "other_0-weight")
+    with pytest.raises(ValueError, match="holds table 'static/table:0', expected 'other:0'"):
+        sok.load(str(tmp_path), [other])
+    with pytest.raises(ValueError, match="checkpoint file .*missing_0-key is missing"):
+        sok.load(str(tmp_path), [sok.Variable(np.zeros([2, 4], np.float32), name="missing")])
+
+
+def test_dump_from_two_workers_loads_into_one(tmp_path):
+    from test_multiworker import horovodrun  # noqa: PLC0415
+
+    output = horovodrun("dump_tables.py", str(tmp_path))
+    assert output.count("DUMPED rank=") == 2
+    static = sok.Variable(np.zeros([7, 3], np.float32), name="static_mw")
+    dynamic = sok.DynamicVariable(3, name="dynamic_mw")
+    sok.load(str(tmp_path), [static, dynamic])
+    np.testing.assert_array_equal(static.numpy(), np.arange(21, dtype=np.float32).reshape(7, 3))
+    keys = np.array([-9, 4, 1 << 50, 17, 23], np.int64)
+    np.testing.assert_array_equal(
+        dynamic.sparse_read(tf.constant(keys), insert=False).numpy(),
+        np.repeat(keys[:, None].astype(np.float32) % 1000, 3, axis=1))
+    assert dynamic.size().numpy() == 5
