@@ -1,0 +1,72 @@
+// GPU twin of interaction_kernels.cc: the same validation, the CUDA core on TF's stream.
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#include "kit_src/core/interaction/dot_interaction.cuh"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/util/gpu_kernel_helper.h"
+
+namespace sok {
+
+namespace tf = ::tensorflow;
+
+namespace {
+
+tf::Status ReadShape(const tf::Tensor& features, InteractionShape* shape) {
+  if (features.dims() != 3) {
+    return tf::errors::InvalidArgument("features must be [batch, features, dim], got ",
+                                       features.shape().DebugString());
+  }
+  *shape = InteractionShape{features.dim_size(0), features.dim_size(1), features.dim_size(2)};
+  return tf::Status();
+}
+
+tf::Status FromCuda(cudaError_t error) {
+  return error == cudaSuccess ? tf::Status()
+                              : tf::errors::Internal("CUDA error: ", cudaGetErrorString(error));
+}
+
+}  // namespace
+
+class DotInteractionGpuOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* ctx) override {
+    const tf::Tensor& features = ctx->input(0);
+    InteractionShape shape;
+    OP_REQUIRES_OK(ctx, ReadShape(features, &shape));
+    tf::Tensor* output = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, tf::TensorShape({shape.batch, shape.output_width()}), &output));
+    const cudaStream_t stream = ctx->eigen_gpu_device().stream();
+    OP_REQUIRES_OK(ctx, FromCuda(DotInteractionForwardGpu(shape, features.flat<float>().data(),
+                                                          output->flat<float>().data(), stream)));
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("Sok>DotInteraction").Device(tf::DEVICE_GPU), DotInteractionGpuOp);
+
+class DotInteractionGradGpuOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* ctx) override {
+    const tf::Tensor& features = ctx->input(0);
+    const tf::Tensor& grad = ctx->input(1);
+    InteractionShape shape;
+    OP_REQUIRES_OK(ctx, ReadShape(features, &shape));
+    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == shape.batch &&
+                         grad.dim_size(1) == shape.output_width(),
+                tf::errors::InvalidArgument("output_grad must be [", shape.batch, ", ",
+                                            shape.output_width(), "], got ",
+                                            grad.shape().DebugString()));
+    tf::Tensor* features_grad = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, features.shape(), &features_grad));
+    const cudaStream_t stream = ctx->eigen_gpu_device().stream();
+    OP_REQUIRES_OK(ctx, FromCuda(DotInteractionBackwardGpu(
+                            shape, features.flat<float>().data(), grad.flat<float>().data(),
+                            features_grad->flat<float>().data(), stream)));
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("Sok>DotInteractionGrad").Device(tf::DEVICE_GPU),
+                        DotInteractionGradGpuOp);
+
+}  // namespace sok
+#endif  // GOOGLE_CUDA
