@@ -1,26 +1,11 @@
 // CPU kernels of the fused dot interaction: validate, allocate, call the core.
-#include "kit_src/core/interaction/dot_interaction.h"
 #include "kit_src/tf/kernels/core_bridge.h"
+#include "kit_src/tf/kernels/interaction_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace sok {
 
 namespace tf = ::tensorflow;
-
-namespace {
-
-tf::Status ReadShape(const tf::Tensor& features, InteractionShape* shape) {
-  if (features.dims() != 3) {
-    return tf::errors::InvalidArgument("features must be [batch, features, dim], got ",
-                                       features.shape().DebugString());
-  }
-  shape->batch = features.dim_size(0);
-  shape->num_features = features.dim_size(1);
-  shape->dim = features.dim_size(2);
-  return tf::Status();
-}
-
-}  // namespace
 
 class DotInteractionOp : public tf::OpKernel {
  public:
@@ -28,7 +13,7 @@ class DotInteractionOp : public tf::OpKernel {
   void Compute(tf::OpKernelContext* ctx) override {
     const tf::Tensor& features = ctx->input(0);
     InteractionShape shape;
-    OP_REQUIRES_OK(ctx, ReadShape(features, &shape));
+    OP_REQUIRES_OK(ctx, ReadInteractionShape(features, &shape));
     tf::Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             0, tf::TensorShape({shape.batch, shape.output_width()}), &output));
@@ -45,12 +30,8 @@ class DotInteractionGradOp : public tf::OpKernel {
     const tf::Tensor& features = ctx->input(0);
     const tf::Tensor& grad = ctx->input(1);
     InteractionShape shape;
-    OP_REQUIRES_OK(ctx, ReadShape(features, &shape));
-    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == shape.batch &&
-                         grad.dim_size(1) == shape.output_width(),
-                tf::errors::InvalidArgument("output_grad must be [", shape.batch, ", ",
-                                            shape.output_width(), "], got ",
-                                            grad.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, ReadInteractionShape(features, &shape));
+    OP_REQUIRES_OK(ctx, CheckInteractionGrad(grad, shape));
     tf::Tensor* features_grad = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, features.shape(), &features_grad));
     DotInteractionBackward(shape, features.flat<float>().data(), grad.flat<float>().data(),

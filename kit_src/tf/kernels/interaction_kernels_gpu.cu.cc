@@ -2,6 +2,7 @@
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU
 #include "kit_src/core/interaction/dot_interaction.cuh"
+#include "kit_src/tf/kernels/interaction_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/util/gpu_kernel_helper.h"
 
@@ -10,15 +11,6 @@ namespace sok {
 namespace tf = ::tensorflow;
 
 namespace {
-
-tf::Status ReadShape(const tf::Tensor& features, InteractionShape* shape) {
-  if (features.dims() != 3) {
-    return tf::errors::InvalidArgument("features must be [batch, features, dim], got ",
-                                       features.shape().DebugString());
-  }
-  *shape = InteractionShape{features.dim_size(0), features.dim_size(1), features.dim_size(2)};
-  return tf::Status();
-}
 
 tf::Status FromCuda(cudaError_t error) {
   return error == cudaSuccess ? tf::Status()
@@ -33,7 +25,7 @@ class DotInteractionGpuOp : public tf::OpKernel {
   void Compute(tf::OpKernelContext* ctx) override {
     const tf::Tensor& features = ctx->input(0);
     InteractionShape shape;
-    OP_REQUIRES_OK(ctx, ReadShape(features, &shape));
+    OP_REQUIRES_OK(ctx, ReadInteractionShape(features, &shape));
     tf::Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             0, tf::TensorShape({shape.batch, shape.output_width()}), &output));
@@ -51,12 +43,8 @@ class DotInteractionGradGpuOp : public tf::OpKernel {
     const tf::Tensor& features = ctx->input(0);
     const tf::Tensor& grad = ctx->input(1);
     InteractionShape shape;
-    OP_REQUIRES_OK(ctx, ReadShape(features, &shape));
-    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == shape.batch &&
-                         grad.dim_size(1) == shape.output_width(),
-                tf::errors::InvalidArgument("output_grad must be [", shape.batch, ", ",
-                                            shape.output_width(), "], got ",
-                                            grad.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, ReadInteractionShape(features, &shape));
+    OP_REQUIRES_OK(ctx, CheckInteractionGrad(grad, shape));
     tf::Tensor* features_grad = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, features.shape(), &features_grad));
     const cudaStream_t stream = ctx->eigen_gpu_device().stream();
