@@ -16,7 +16,7 @@ from tensorflow.python.trackable import base as trackable
 
 from sparse_operation_kit import communication
 from sparse_operation_kit._ops import raw_ops
-from sparse_operation_kit.variables import DISTRIBUTED, parse_mode
+from sparse_operation_kit.variables import DISTRIBUTED, PlacedTable, parse_mode
 
 EVICT_STRATEGIES = ("lru", "lfu")
 # Accepted for compatibility with SOK's HierarchicalKV options; hints for storage placement.
@@ -58,7 +58,7 @@ def _parse_initializer(initializer):
                      "TruncatedNormal (sampled untruncated), RandomUniform, Constant, Zeros, Ones")
 
 
-class DynamicVariable(trackable.Trackable):
+class DynamicVariable(PlacedTable, trackable.Trackable):
     """A hash-backed embedding table of rows [dimension] keyed by int64 or int32 ids.
 
     Args:
@@ -153,28 +153,8 @@ class DynamicVariable(trackable.Trackable):
 
     # --- SOK attributes ------------------------------------------------------------------------
     @property
-    def dimension(self):
-        return self._dimension
-
-    @property
     def key_type(self):
         return self._key_type
-
-    @property
-    def placement(self):
-        return self._placement
-
-    @property
-    def mode(self):
-        return self._placement.mode()
-
-    @property
-    def target_gpu(self):
-        return self._placement.owner
-
-    @property
-    def num_gpus(self):
-        return self._placement.num_workers
 
     @property
     def filter_ratio(self):

@@ -57,7 +57,31 @@ def _local_shard(global_value, placement, rank):
     return global_value[:0]
 
 
-class Variable(resource_variable_ops.ResourceVariable):
+class PlacedTable:
+    """SOK's placement attributes, from `self._placement` and `self._dimension`."""
+
+    @property
+    def placement(self):
+        return self._placement
+
+    @property
+    def mode(self):
+        return self._placement.mode()
+
+    @property
+    def target_gpu(self):
+        return self._placement.owner
+
+    @property
+    def num_gpus(self):
+        return self._placement.num_workers
+
+    @property
+    def dimension(self):
+        return self._dimension
+
+
+class Variable(PlacedTable, resource_variable_ops.ResourceVariable):
     """A static embedding table whose value on each worker is its local shard.
 
     Args:
@@ -101,28 +125,8 @@ class Variable(resource_variable_ops.ResourceVariable):
                          dtype=dtype, **kwargs)
 
     @property
-    def placement(self):
-        return self._placement
-
-    @property
-    def mode(self):
-        return self._placement.mode()
-
-    @property
-    def target_gpu(self):
-        return self._placement.owner
-
-    @property
-    def num_gpus(self):
-        return self._placement.num_workers
-
-    @property
     def global_rows(self):
         return self._global_rows
-
-    @property
-    def dimension(self):
-        return self._dimension
 
     def global_row_ids(self):
         """The global row of each local row, as an int64 numpy array."""
