@@ -139,6 +139,24 @@ def test_concurrent_inserts_and_lookups_lose_nothing():
                                   reference.sparse_read(keys_of(everything)).numpy())
 
 
+@pytest.mark.parametrize("init_capacity", [1 << 20, 64])  # one insert pass / find, grow, insert
+def test_one_call_with_repeated_new_keys_inserts_each_once(init_capacity):
+    # The insert pass runs on several threads that claim slots concurrently; a key repeated
+    # across their shards must still be stored once, with its initial row.
+    table = sok.DynamicVariable(3, name="repeats", init_capacity=init_capacity)
+    reference = sok.DynamicVariable(3, name="repeats")  # same seed: same initial rows
+    rng = np.random.default_rng(11)
+    universe = rng.integers(-(1 << 62), 1 << 62, size=5000)
+    keys = rng.choice(universe, size=200_000)
+    rows = table.sparse_read(keys_of(keys)).numpy()
+    distinct = np.unique(keys)
+    assert table.size().numpy() == len(distinct)
+    exported_keys, _ = sok.export(table)
+    np.testing.assert_array_equal(np.sort(exported_keys.numpy()), distinct)
+    expected = reference.sparse_read(keys_of(distinct)).numpy()
+    np.testing.assert_array_equal(rows, expected[np.searchsorted(distinct, keys)])
+
+
 @pytest.mark.parametrize("mode", ["eager", "function"])
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 def test_lookup_matches_rows_read_back(combiner, mode):

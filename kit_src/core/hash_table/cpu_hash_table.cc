@@ -27,7 +27,6 @@ uint64_t HashKey(int64_t key) {
 
 CpuHashTable::CpuHashTable(const HashTableOptions& options, const RowInitializer& initializer)
     : options_(options), initializer_(initializer) {
-  mask_ = -1;  // no slots yet
   Rehash(SlotsFor(std::max<int64_t>(1, std::min(options.init_capacity, options.max_capacity))));
 }
 
@@ -40,22 +39,15 @@ int64_t CpuHashTable::Home(int64_t key) const {
   return static_cast<int64_t>(HashKey(key) & static_cast<uint64_t>(mask_));
 }
 
-// Linear probing finds most keys in their home slot, so its row is worth fetching early too.
-void CpuHashTable::Prefetch(int64_t key) const {
-  const int64_t home = Home(key);
-  __builtin_prefetch(&slots_[home]);
-  const char* row = reinterpret_cast<const char*>(values_.data() + home * RowWidth());
-  for (int64_t offset = 0; offset < options_.dim * 4; offset += 64) __builtin_prefetch(row + offset);
-}
-
-int64_t CpuHashTable::FindSlot(int64_t key) const {
-  for (int64_t slot = Home(key);; slot = (slot + 1) & mask_) {
+int64_t CpuHashTable::FindSlot(int64_t key, int64_t home) const {
+  for (int64_t slot = home;; slot = (slot + 1) & mask_) {
     if (!Occupied(slot)) return -1;
     if (slots_[slot].key == key) return slot;
   }
 }
 
 void CpuHashTable::Touch(int64_t slot, uint64_t clock) {
+  if (options_.evict == EvictStrategy::kNone) return;  // scores only order evictions
   if (options_.evict == EvictStrategy::kLfu) {
     slots_[slot].meta.fetch_add(1, std::memory_order_relaxed);
   } else {
@@ -64,18 +56,13 @@ void CpuHashTable::Touch(int64_t slot, uint64_t clock) {
 }
 
 void CpuHashTable::Rehash(int64_t num_slots) {
-  std::unique_ptr<Slot[]> old_slots = std::move(slots_);
-  std::vector<float> old_values = std::move(values_);
-  const int64_t old_count = old_slots ? mask_ + 1 : 0;
+  HugePageArray<Slot> old_slots = std::move(slots_);
+  HugePageArray<float> old_values = std::move(values_);
   const int64_t width = RowWidth();
-  slots_.reset(new Slot[num_slots]);
-  for (int64_t s = 0; s < num_slots; ++s) {
-    slots_[s].key = 0;
-    slots_[s].meta.store(0, std::memory_order_relaxed);
-  }
-  values_.assign(num_slots * width, 0.0f);
+  slots_ = HugePageArray<Slot>(num_slots);  // zeroed: every slot empty
+  values_ = HugePageArray<float>(num_slots * width);
   mask_ = num_slots - 1;
-  for (int64_t old = 0; old < old_count; ++old) {
+  for (int64_t old = 0; old < old_slots.size(); ++old) {
     const uint64_t meta = old_slots[old].meta.load(std::memory_order_relaxed);
     if (!(meta & kOccupied)) continue;
     int64_t slot = Home(old_slots[old].key);
@@ -98,6 +85,64 @@ int64_t CpuHashTable::FindOrInsertSlot(int64_t key) {
   FillInitialState(row + options_.dim);
   ++size_;
   return slot;
+}
+
+template <typename Admit>
+int64_t CpuHashTable::ClaimSlot(int64_t key, int64_t home, const Admit& admit, bool* inserted) {
+  *inserted = false;
+  for (int64_t slot = home;; slot = (slot + 1) & mask_) {
+    std::atomic<uint64_t>& meta = slots_[slot].meta;
+    uint64_t seen = meta.load(std::memory_order_acquire);
+    while (seen == kClaimed) seen = meta.load(std::memory_order_acquire);  // being written
+    if (seen & kOccupied) {
+      if (slots_[slot].key == key) return slot;
+      continue;
+    }
+    if (!admit(key)) return -1;
+    if (!meta.compare_exchange_strong(seen, kClaimed, std::memory_order_acq_rel)) {
+      slot = (slot - 1) & mask_;  // another thread took it: look at the same slot again
+      continue;
+    }
+    slots_[slot].key = key;
+    float* row = Row(slot);
+    initializer_.Fill(key, row, options_.dim);
+    FillInitialState(row + options_.dim);
+    meta.store(kOccupied, std::memory_order_release);  // publishes key and row
+    *inserted = true;
+    return slot;
+  }
+}
+
+bool CpuHashTable::Admitted(int64_t key, uint64_t clock, float admit_probability) const {
+  if (admit_probability >= 1.0f) return true;
+  // The low-frequency filter: admitted with that probability, drawn per (key, call).
+  const uint64_t threshold =
+      static_cast<uint64_t>(static_cast<double>(admit_probability) * 18446744073709551615.0);
+  return HashKey(key ^ static_cast<int64_t>(HashKey(clock))) <= threshold;
+}
+
+void CpuHashTable::InsertPass(const int64_t* keys, const int64_t* index, int64_t count,
+                              float* values, uint64_t clock, float admit_probability,
+                              const ParallelFor& parallel_for) {
+  const int64_t dim = options_.dim;
+  std::atomic<int64_t> inserted_total{0};
+  const auto admit = [&](int64_t key) { return Admitted(key, clock, admit_probability); };
+  parallel_for(count, 4 * dim + 150, [&](int64_t begin, int64_t end) {
+    int64_t inserted_here = 0;
+    InGroups<true>(keys, index, begin, end, [&](int64_t i, int64_t home) {
+      bool inserted = false;
+      const int64_t slot = ClaimSlot(keys[i], home, admit, &inserted);
+      if (slot < 0) {  // refused by the filter: reads as zeros, not stored
+        std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
+        return;
+      }
+      inserted_here += inserted;
+      std::memcpy(values + i * dim, Row(slot), dim * sizeof(float));
+      Touch(slot, clock);
+    });
+    inserted_total.fetch_add(inserted_here, std::memory_order_relaxed);
+  });
+  size_ += inserted_total.load();
 }
 
 void CpuHashTable::FillInitialState(float* state) const {
@@ -127,7 +172,7 @@ void CpuHashTable::EraseSlot(int64_t slot) {
 int64_t CpuHashTable::CountNewKeys(const int64_t* keys, const std::vector<uint8_t>& missing) const {
   std::vector<int64_t> new_keys;
   for (size_t i = 0; i < missing.size(); ++i) {
-    if (missing[i] && FindSlot(keys[i]) < 0) new_keys.push_back(keys[i]);
+    if (missing[i] && FindSlot(keys[i], Home(keys[i])) < 0) new_keys.push_back(keys[i]);
   }
   std::sort(new_keys.begin(), new_keys.end());
   return std::unique(new_keys.begin(), new_keys.end()) - new_keys.begin();
@@ -150,7 +195,10 @@ Status CpuHashTable::Reserve(int64_t incoming) {
       if (Occupied(s)) scored.emplace_back(Score(s), slots_[s].key);
     }
     std::nth_element(scored.begin(), scored.begin() + (overflow - 1), scored.end());
-    for (int64_t v = 0; v < overflow; ++v) EraseSlot(FindSlot(scored[v].second));
+    for (int64_t v = 0; v < overflow; ++v) {
+      const int64_t key = scored[v].second;
+      EraseSlot(FindSlot(key, Home(key)));
+    }
   }
   if (static_cast<double>(size_ + incoming) > static_cast<double>(mask_ + 1) * kMaxLoad) {
     Rehash(SlotsFor(size_ + incoming));
@@ -160,65 +208,68 @@ Status CpuHashTable::Reserve(int64_t incoming) {
 
 Status CpuHashTable::Lookup(const int64_t* keys, int64_t n, bool insert, float* values,
                             const ParallelFor& parallel_for, float admit_probability) {
-  constexpr int64_t kAhead = 8;  // probes in flight: the table is far larger than the caches
   const int64_t dim = options_.dim;
   const uint64_t clock = clock_.fetch_add(1) + 1;
-  std::vector<uint8_t> missing(n, 0);
-  std::atomic<int64_t> num_missing{0};
-  {
+  if (!insert) {  // reads only: missing keys read as zeros
     std::shared_lock<std::shared_mutex> lock(mutex_);
     parallel_for(n, 4 * dim + 100, [&](int64_t begin, int64_t end) {
-      int64_t missed = 0;
-      for (int64_t i = begin; i < end; ++i) {
-        if (i + kAhead < end) Prefetch(keys[i + kAhead]);
-        const int64_t slot = FindSlot(keys[i]);
+      InGroups<false>(keys, nullptr, begin, end, [&](int64_t i, int64_t home) {
+        const int64_t slot = FindSlot(keys[i], home);
+        float* out = values + i * dim;
         if (slot < 0) {
-          missing[i] = 1;
-          ++missed;
-          continue;
+          std::fill(out, out + dim, 0.0f);
+        } else {
+          std::memcpy(out, Row(slot), dim * sizeof(float));
         }
-        std::memcpy(values + i * dim, Row(slot), dim * sizeof(float));
-        if (insert) Touch(slot, clock);
-      }
-      num_missing.fetch_add(missed, std::memory_order_relaxed);
+      });
     });
-  }
-  const int64_t missed = num_missing.load();
-  if (missed == 0) return Status::Ok();
-  if (!insert) {
-    for (int64_t i = 0; i < n; ++i) {
-      if (missing[i]) std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
-    }
     return Status::Ok();
   }
-  if (admit_probability < 1.0f) {  // the low-frequency filter: refuse some new keys
-    const uint64_t threshold = static_cast<uint64_t>(
-        static_cast<double>(admit_probability) * 18446744073709551615.0);
-    for (int64_t i = 0; i < n; ++i) {
-      if (missing[i] && HashKey(keys[i] ^ static_cast<int64_t>(HashKey(clock))) > threshold) {
-        missing[i] = 0;
-        std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
-      }
-    }
-  }
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  // `missed` bounds the new keys; count them exactly only when that bound would overflow.
-  const int64_t incoming = size_ + missed > options_.max_capacity ? CountNewKeys(keys, missing)
-                                                                  : missed;
-  Status status = Reserve(incoming);
-  if (!status.ok()) return status;
+  if (size_ + n <= options_.max_capacity &&
+      static_cast<double>(size_ + n) <= static_cast<double>(mask_ + 1) * kMaxLoad) {
+    // Room for every key even if all are new: one parallel find-or-insert pass.
+    InsertPass(keys, nullptr, n, values, clock, admit_probability, parallel_for);
+    return Status::Ok();
+  }
+  // Find the present keys first, so growth and eviction see the true number of new keys.
+  std::vector<uint8_t> missing(n, 0);
+  std::atomic<int64_t> num_missing{0};
+  parallel_for(n, 4 * dim + 100, [&](int64_t begin, int64_t end) {
+    int64_t missed = 0;
+    InGroups<false>(keys, nullptr, begin, end, [&](int64_t i, int64_t home) {
+      const int64_t slot = FindSlot(keys[i], home);
+      if (slot < 0) {
+        missing[i] = 1;
+        ++missed;
+        return;
+      }
+      std::memcpy(values + i * dim, Row(slot), dim * sizeof(float));
+      Touch(slot, clock);
+    });
+    num_missing.fetch_add(missed, std::memory_order_relaxed);
+  });
+  const int64_t missed = num_missing.load();
+  if (missed == 0) return Status::Ok();
   std::vector<int64_t> missing_index;
   missing_index.reserve(missed);
   for (int64_t i = 0; i < n; ++i) {
-    if (missing[i]) missing_index.push_back(i);
+    if (!missing[i]) continue;
+    if (Admitted(keys[i], clock, admit_probability)) {
+      missing_index.push_back(i);
+    } else {
+      missing[i] = 0;
+      std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
+    }
   }
-  for (size_t j = 0; j < missing_index.size(); ++j) {
-    if (j + kAhead < missing_index.size()) Prefetch(keys[missing_index[j + kAhead]]);
-    const int64_t i = missing_index[j];
-    const int64_t slot = FindOrInsertSlot(keys[i]);
-    std::memcpy(values + i * dim, Row(slot), dim * sizeof(float));
-    Touch(slot, clock);
-  }
+  // The admitted count bounds the new keys; count them exactly only when that bound would
+  // overflow max_capacity.
+  const int64_t admitted = static_cast<int64_t>(missing_index.size());
+  const int64_t incoming = size_ + admitted > options_.max_capacity ? CountNewKeys(keys, missing)
+                                                                    : admitted;
+  Status status = Reserve(incoming);
+  if (!status.ok()) return status;
+  InsertPass(keys, missing_index.data(), admitted, values, clock, 1.0f, parallel_for);
   return Status::Ok();
 }
 
@@ -247,10 +298,10 @@ void CpuHashTable::EnsureState(int64_t state_dim, float initial_value) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
   if (options_.state_dim >= state_dim) return;
   const int64_t old_width = RowWidth(), dim = options_.dim, slots = mask_ + 1;
-  std::vector<float> old_values = std::move(values_);
+  HugePageArray<float> old_values = std::move(values_);
   options_.state_dim = state_dim;
   options_.state_initial_value = initial_value;
-  values_.assign(slots * RowWidth(), 0.0f);
+  values_ = HugePageArray<float>(slots * RowWidth());
   for (int64_t s = 0; s < slots; ++s) {
     if (!Occupied(s)) continue;
     std::memcpy(Row(s), old_values.data() + s * old_width, dim * sizeof(float));
@@ -286,7 +337,7 @@ int64_t CpuHashTable::Erase(const int64_t* keys, int64_t n) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
   int64_t erased = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t slot = FindSlot(keys[i]);
+    const int64_t slot = FindSlot(keys[i], Home(keys[i]));
     if (slot >= 0) {
       EraseSlot(slot);
       ++erased;
