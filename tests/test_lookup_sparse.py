@@ -173,3 +173,28 @@ def test_gradient_matches_finite_differences():
             table.assign(perturbed)
             numerical[index] += sign * loss().numpy() / (2 * step)
     np.testing.assert_allclose(theoretical, numerical, rtol=1e-4, atol=1e-4)
+
+
+def test_large_outputs_reused_across_calls_hold_no_stale_values():
+    # Outputs and gradients of this size come from recycled blocks (BlockPool): every call
+    # must overwrite all of them, empty samples included, whatever the previous call left.
+    rng = np.random.default_rng(21)
+    vocab, dim, batch = 3000, 64, 2048  # [batch, dim] float32 = 512 KiB per output
+    init = rng.normal(size=[vocab, dim]).astype(np.float32)
+    table, ref_table = sok.Variable(init), tf.Variable(init)
+
+    @tf.function
+    def step(ids, cotangent):
+        with tf.GradientTape(persistent=True) as tape:
+            out = sok.lookup_sparse(table, ids, combiners="mean")
+            ref = reference(ref_table, ids, None, "mean")
+            loss, ref_loss = tf.reduce_sum(out * cotangent), tf.reduce_sum(ref * cotangent)
+        return out, ref, tape.gradient(loss, table), tape.gradient(ref_loss, ref_table)
+
+    for call in range(4):  # lengths change per call, so stale rows would show
+        ids, _ = random_batch(rng, batch, vocab, max_len=2 + 3 * (call % 2))
+        cotangent = tf.constant(rng.normal(size=[batch, dim]).astype(np.float32))
+        out, ref, grad, ref_grad = step(ids, cotangent)
+        np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
+                                   tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5, atol=1e-5)

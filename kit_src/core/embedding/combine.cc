@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "kit_src/core/block_pool.h"
+
 namespace sok {
 namespace {
 
@@ -155,15 +157,15 @@ Status CombineBackward(int64_t num_rows, int64_t dim, const std::vector<PooledLo
   Status status = CheckPositions(num_rows, lookups);
   if (!status.ok()) return status;
   // Counting sort of the uses by row: uses of row p are [first_use[p], first_use[p + 1]).
-  std::vector<int64_t> first_use(num_rows + 1, 0);
+  ScratchVector<int64_t> first_use(num_rows + 1, 0);
   for (const PooledLookup<T>& lookup : lookups) {
     const int64_t nnz = lookup.row_splits[lookup.batch];
     for (int64_t i = 0; i < nnz; ++i) first_use[lookup.position[i] + 1] += 1;
   }
   for (int64_t p = 0; p < num_rows; ++p) first_use[p + 1] += first_use[p];
-  std::vector<const T*> use_grad(first_use[num_rows]);
-  std::vector<T> use_scale(first_use[num_rows]);
-  std::vector<int64_t> next(first_use.begin(), first_use.end() - 1);
+  ScratchVector<const T*> use_grad(first_use[num_rows]);
+  ScratchVector<T> use_scale(first_use[num_rows]);
+  ScratchVector<int64_t> next(first_use.begin(), first_use.end() - 1);
   for (const PooledLookup<T>& lookup : lookups) {
     for (int64_t s = 0; s < lookup.batch; ++s) {
       const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];

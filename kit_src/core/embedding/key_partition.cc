@@ -11,7 +11,7 @@ namespace {
 
 // The unique ids of one table and, per occurrence, the index of its id among them.
 struct TableKeys {
-  std::vector<int64_t> unique_ids;
+  ScratchVector<int64_t> unique_ids;
   std::vector<int64_t> per_worker;  // [num_workers] unique ids owned by each worker
   Status status;
 };
@@ -42,7 +42,7 @@ void CollectTableKeysSorted(const std::vector<LookupIds<Tindex>>& lookups,
                             const TablePlacement& table, const PartitionOptions& options,
                             int32_t* position, TableKeys* keys) {
   const int64_t words = (table.rows + 63) / 64;
-  std::vector<uint64_t> bits(words, 0);
+  ScratchVector<uint64_t> bits(words, 0);
   for (const LookupIds<Tindex>& lookup : lookups) {
     if (lookup.table != table_index) continue;
     for (int64_t i = 0; i < lookup.count; ++i) {
@@ -54,7 +54,7 @@ void CollectTableKeysSorted(const std::vector<LookupIds<Tindex>>& lookups,
       bits[id >> 6] |= uint64_t{1} << (id & 63);
     }
   }
-  std::vector<int32_t> ids_before(words);  // unique ids in words [0, w)
+  ScratchVector<int32_t> ids_before(words);  // unique ids in words [0, w)
   for (int64_t w = 0; w < words; ++w) {
     ids_before[w] = static_cast<int32_t>(keys->unique_ids.size());
     for (uint64_t word = bits[w]; word != 0; word &= word - 1) {
@@ -174,10 +174,10 @@ Status PartitionKeys(const std::vector<LookupIds<Tindex>>& lookups,
   parallel_for(num_tables, 20 * (ids_per_table + 1), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const TablePlacement& table = tables[t];
-      const std::vector<int64_t>& unique_ids = table_keys[t].unique_ids;
+      const ScratchVector<int64_t>& unique_ids = table_keys[t].unique_ids;
       std::vector<int64_t> next(num_workers);
       for (int32_t w = 0; w < num_workers; ++w) next[w] = block_start[w * num_tables + t];
-      std::vector<int32_t> slot(unique_ids.size());
+      ScratchVector<int32_t> slot(unique_ids.size());
       for (size_t j = 0; j < unique_ids.size(); ++j) {
         const int64_t id = unique_ids[j];
         const int64_t pos = next[OwnerOf(table, id, num_workers)]++;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kit_src/core/block_pool.h"
 #include "kit_src/core/parallel.h"
 #include "kit_src/core/status.h"
 
@@ -37,10 +38,10 @@ struct PartitionOptions {
 };
 
 struct PartitionResult {
-  std::vector<int64_t> send_keys;       // [K] PackKey(table, local row), or [K, 2] (table, id)
+  ScratchVector<int64_t> send_keys;      // [K] PackKey(table, local row), or [K, 2] (table, id)
                                         // pairs with pair_keys; grouped by worker
   std::vector<int64_t> splits;          // [num_workers] keys sent to each worker
-  std::vector<int32_t> position;        // [sum of counts] where each id's row is in send_keys
+  ScratchVector<int32_t> position;      // [sum of counts] where each id's row is in send_keys
 };
 
 // Fills `result`. Fails with InvalidArgument naming the table, the id and the valid range

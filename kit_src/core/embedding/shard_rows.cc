@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "kit_src/core/block_pool.h"
 #include "kit_src/core/embedding/packed_key.h"
 
 namespace sok {
@@ -63,7 +64,7 @@ template <typename T>
 void SplitGradientByTable(const int64_t* keys, int64_t n, int64_t dim, const T* grad,
                           const std::vector<int64_t*>& indices, const std::vector<T*>& values,
                           const ParallelFor& parallel_for) {
-  std::vector<int64_t> destination(n);
+  ScratchVector<int64_t> destination(n);
   std::vector<int64_t> next(indices.size(), 0);
   for (int64_t i = 0; i < n; ++i) {
     const int32_t t = PackedTable(keys[i]);

@@ -9,6 +9,7 @@
 #include "kit_src/core/embedding/packed_key.h"
 #include "kit_src/core/embedding/shard_rows.h"
 #include "kit_src/tf/kernels/core_bridge.h"
+#include "kit_src/tf/kernels/pooled_output.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -79,8 +80,9 @@ class PartitionKeysOp : public tf::OpKernel {
   }
 
  private:
-  template <typename T>
-  static void CopyToOutput(tf::OpKernelContext* ctx, int index, const std::vector<T>& values) {
+  template <typename Vector>
+  static void CopyToOutput(tf::OpKernelContext* ctx, int index, const Vector& values) {
+    using T = typename Vector::value_type;
     tf::Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             index, tf::TensorShape({static_cast<int64_t>(values.size())}), &out));
@@ -152,7 +154,8 @@ class GatherShardRowsOp : public tf::OpKernel {
     LockedShards<T> shards;
     OP_REQUIRES_OK(ctx, shards.Lock(ctx, num_tables, dim_));
     tf::Tensor* rows = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({keys.NumElements(), dim_}), &rows));
+    OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, 0, tf::TensorShape({keys.NumElements(), dim_}),
+                                             &rows));
     SOK_OP_REQUIRES_OK(ctx, GatherShardRows(shards.views(), dim_, keys.flat<int64_t>().data(),
                                             keys.NumElements(), rows->flat<T>().data(),
                                             CpuParallelFor(ctx)));
@@ -195,8 +198,8 @@ class SplitGradientByTableOp : public tf::OpKernel {
       tf::Tensor* index_out = nullptr;
       tf::Tensor* value_out = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(t, tf::TensorShape({counts[t]}), &index_out));
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(num_tables_ + t, tf::TensorShape({counts[t], dim}),
-                                               &value_out));
+      OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, num_tables_ + t,
+                                               tf::TensorShape({counts[t], dim}), &value_out));
       indices[t] = index_out->flat<int64_t>().data();
       values[t] = value_out->flat<T>().data();
     }
@@ -219,7 +222,7 @@ class SplitGradientByTableOp : public tf::OpKernel {
         ctx->set_output(num_tables_ + t, block);
       } else {
         tf::Tensor* value_out = nullptr;
-        OP_REQUIRES_OK(ctx, ctx->allocate_output(num_tables_ + t, block.shape(), &value_out));
+        OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, num_tables_ + t, block.shape(), &value_out));
         if (block.NumElements() > 0) {
           std::memcpy(value_out->flat<T>().data(), block.unaligned_flat<T>().data(),
                       block.NumElements() * sizeof(T));
@@ -318,7 +321,7 @@ class CombineForwardOp : public tf::OpKernel {
     const int64_t dim = rows.dim_size(1);
     for (size_t l = 0; l < lookups.size(); ++l) {
       tf::Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(static_cast<int>(l),
+      OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, static_cast<int>(l),
                                                tf::TensorShape({lookups[l].batch, dim}), &out));
       lookups[l].output = out->flat<T>().data();
     }
@@ -361,7 +364,7 @@ class CombineBackwardOp : public tf::OpKernel {
       lookups[l].output_grad = grad.flat<T>().data();
     }
     tf::Tensor* rows_grad = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({num_rows, dim}), &rows_grad));
+    OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, 0, tf::TensorShape({num_rows, dim}), &rows_grad));
     const DenseRows<T> destination{rows_grad->flat<T>().data(), dim};
     SOK_OP_REQUIRES_OK(ctx, CombineBackward(num_rows, dim, lookups, destination,
                                             CpuParallelFor(ctx)));

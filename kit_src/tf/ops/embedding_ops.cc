@@ -1,9 +1,10 @@
 // Registration and shape functions of the fused lookup's op chain:
 //   Sok>PartitionKeys -> (all-to-all) -> Sok>GatherShardRows -> (all-to-all) -> Sok>CombineForward
 // and the backward ops Sok>CombineBackward and Sok>SplitGradientByTable.
-// Every op of the chain is stateful: with a zero-size local batch Grappler would otherwise
-// fold the chain away on that worker only, and the others would wait forever in the
-// all-to-all.
+// The ops that lead into an all-to-all (forward or backward) are stateful: with a zero-size
+// local batch Grappler would otherwise fold them away on that worker only, and the others
+// would wait forever in the all-to-all. CombineForward ends the forward chain, so it is an
+// ordinary op: like TensorFlow's own lookups, it is pruned when nothing uses its outputs.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -108,7 +109,6 @@ Status CombineShapes(InferenceContext* c, int first_splits) {
 }  // namespace
 
 REGISTER_OP("Sok>CombineForward")
-    .SetIsStateful()  // part of a collective chain: never pruned or folded
     .Input("rows: dtype")
     .Input("position: int32")
     .Input("row_splits: N * int64")
