@@ -31,9 +31,10 @@ def _learning_rate(optimizer):
 class OptimizerWrapper:
     """Wraps a Keras optimizer so it also trains sok dynamic tables, lazily.
 
-    Supports SGD (momentum, nesterov), Adagrad and Adam (legacy and new Keras), and legacy
-    Adamax, Adadelta, RMSprop (not centered), Ftrl and Nadam. Other optimizers raise
-    NotImplementedError when they meet a dynamic table.
+    Supports SGD (momentum, nesterov), Adagrad, Adam, Adamax, Adadelta, RMSprop (plain,
+    momentum, centered), Ftrl and Nadam, each from `tf.keras.optimizers.legacy` and from
+    `tf.keras.optimizers`. Other optimizers raise NotImplementedError when they meet a
+    dynamic table.
     """
 
     def __init__(self, optimizer):
@@ -71,7 +72,8 @@ class OptimizerWrapper:
             with tf.init_scope():
                 self._nadam_cache = tf.Variable(1.0, trainable=False, name="sok_nadam_m_cache")
         beta1 = _hyper(opt, "beta_1")
-        decay = tf.constant(float(opt._initial_decay))
+        # Legacy Keras raises 0.96 to decay * t (decay defaults to 0.004); new Keras to t.
+        decay = tf.constant(float(opt._initial_decay) if hasattr(opt, "_get_hyper") else 1.0)
         now = beta1 * (1.0 - 0.5 * tf.pow(0.96, decay * step))
         following = beta1 * (1.0 - 0.5 * tf.pow(0.96, decay * (step + 1.0)))
         schedule = self._nadam_cache.assign(self._nadam_cache * now)
@@ -110,51 +112,50 @@ class OptimizerWrapper:
             return raw_ops.sok_dynamic_apply(
                 variable.handle, keys, values, tf.stack([corrected, beta1, beta2, epsilon]),
                 rule="adam", state_dim=2 * dim)
-        legacy = hasattr(self._optimizer, "_get_hyper")
-        if self._kind == "Adamax" and legacy:
-            beta1, beta2 = _hyper(self._optimizer, "beta_1"), _hyper(self._optimizer, "beta_2")
-            epsilon = tf.constant(self._optimizer.epsilon, tf.float32)
+        opt = self._optimizer
+        legacy = hasattr(opt, "_get_hyper")
+        epsilon = tf.constant(float(opt.epsilon), tf.float32) if hasattr(opt, "epsilon") else None
+        if self._kind == "Adamax":
+            beta1, beta2 = _hyper(opt, "beta_1"), _hyper(opt, "beta_2")
             corrected = lr / (1.0 - tf.pow(beta1, step))
             return raw_ops.sok_dynamic_apply(
                 variable.handle, keys, values, tf.stack([corrected, beta1, beta2, epsilon]),
                 rule="adamax", state_dim=2 * dim)
-        if self._kind == "Adadelta" and legacy:
-            rho = _hyper(self._optimizer, "rho")
-            epsilon = tf.constant(self._optimizer.epsilon, tf.float32)
+        if self._kind == "Adadelta":
             return raw_ops.sok_dynamic_apply(variable.handle, keys, values,
-                                             tf.stack([lr, rho, epsilon]), rule="adadelta",
-                                             state_dim=2 * dim)
-        if self._kind == "RMSprop" and legacy and not self._optimizer.centered:
-            rho, momentum = _hyper(self._optimizer, "rho"), _hyper(self._optimizer, "momentum")
-            epsilon = tf.constant(self._optimizer.epsilon, tf.float32)
-            if not self._optimizer._momentum:
+                                             tf.stack([lr, _hyper(opt, "rho"), epsilon]),
+                                             rule="adadelta", state_dim=2 * dim)
+        if self._kind == "RMSprop":
+            momentum = _hyper(opt, "momentum")
+            if (not opt._momentum) if legacy else float(opt.momentum) == 0.0:
                 momentum = tf.constant(0.0)
-            return raw_ops.sok_dynamic_apply(variable.handle, keys, values,
-                                             tf.stack([lr, rho, momentum, epsilon]),
-                                             rule="rmsprop", state_dim=2 * dim)
-        if self._kind == "Nadam" and legacy:
+            hyper = tf.stack([lr, _hyper(opt, "rho"), momentum, epsilon,
+                              tf.constant(1.0 if opt.centered else 0.0),
+                              tf.constant(0.0 if legacy else 1.0)])
+            return raw_ops.sok_dynamic_apply(variable.handle, keys, values, hyper,
+                                             rule="rmsprop",
+                                             state_dim=(3 if opt.centered else 2) * dim)
+        if self._kind == "Nadam":
             now, following, schedule, schedule_next = self._nadam_step
-            beta2 = _hyper(self._optimizer, "beta_2")
-            # Keras' Nadam uses `decay` for its momentum schedule, not to decay the rate.
-            rate = self._optimizer._get_hyper("learning_rate")
-            if callable(rate):
-                rate = rate(self._optimizer.iterations)
-            lr = tf.cast(rate, tf.float32)
-            hyper = tf.stack([lr, _hyper(self._optimizer, "beta_1"), beta2,
-                              tf.constant(self._optimizer.epsilon, tf.float32), now, following,
+            beta2 = _hyper(opt, "beta_2")
+            if legacy:  # legacy Nadam uses `decay` for its momentum schedule, not the rate
+                rate = opt._get_hyper("learning_rate")
+                lr = tf.cast(rate(opt.iterations) if callable(rate) else rate, tf.float32)
+            hyper = tf.stack([lr, _hyper(opt, "beta_1"), beta2, epsilon, now, following,
                               1.0 - schedule, 1.0 - schedule_next, 1.0 - tf.pow(beta2, step)])
             return raw_ops.sok_dynamic_apply(variable.handle, keys, values, hyper, rule="nadam",
                                              state_dim=2 * dim)
-        if self._kind == "Ftrl" and legacy:
-            opt = self._optimizer
-            l2 = _hyper(opt, "l2_regularization_strength") + \
-                _hyper(opt, "beta") / (2.0 * lr)
+        if self._kind == "Ftrl":
+            l2 = _hyper(opt, "l2_regularization_strength") + _hyper(opt, "beta") / (2.0 * lr)
+            shrinkage = (opt._l2_shrinkage_regularization_strength if legacy
+                         else opt.l2_shrinkage_regularization_strength)
+            initial = opt._initial_accumulator_value if legacy else opt.initial_accumulator_value
             hyper = tf.stack([lr, _hyper(opt, "learning_rate_power"),
                               _hyper(opt, "l1_regularization_strength"), l2,
-                              tf.constant(float(opt._l2_shrinkage_regularization_strength))])
+                              tf.constant(float(shrinkage))])
             return raw_ops.sok_dynamic_apply(variable.handle, keys, values, hyper, rule="ftrl",
                                              state_dim=2 * dim,
-                                             state_initial_value=float(opt._initial_accumulator_value))
+                                             state_initial_value=float(initial))
         raise NotImplementedError(
             f"{self._kind} is not supported for sok dynamic tables yet; supported: {_SUPPORTED}")
 

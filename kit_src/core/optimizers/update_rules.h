@@ -1,7 +1,8 @@
 // One definition of each sparse optimizer's row update, shared by every table kind and device.
 // Each rule updates one row in place: `w` the value, `state` the optimizer state stored after
 // it, `g` the row's gradient (duplicates already summed), `dim` floats each. The formulas are
-// those of the Keras optimizers (tf.keras.optimizers.legacy), applied to the touched rows only.
+// those of the Keras optimizers (tf.keras.optimizers.legacy and the new ones), applied to the
+// touched rows only.
 #pragma once
 
 #include <cmath>
@@ -44,8 +45,11 @@ struct AdadeltaHyper {
 struct RmspropHyper {
   float lr = 0.001f;
   float rho = 0.9f;
-  float momentum = 0.0f;   // state: mean square, then (with momentum) the momentum
+  float momentum = 0.0f;   // state: mean square, momentum, then (centered) mean gradient
   float epsilon = 1e-7f;
+  bool centered = false;   // normalise by the variance estimate ms - mg^2 instead of ms
+  bool epsilon_inside_sqrt = false;  // without momentum: new Keras sqrt(ms + eps); legacy
+                                     // sqrt(ms) + eps (with momentum both take it inside)
 };
 
 struct NadamHyper {
@@ -132,18 +136,27 @@ SOK_HOST_DEVICE inline void ApplyAdadelta(float* w, float* state, const float* g
   }
 }
 
-// Keras' two RMSprop forms: without momentum w -= lr g / (sqrt(ms) + eps); with momentum
-// mom = momentum mom + lr g / sqrt(ms + eps), w -= mom.
+// Keras' RMSprop forms, with s = ms (or ms - mg^2 when centered): without momentum
+// w -= lr g / (sqrt(s) + eps) (legacy) or lr g / sqrt(s + eps) (new Keras); with momentum
+// mom = momentum mom + lr g / sqrt(s + eps), w -= mom.
 SOK_HOST_DEVICE inline void ApplyRmsprop(float* w, float* state, const float* g, int64_t dim,
                                          const RmspropHyper& h) {
   float* ms = state;
   float* mom = state + dim;
+  float* mg = state + 2 * dim;
   for (int64_t d = 0; d < dim; ++d) {
     ms[d] = h.rho * ms[d] + (1.0f - h.rho) * g[d] * g[d];
+    float s = ms[d];
+    if (h.centered) {
+      mg[d] = h.rho * mg[d] + (1.0f - h.rho) * g[d];
+      s -= mg[d] * mg[d];
+    }
     if (h.momentum == 0.0f) {
-      w[d] -= h.lr * g[d] / (std::sqrt(ms[d]) + h.epsilon);
+      const float denominator =
+          h.epsilon_inside_sqrt ? std::sqrt(s + h.epsilon) : std::sqrt(s) + h.epsilon;
+      w[d] -= h.lr * g[d] / denominator;
     } else {
-      mom[d] = h.momentum * mom[d] + h.lr * g[d] / std::sqrt(ms[d] + h.epsilon);
+      mom[d] = h.momentum * mom[d] + h.lr * g[d] / std::sqrt(s + h.epsilon);
       w[d] -= mom[d];
     }
   }

@@ -335,6 +335,7 @@ class DynamicApplyOp : public tf::OpKernel {
                            : (rule_ == "adagrad" || rule_ == "adadelta") ? 3
                            : rule_ == "ftrl"                             ? 5
                            : rule_ == "nadam"                            ? 9
+                           : rule_ == "rmsprop"                          ? 6
                                                                          : 4;
     OP_REQUIRES(ctx, h.size() == needed,
                 tf::errors::InvalidArgument(rule_, " takes ", needed, " hyper-parameters, got ",
@@ -367,7 +368,7 @@ class DynamicApplyOp : public tf::OpKernel {
     } else if (rule_ == "ftrl") {
       apply(ApplyFtrl, FtrlHyper{h(0), h(1), h(2), h(3), h(4)});
     } else {
-      apply(ApplyRmsprop, RmspropHyper{h(0), h(1), h(2), h(3)});
+      apply(ApplyRmsprop, RmspropHyper{h(0), h(1), h(2), h(3), h(4) != 0.0f, h(5) != 0.0f});
     }
   }
 

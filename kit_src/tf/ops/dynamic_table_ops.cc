@@ -148,7 +148,8 @@ REGISTER_OP("Sok>DynamicApply")
 Fused lazy optimizer update of a dynamic table: duplicate keys' gradients are summed, then each
 touched row and its state are updated in place by kit_src/core/optimizers/update_rules.h.
 hyper: sgd [lr, momentum]; adagrad [lr, epsilon, epsilon inside sqrt (0/1)]; adam [bias-corrected lr, beta1, beta2, epsilon]; adamax [lr / (1 - beta1^t), beta1, beta2,
-epsilon]; adadelta [lr, rho, epsilon]; rmsprop [lr, rho, momentum, epsilon]; ftrl [lr,
+epsilon]; adadelta [lr, rho, epsilon]; rmsprop [lr, rho, momentum, epsilon, centered (0/1), epsilon
+inside sqrt (0/1)]; ftrl [lr,
 lr_power, l1, l2 + beta / (2 lr), l2_shrinkage]; nadam [lr, beta1, beta2, epsilon, m_t, m_t+1,
 1 - schedule, 1 - next schedule, 1 - beta2^t].
 )doc");
