@@ -8,6 +8,7 @@ import tensorflow as _tf
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.communication import init
 from sparse_operation_kit.dynamic_variable import (DynamicVariable, assign, export,
+                                                    incremental_model_dump,
                                                     sparse_read_and_evict)
 from sparse_operation_kit import layers
 from sparse_operation_kit.checkpoint import dump, load
@@ -26,6 +27,6 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "Variable", "DynamicVariable", "lookup_sparse", "all2all_dense_embedding",
     "filter_variables", "export", "assign", "sparse_read_and_evict", "OptimizerWrapper", "SGD",
-    "dot_interaction", "layers", "dump", "load", "EmbeddingTableConfig", "EmbeddingPlanner",
+    "dot_interaction", "layers", "dump", "load", "incremental_model_dump", "EmbeddingTableConfig", "EmbeddingPlanner",
     "EmbeddingCollection", "generate_plan", "validate_plan", "read_plan", "write_plan", "raw_ops", "tf_version",
 ]

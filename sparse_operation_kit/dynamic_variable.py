@@ -226,6 +226,35 @@ def export(variable):
     return tf.constant(variable.global_row_ids()), tf.convert_to_tensor(variable)
 
 
+def incremental_model_dump(variables, time_threshold):
+    """The rows of dynamic tables written since a moment, for incremental model updates.
+
+    Args:
+      variables: a `sok.DynamicVariable` or a list of them.
+      time_threshold: seconds since the Unix epoch, as `time.time()` returns (microsecond
+        resolution); rows inserted, assigned or updated by an optimizer after it are dumped.
+
+    Returns:
+      A list with one (keys, values) pair per variable: the keys this worker holds whose
+      rows were written after `time_threshold`, and those rows ([n, dimension]).
+
+    Raises:
+      TypeError: a variable is not a sok.DynamicVariable (static tables keep no write times).
+    """
+    single = not isinstance(variables, (list, tuple))
+    variables = [variables] if single else list(variables)
+    for i, variable in enumerate(variables):
+        if not isinstance(variable, DynamicVariable):
+            raise TypeError(f"incremental_model_dump takes sok.DynamicVariables; variables[{i}] "
+                            f"is {type(variable).__name__}")
+    since = tf.constant(int(round(float(time_threshold) * 1e6)), tf.int64)
+    dumps = []
+    for variable in variables:
+        keys, values = raw_ops.sok_dynamic_table_export_written(variable.handle, since)
+        dumps.append((tf.cast(keys, variable.key_type), values))
+    return dumps
+
+
 def assign(variable, keys, values):
     """Writes `values` to the rows of `keys` that this worker holds."""
     if isinstance(variable, DynamicVariable):

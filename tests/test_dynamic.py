@@ -1,5 +1,6 @@
 """Dynamic (hash) tables: the table through its ops, DynamicVariable, lookups, optimizers."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -281,3 +282,31 @@ def test_checkpoint_round_trip_with_optimizer_state(tmp_path):
     other_dim = sok.DynamicVariable(4)
     with pytest.raises(Exception, match="restored values must be \\[3, 4\\]"):
         tf.train.Checkpoint(table=other_dim).restore(path).expect_partial()
+
+
+def test_incremental_model_dump_returns_rows_written_after_the_threshold():
+    table = sok.DynamicVariable(3, name="incremental", init_capacity=16)  # grows: times move
+    other = sok.DynamicVariable(2, name="incremental_other")
+    old_keys = keys_of(list(range(1, 60)) + [-(1 << 62)])
+    table.sparse_read(old_keys)                                  # inserted before the mark
+    table.assign(keys_of([4]), tf.fill([1, 3], 7.0))
+    time.sleep(0.01)
+    mark = time.time()
+    time.sleep(0.01)
+    assert table.sparse_read(old_keys).shape == (60, 3)         # reads are not writes
+    new_keys = list(range(1000, 1100))
+    table.sparse_read(keys_of(new_keys))                         # new keys: written
+    table.assign(keys_of([2]), tf.fill([1, 3], 5.0))             # overwritten
+    sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.5)).apply_gradients(
+        [(tf.IndexedSlices(tf.ones([1, 3]), keys_of([3])), table)])  # updated
+    (keys, values), (other_keys, _) = sok.incremental_model_dump([table, other], mark)
+    expected = np.array([2, 3] + new_keys)
+    order = np.argsort(keys.numpy())
+    np.testing.assert_array_equal(keys.numpy()[order], expected)
+    np.testing.assert_allclose(values.numpy()[order],
+                               table.sparse_read(keys_of(expected), insert=False).numpy())
+    assert other_keys.shape == (0,)
+    (everything, _), = sok.incremental_model_dump([table], 0.0)
+    assert sorted(everything.numpy()) == sorted(list(range(1, 60)) + [-(1 << 62)] + new_keys)
+    with pytest.raises(TypeError, match="variables\\[0\\] is Variable"):
+        sok.incremental_model_dump([sok.Variable(np.ones([2, 2], np.float32))], mark)

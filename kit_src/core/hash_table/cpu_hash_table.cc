@@ -1,6 +1,7 @@
 #include "kit_src/core/hash_table/cpu_hash_table.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -35,6 +36,12 @@ int64_t CpuHashTable::size() const {
   return size_;
 }
 
+int64_t CpuHashTable::NowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 int64_t CpuHashTable::Home(int64_t key) const {
   return static_cast<int64_t>(HashKey(key) & static_cast<uint64_t>(mask_));
 }
@@ -58,9 +65,11 @@ void CpuHashTable::Touch(int64_t slot, uint64_t clock) {
 void CpuHashTable::Rehash(int64_t num_slots) {
   HugePageArray<Slot> old_slots = std::move(slots_);
   HugePageArray<float> old_values = std::move(values_);
+  HugePageArray<int64_t> old_written = std::move(written_us_);
   const int64_t width = RowWidth();
   slots_ = HugePageArray<Slot>(num_slots);  // zeroed: every slot empty
   values_ = HugePageArray<float>(num_slots * width);
+  written_us_ = HugePageArray<int64_t>(num_slots);
   mask_ = num_slots - 1;
   for (int64_t old = 0; old < old_slots.size(); ++old) {
     const uint64_t meta = old_slots[old].meta.load(std::memory_order_relaxed);
@@ -70,10 +79,11 @@ void CpuHashTable::Rehash(int64_t num_slots) {
     slots_[slot].key = old_slots[old].key;
     slots_[slot].meta.store(meta, std::memory_order_relaxed);
     std::memcpy(Row(slot), old_values.data() + old * width, width * sizeof(float));
+    written_us_[slot] = old_written[old];
   }
 }
 
-int64_t CpuHashTable::FindOrInsertSlot(int64_t key) {
+int64_t CpuHashTable::FindOrInsertSlot(int64_t key, int64_t now) {
   int64_t slot = Home(key);
   for (; Occupied(slot); slot = (slot + 1) & mask_) {
     if (slots_[slot].key == key) return slot;
@@ -83,12 +93,14 @@ int64_t CpuHashTable::FindOrInsertSlot(int64_t key) {
   float* row = Row(slot);
   initializer_.Fill(key, row, options_.dim);
   FillInitialState(row + options_.dim);
+  written_us_[slot] = now;
   ++size_;
   return slot;
 }
 
 template <typename Admit>
-int64_t CpuHashTable::ClaimSlot(int64_t key, int64_t home, const Admit& admit, bool* inserted) {
+int64_t CpuHashTable::ClaimSlot(int64_t key, int64_t home, int64_t now, const Admit& admit,
+                                bool* inserted) {
   *inserted = false;
   for (int64_t slot = home;; slot = (slot + 1) & mask_) {
     std::atomic<uint64_t>& meta = slots_[slot].meta;
@@ -107,6 +119,7 @@ int64_t CpuHashTable::ClaimSlot(int64_t key, int64_t home, const Admit& admit, b
     float* row = Row(slot);
     initializer_.Fill(key, row, options_.dim);
     FillInitialState(row + options_.dim);
+    written_us_[slot] = now;
     meta.store(kOccupied, std::memory_order_release);  // publishes key and row
     *inserted = true;
     return slot;
@@ -127,11 +140,12 @@ void CpuHashTable::InsertPass(const int64_t* keys, const int64_t* index, int64_t
   const int64_t dim = options_.dim;
   std::atomic<int64_t> inserted_total{0};
   const auto admit = [&](int64_t key) { return Admitted(key, clock, admit_probability); };
+  const int64_t now = NowMicros();
   parallel_for(count, 4 * dim + 150, [&](int64_t begin, int64_t end) {
     int64_t inserted_here = 0;
     InGroups<true>(keys, index, begin, end, [&](int64_t i, int64_t home) {
       bool inserted = false;
-      const int64_t slot = ClaimSlot(keys[i], home, admit, &inserted);
+      const int64_t slot = ClaimSlot(keys[i], home, now, admit, &inserted);
       if (slot < 0) {  // refused by the filter: reads as zeros, not stored
         std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
         return;
@@ -163,6 +177,7 @@ void CpuHashTable::EraseSlot(int64_t slot) {
     slots_[hole].meta.store(slots_[next].meta.load(std::memory_order_relaxed),
                             std::memory_order_relaxed);
     std::memcpy(Row(hole), Row(next), width * sizeof(float));
+    written_us_[hole] = written_us_[next];
     hole = next;
   }
   slots_[hole].meta.store(0, std::memory_order_relaxed);
@@ -281,8 +296,10 @@ Status CpuHashTable::Assign(const int64_t* keys, int64_t n, const float* values,
   Status status = Reserve(incoming);
   if (!status.ok()) return status;
   const uint64_t clock = clock_.fetch_add(1) + 1;
+  const int64_t now = NowMicros();
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t slot = FindOrInsertSlot(keys[i]);
+    const int64_t slot = FindOrInsertSlot(keys[i], now);
+    written_us_[slot] = now;
     float* row = Row(slot);
     std::memcpy(row, values + i * options_.dim, options_.dim * sizeof(float));
     if (state != nullptr) {
@@ -321,8 +338,9 @@ Status CpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values
   Rehash(SlotsFor(std::max<int64_t>(n, 1)));  // empties: Rehash keeps only occupied slots
   for (int64_t s = 0; s <= mask_; ++s) slots_[s].meta.store(0, std::memory_order_relaxed);
   size_ = 0;
+  const int64_t now = NowMicros();
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t slot = FindOrInsertSlot(keys[i]);
+    const int64_t slot = FindOrInsertSlot(keys[i], now);
     float* row = Row(slot);
     std::memcpy(row, values + i * options_.dim, options_.dim * sizeof(float));
     if (state != nullptr && state_dim > 0) {
@@ -347,14 +365,14 @@ int64_t CpuHashTable::Erase(const int64_t* keys, int64_t n) {
 }
 
 void CpuHashTable::Export(std::vector<int64_t>* keys, std::vector<float>* values,
-                          std::vector<float>* state) const {
+                          std::vector<float>* state, int64_t written_after_us) const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
   const int64_t dim = options_.dim, state_dim = options_.state_dim, width = RowWidth();
   keys->clear();
   values->clear();
   if (state) state->clear();
   for (int64_t s = 0; s <= mask_; ++s) {
-    if (!Occupied(s)) continue;
+    if (!Occupied(s) || written_us_[s] <= written_after_us) continue;
     keys->push_back(slots_[s].key);
     const float* row = values_.data() + s * width;
     values->insert(values->end(), row, row + dim);

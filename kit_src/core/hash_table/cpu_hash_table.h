@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -73,9 +74,11 @@ class CpuHashTable {
   // Removes the keys that are present; returns how many were.
   int64_t Erase(const int64_t* keys, int64_t n);
 
-  // Every key with its value and state, in slot order.
-  void Export(std::vector<int64_t>* keys, std::vector<float>* values,
-              std::vector<float>* state) const;
+  // Every key with its value and state (state may be null), in slot order; with
+  // `written_after_us`, only the keys whose row was last written (inserted, assigned or
+  // updated by an optimizer) after that time, in microseconds since the Unix epoch.
+  void Export(std::vector<int64_t>* keys, std::vector<float>* values, std::vector<float>* state,
+              int64_t written_after_us = INT64_MIN) const;
 
   // Calls update(i, row) for each present key i (row: dim value floats, then state), under
   // the exclusive lock. `keys` must be unique: rows are updated in parallel. Missing keys
@@ -84,10 +87,13 @@ class CpuHashTable {
   void UpdateRows(const int64_t* keys, int64_t n, const Update& update,
                   const ParallelFor& parallel_for) {
     std::unique_lock<std::shared_mutex> lock(mutex_);
+    const int64_t now = NowMicros();
     parallel_for(n, 4 * RowWidth() + 50, [&](int64_t begin, int64_t end) {
       InGroups<true>(keys, nullptr, begin, end, [&](int64_t i, int64_t home) {
         const int64_t slot = FindSlot(keys[i], home);
-        if (slot >= 0) update(i, Row(slot));
+        if (slot < 0) return;
+        update(i, Row(slot));
+        written_us_[slot] = now;
       });
     });
   }
@@ -109,6 +115,7 @@ class CpuHashTable {
   uint64_t Score(int64_t slot) const {
     return slots_[slot].meta.load(std::memory_order_relaxed) & ~kOccupied;
   }
+  static int64_t NowMicros();
   int64_t Home(int64_t key) const;
   // Linear probing finds most keys in their home slot, so its row is worth fetching too.
   template <bool kForWrite>
@@ -141,11 +148,11 @@ class CpuHashTable {
       }
     }
   }
-  int64_t FindOrInsertSlot(int64_t key);  // exclusive lock; room already reserved
+  int64_t FindOrInsertSlot(int64_t key, int64_t now);  // exclusive lock; room reserved
   // Thread-safe find-or-insert for the parallel insert pass (exclusive lock held by the
   // caller, room reserved). Returns -1 for a missing key refused by `admit`.
   template <typename Admit>
-  int64_t ClaimSlot(int64_t key, int64_t home, const Admit& admit, bool* inserted);
+  int64_t ClaimSlot(int64_t key, int64_t home, int64_t now, const Admit& admit, bool* inserted);
   // Find-or-insert of keys[index[j]] for j in [0, count) (every i when index is null), rows
   // to values; parallel. Exclusive lock; room reserved.
   void InsertPass(const int64_t* keys, const int64_t* index, int64_t count, float* values,
@@ -169,6 +176,7 @@ class CpuHashTable {
   int64_t mask_ = 0;                      // slots - 1; slots is a power of two
   HugePageArray<Slot> slots_;
   HugePageArray<float> values_;
+  HugePageArray<int64_t> written_us_;      // per slot: when its row was last written
 };
 
 }  // namespace sok

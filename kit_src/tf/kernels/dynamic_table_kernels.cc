@@ -205,6 +205,31 @@ class DynamicTableExportOp : public tf::OpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableExport").Device(tf::DEVICE_CPU), DynamicTableExportOp);
 
+class DynamicTableExportWrittenOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* ctx) override {
+    tf::core::RefCountPtr<DynamicTableResource> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, &table));
+    const tf::Tensor& since = ctx->input(1);
+    OP_REQUIRES(ctx, tf::TensorShapeUtils::IsScalar(since.shape()),
+                tf::errors::InvalidArgument("written_after_us must be a scalar, got shape ",
+                                            since.shape().DebugString()));
+    std::vector<int64_t> keys;
+    std::vector<float> values;
+    table->table().Export(&keys, &values, nullptr, since.scalar<int64_t>()());
+    const int64_t n = static_cast<int64_t>(keys.size()), dim = table->table().dim();
+    tf::Tensor *keys_out = nullptr, *values_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({n}), &keys_out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tf::TensorShape({n, dim}), &values_out));
+    if (n == 0) return;
+    std::memcpy(keys_out->flat<int64_t>().data(), keys.data(), n * sizeof(int64_t));
+    std::memcpy(values_out->flat<float>().data(), values.data(), values.size() * sizeof(float));
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableExportWritten").Device(tf::DEVICE_CPU),
+                        DynamicTableExportWrittenOp);
+
 // keys: [R, 2] (table index, key) pairs, as PartitionKeys(pair_keys) lays them out.
 tf::Status CheckKeyPairs(const tf::Tensor& keys, int64_t num_tables) {
   if (keys.dims() != 2 || keys.dim_size(1) != 2) {

@@ -80,6 +80,22 @@ REGISTER_OP("Sok>DynamicTableErase")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
+REGISTER_OP("Sok>DynamicTableExportWritten")
+    .Input("handle: resource")
+    .Input("written_after_us: int64")
+    .Output("keys: int64")
+    .Output("values: float")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      ShapeHandle scalar;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &scalar));
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Matrix(c->UnknownDim(), c->UnknownDim()));
+      return Status();
+    })
+    .Doc("Keys whose rows were written (inserted, assigned, updated) after written_after_us "
+         "microseconds since the Unix epoch, with their rows: an incremental dump.");
+
 REGISTER_OP("Sok>DynamicTableExport")
     .Input("handle: resource")
     .Output("keys: int64")
