@@ -8,15 +8,17 @@ def dot_interaction(features):
     """Fused DLRM dot interaction.
 
     Args:
-      features: float32 [batch, F, D]; features[:, 0] is the bottom MLP's output.
+      features: float32 or float16 [batch, F, D]; features[:, 0] is the bottom MLP's output.
+        float16 (mixed precision) is accumulated in float32 and rounded once.
 
     Returns:
       [batch, D + F(F-1)/2]: features[:, 0], then features[:, i] . features[:, j] for each
       pair i > j in row-major lower-triangle order ((1,0), (2,0), (2,1), ...).
     """
     features = tf.convert_to_tensor(features)
-    if features.dtype != tf.float32:
-        raise TypeError(f"dot_interaction takes float32 features, got {features.dtype.name}")
+    if features.dtype not in (tf.float32, tf.float16):
+        raise TypeError(f"dot_interaction takes float32 or float16 features, got "
+                        f"{features.dtype.name}")
     if features.shape.rank != 3:
         raise ValueError(f"features must be [batch, F, D], got shape {features.shape}")
     return raw_ops.sok_dot_interaction(features)

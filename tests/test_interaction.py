@@ -25,6 +25,33 @@ def test_values_and_gradients_match_tf_ops(batch, num_features, dim):
                                tape.gradient(ref_loss, features).numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("batch, num_features, dim", [(5, 3, 4), (6, 27, 128), (0, 4, 8)])
+def test_float16_is_accumulated_in_float32_and_rounded_once(batch, num_features, dim):
+    # Reference: the float32 interaction of the same float16 values, rounded to float16. The
+    # fused op may differ from it by one float16 rounding of the float32 sums.
+    rng = np.random.default_rng(num_features)
+    features = tf.constant(rng.normal(size=[batch, num_features, dim]), tf.float16)
+    width = dim + num_features * (num_features - 1) // 2
+    cotangent = tf.constant(rng.normal(size=[batch, width]), tf.float16)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(features)
+        out = sok.dot_interaction(features)
+        loss = tf.reduce_sum(tf.cast(out, tf.float32) * tf.cast(cotangent, tf.float32))
+    wide = tf.cast(features, tf.float32)
+    with tf.GradientTape() as ref_tape:
+        ref_tape.watch(wide)
+        ref = dot_interaction_reference(wide)
+        ref_loss = tf.reduce_sum(ref * tf.cast(cotangent, tf.float32))
+    grad, ref_grad = tape.gradient(loss, features), ref_tape.gradient(ref_loss, wide)
+    assert out.dtype == tf.float16 and grad.dtype == tf.float16
+    assert out.shape == (batch, width)
+    half_ulp = 2.0 ** -11  # float16's relative rounding error
+    np.testing.assert_allclose(out.numpy().astype(np.float32), ref.numpy(),
+                               rtol=2 * half_ulp, atol=1e-3)
+    np.testing.assert_allclose(grad.numpy().astype(np.float32), ref_grad.numpy(),
+                               rtol=2 * half_ulp, atol=1e-3)
+
+
 def test_gradient_matches_numeric_jacobian():
     features = tf.constant(np.random.default_rng(0).normal(size=[2, 4, 3]), tf.float32)
     theoretical, numerical = tf.test.compute_gradient(sok.dot_interaction, [features], delta=1e-2)
@@ -37,5 +64,5 @@ def test_inside_tf_function_and_bad_input():
                                dot_interaction_reference(features).numpy())
     with pytest.raises(ValueError, match="features must be \\[batch, F, D\\]"):
         sok.dot_interaction(tf.ones([2, 3]))
-    with pytest.raises(TypeError, match="float32 features, got float64"):
+    with pytest.raises(TypeError, match="float32 or float16 features, got float64"):
         sok.dot_interaction(tf.ones([2, 3, 4], tf.float64))

@@ -24,6 +24,24 @@ int sok_dot_interaction_backward(const float* features, const float* output_grad
       shape, features, output_grad, features_grad, static_cast<cudaStream_t>(stream)));
 }
 
+// float16 twins: features / output / gradients hold IEEE half values (torch.float16).
+int sok_dot_interaction_forward_f16(const void* features, void* output, int64_t batch,
+                                    int64_t num_features, int64_t dim, void* stream) {
+  const sok::InteractionShape shape{batch, num_features, dim};
+  return static_cast<int>(sok::DotInteractionForwardGpu(
+      shape, static_cast<const __half*>(features), static_cast<__half*>(output),
+      static_cast<cudaStream_t>(stream)));
+}
+
+int sok_dot_interaction_backward_f16(const void* features, const void* output_grad,
+                                     void* features_grad, int64_t batch, int64_t num_features,
+                                     int64_t dim, void* stream) {
+  const sok::InteractionShape shape{batch, num_features, dim};
+  return static_cast<int>(sok::DotInteractionBackwardGpu(
+      shape, static_cast<const __half*>(features), static_cast<const __half*>(output_grad),
+      static_cast<__half*>(features_grad), static_cast<cudaStream_t>(stream)));
+}
+
 // Pooled lookup of `bags` bags from table [rows, dim]; weights may be null; mean != 0 for mean.
 int sok_pooled_lookup_forward(const float* table, int64_t dim, const int64_t* ids,
                               const int64_t* offsets, const float* weights, int64_t bags,

@@ -62,7 +62,9 @@ class DLRM:
         bottom = tf.cast(self._bottom(dense), tf.float32)
         features = tf.stack([bottom] + self.embeddings(categorical, training), axis=1)
         if self.custom_interact:
-            interaction = sok.dot_interaction(features)
+            # Under mixed precision (--amp) the fused op runs in float16, summing in float32.
+            compute_dtype = tf.keras.mixed_precision.global_policy().compute_dtype
+            interaction = sok.dot_interaction(tf.cast(features, compute_dtype))
         else:
             interaction = self._reference_interaction(features)
         return tf.cast(self._top(interaction), tf.float32)

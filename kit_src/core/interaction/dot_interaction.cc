@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "Eigen/Core"
 
 namespace sok {
 namespace {
@@ -12,51 +16,108 @@ float Dot(const float* a, const float* b, int64_t dim) {
   return total;
 }
 
+// One sample, in float: x [F, D] -> out [D + F(F-1)/2].
+void ForwardSample(const float* x, int64_t f, int64_t dim, float* out) {
+  std::memcpy(out, x, dim * sizeof(float));
+  float* pair = out + dim;
+  for (int64_t i = 1; i < f; ++i) {
+    for (int64_t j = 0; j < i; ++j) *pair++ = Dot(x + i * dim, x + j * dim, dim);
+  }
+}
+
+// One sample, in float: x [F, D], grad [D + F(F-1)/2] -> dx [F, D].
+void BackwardSample(const float* x, const float* grad, int64_t f, int64_t dim, float* dx) {
+  std::memcpy(dx, grad, dim * sizeof(float));  // x[0] is copied to the output
+  std::fill(dx + dim, dx + f * dim, 0.0f);
+  const float* pair = grad + dim;
+  for (int64_t i = 1; i < f; ++i) {
+    for (int64_t j = 0; j < i; ++j) {
+      const float g = *pair++;
+      const float* xi = x + i * dim;
+      const float* xj = x + j * dim;
+      float* dxi = dx + i * dim;
+      float* dxj = dx + j * dim;
+      for (int64_t d = 0; d < dim; ++d) {
+        dxi[d] += g * xj[d];
+        dxj[d] += g * xi[d];
+      }
+    }
+  }
+}
+
+// A sample's values as float: the input itself for float, else widened into `scratch`.
+template <typename T>
+const float* AsFloat(const T* values, int64_t n, std::vector<float>* scratch) {
+  if constexpr (std::is_same_v<T, float>) {
+    return values;
+  } else {
+    scratch->resize(n);
+    for (int64_t k = 0; k < n; ++k) (*scratch)[k] = static_cast<float>(values[k]);
+    return scratch->data();
+  }
+}
+
+// Where a sample's float result goes: the output itself for float, else `scratch`, rounded
+// into the output by Store.
+template <typename T>
+float* FloatOutput(T* output, int64_t n, std::vector<float>* scratch) {
+  if constexpr (std::is_same_v<T, float>) {
+    return output;
+  } else {
+    scratch->resize(n);
+    return scratch->data();
+  }
+}
+
+template <typename T>
+void Store(const float* result, int64_t n, T* output) {
+  if constexpr (!std::is_same_v<T, float>) {
+    for (int64_t k = 0; k < n; ++k) output[k] = static_cast<T>(result[k]);
+  }
+}
+
 }  // namespace
 
-void DotInteractionForward(const InteractionShape& shape, const float* features, float* output,
+template <typename T>
+void DotInteractionForward(const InteractionShape& shape, const T* features, T* output,
                            const ParallelFor& parallel_for) {
   const int64_t f = shape.num_features, dim = shape.dim, width = shape.output_width();
   parallel_for(shape.batch, shape.pairs() * dim * 2 + dim, [&](int64_t begin, int64_t end) {
+    std::vector<float> x_scratch, out_scratch;
     for (int64_t b = begin; b < end; ++b) {
-      const float* x = features + b * f * dim;
-      float* out = output + b * width;
-      std::memcpy(out, x, dim * sizeof(float));
-      float* pair = out + dim;
-      for (int64_t i = 1; i < f; ++i) {
-        for (int64_t j = 0; j < i; ++j) *pair++ = Dot(x + i * dim, x + j * dim, dim);
-      }
+      const float* x = AsFloat(features + b * f * dim, f * dim, &x_scratch);
+      float* out = FloatOutput(output + b * width, width, &out_scratch);
+      ForwardSample(x, f, dim, out);
+      Store(out, width, output + b * width);
     }
   });
 }
 
-void DotInteractionBackward(const InteractionShape& shape, const float* features,
-                            const float* output_grad, float* features_grad,
+template <typename T>
+void DotInteractionBackward(const InteractionShape& shape, const T* features,
+                            const T* output_grad, T* features_grad,
                             const ParallelFor& parallel_for) {
   const int64_t f = shape.num_features, dim = shape.dim, width = shape.output_width();
   parallel_for(shape.batch, shape.pairs() * dim * 4 + dim, [&](int64_t begin, int64_t end) {
+    std::vector<float> x_scratch, grad_scratch, dx_scratch;
     for (int64_t b = begin; b < end; ++b) {
-      const float* x = features + b * f * dim;
-      const float* grad = output_grad + b * width;
-      float* dx = features_grad + b * f * dim;
-      std::memcpy(dx, grad, dim * sizeof(float));  // x[0] is copied to the output
-      std::fill(dx + dim, dx + f * dim, 0.0f);
-      const float* pair = grad + dim;
-      for (int64_t i = 1; i < f; ++i) {
-        for (int64_t j = 0; j < i; ++j) {
-          const float g = *pair++;
-          const float* xi = x + i * dim;
-          const float* xj = x + j * dim;
-          float* dxi = dx + i * dim;
-          float* dxj = dx + j * dim;
-          for (int64_t d = 0; d < dim; ++d) {
-            dxi[d] += g * xj[d];
-            dxj[d] += g * xi[d];
-          }
-        }
-      }
+      const float* x = AsFloat(features + b * f * dim, f * dim, &x_scratch);
+      const float* grad = AsFloat(output_grad + b * width, width, &grad_scratch);
+      float* dx = FloatOutput(features_grad + b * f * dim, f * dim, &dx_scratch);
+      BackwardSample(x, grad, f, dim, dx);
+      Store(dx, f * dim, features_grad + b * f * dim);
     }
   });
 }
+
+template void DotInteractionForward<float>(const InteractionShape&, const float*, float*,
+                                           const ParallelFor&);
+template void DotInteractionForward<Eigen::half>(const InteractionShape&, const Eigen::half*,
+                                                 Eigen::half*, const ParallelFor&);
+template void DotInteractionBackward<float>(const InteractionShape&, const float*, const float*,
+                                            float*, const ParallelFor&);
+template void DotInteractionBackward<Eigen::half>(const InteractionShape&, const Eigen::half*,
+                                                  const Eigen::half*, Eigen::half*,
+                                                  const ParallelFor&);
 
 }  // namespace sok

@@ -18,13 +18,18 @@ struct InteractionShape {
   int64_t output_width() const { return dim + pairs(); }
 };
 
+// T is float or Eigen::half; half inputs are widened per sample and every dot product is
+// accumulated in float, then rounded once.
+
 // features: [batch, F, D]; output: [batch, D + F(F-1)/2]. Host memory.
-void DotInteractionForward(const InteractionShape& shape, const float* features, float* output,
+template <typename T>
+void DotInteractionForward(const InteractionShape& shape, const T* features, T* output,
                            const ParallelFor& parallel_for);
 
 // output_grad: [batch, D + F(F-1)/2]; features_grad: [batch, F, D] (overwritten).
-void DotInteractionBackward(const InteractionShape& shape, const float* features,
-                            const float* output_grad, float* features_grad,
+template <typename T>
+void DotInteractionBackward(const InteractionShape& shape, const T* features,
+                            const T* output_grad, T* features_grad,
                             const ParallelFor& parallel_for);
 
 }  // namespace sok

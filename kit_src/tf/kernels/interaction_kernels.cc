@@ -7,6 +7,7 @@ namespace sok {
 
 namespace tf = ::tensorflow;
 
+template <typename T>
 class DotInteractionOp : public tf::OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -17,12 +18,12 @@ class DotInteractionOp : public tf::OpKernel {
     tf::Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             0, tf::TensorShape({shape.batch, shape.output_width()}), &output));
-    DotInteractionForward(shape, features.flat<float>().data(), output->flat<float>().data(),
+    DotInteractionForward(shape, features.flat<T>().data(), output->flat<T>().data(),
                           CpuParallelFor(ctx));
   }
 };
-REGISTER_KERNEL_BUILDER(Name("Sok>DotInteraction").Device(tf::DEVICE_CPU), DotInteractionOp);
 
+template <typename T>
 class DotInteractionGradOp : public tf::OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -34,10 +35,20 @@ class DotInteractionGradOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, CheckInteractionGrad(grad, shape));
     tf::Tensor* features_grad = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, features.shape(), &features_grad));
-    DotInteractionBackward(shape, features.flat<float>().data(), grad.flat<float>().data(),
-                           features_grad->flat<float>().data(), CpuParallelFor(ctx));
+    DotInteractionBackward(shape, features.flat<T>().data(), grad.flat<T>().data(),
+                           features_grad->flat<T>().data(), CpuParallelFor(ctx));
   }
 };
-REGISTER_KERNEL_BUILDER(Name("Sok>DotInteractionGrad").Device(tf::DEVICE_CPU), DotInteractionGradOp);
+
+#define REGISTER_INTERACTION(T)                                                              \
+  REGISTER_KERNEL_BUILDER(                                                                  \
+      Name("Sok>DotInteraction").Device(tf::DEVICE_CPU).TypeConstraint<T>("T"),             \
+      DotInteractionOp<T>);                                                                 \
+  REGISTER_KERNEL_BUILDER(                                                                  \
+      Name("Sok>DotInteractionGrad").Device(tf::DEVICE_CPU).TypeConstraint<T>("T"),         \
+      DotInteractionGradOp<T>)
+REGISTER_INTERACTION(float);
+REGISTER_INTERACTION(Eigen::half);
+#undef REGISTER_INTERACTION
 
 }  // namespace sok

@@ -17,8 +17,29 @@ tf::Status FromCuda(cudaError_t error) {
                               : tf::errors::Internal("CUDA error: ", cudaGetErrorString(error));
 }
 
+// The CUDA core's element type for a TF one: Eigen::half and __half share their bits.
+template <typename T>
+struct CudaType {
+  using type = T;
+};
+template <>
+struct CudaType<Eigen::half> {
+  using type = __half;
+};
+
+template <typename T>
+const typename CudaType<T>::type* Device(const tf::Tensor& tensor) {
+  return reinterpret_cast<const typename CudaType<T>::type*>(tensor.flat<T>().data());
+}
+
+template <typename T>
+typename CudaType<T>::type* Device(tf::Tensor* tensor) {
+  return reinterpret_cast<typename CudaType<T>::type*>(tensor->flat<T>().data());
+}
+
 }  // namespace
 
+template <typename T>
 class DotInteractionGpuOp : public tf::OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -30,12 +51,12 @@ class DotInteractionGpuOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             0, tf::TensorShape({shape.batch, shape.output_width()}), &output));
     const cudaStream_t stream = ctx->eigen_gpu_device().stream();
-    OP_REQUIRES_OK(ctx, FromCuda(DotInteractionForwardGpu(shape, features.flat<float>().data(),
-                                                          output->flat<float>().data(), stream)));
+    OP_REQUIRES_OK(ctx, FromCuda(DotInteractionForwardGpu(shape, Device<T>(features),
+                                                          Device<T>(output), stream)));
   }
 };
-REGISTER_KERNEL_BUILDER(Name("Sok>DotInteraction").Device(tf::DEVICE_GPU), DotInteractionGpuOp);
 
+template <typename T>
 class DotInteractionGradGpuOp : public tf::OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -48,13 +69,22 @@ class DotInteractionGradGpuOp : public tf::OpKernel {
     tf::Tensor* features_grad = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, features.shape(), &features_grad));
     const cudaStream_t stream = ctx->eigen_gpu_device().stream();
-    OP_REQUIRES_OK(ctx, FromCuda(DotInteractionBackwardGpu(
-                            shape, features.flat<float>().data(), grad.flat<float>().data(),
-                            features_grad->flat<float>().data(), stream)));
+    OP_REQUIRES_OK(ctx, FromCuda(DotInteractionBackwardGpu(shape, Device<T>(features),
+                                                           Device<T>(grad),
+                                                           Device<T>(features_grad), stream)));
   }
 };
-REGISTER_KERNEL_BUILDER(Name("Sok>DotInteractionGrad").Device(tf::DEVICE_GPU),
-                        DotInteractionGradGpuOp);
+
+#define REGISTER_INTERACTION_GPU(T)                                                          \
+  REGISTER_KERNEL_BUILDER(                                                                  \
+      Name("Sok>DotInteraction").Device(tf::DEVICE_GPU).TypeConstraint<T>("T"),             \
+      DotInteractionGpuOp<T>);                                                              \
+  REGISTER_KERNEL_BUILDER(                                                                  \
+      Name("Sok>DotInteractionGrad").Device(tf::DEVICE_GPU).TypeConstraint<T>("T"),         \
+      DotInteractionGradGpuOp<T>)
+REGISTER_INTERACTION_GPU(float);
+REGISTER_INTERACTION_GPU(Eigen::half);
+#undef REGISTER_INTERACTION_GPU
 
 }  // namespace sok
 #endif  // GOOGLE_CUDA

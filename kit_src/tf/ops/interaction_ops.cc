@@ -11,8 +11,9 @@ using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
 REGISTER_OP("Sok>DotInteraction")
-    .Input("features: float")
-    .Output("output: float")
+    .Input("features: T")
+    .Output("output: T")
+    .Attr("T: {float, half} = DT_FLOAT")
     .SetShapeFn([](InferenceContext* c) -> Status {
       ShapeHandle features;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &features));
@@ -27,13 +28,15 @@ REGISTER_OP("Sok>DotInteraction")
     })
     .Doc(R"doc(
 DLRM dot interaction of features [B, F, D] (row 0 the bottom MLP output): [B, D + F(F-1)/2],
-x[0] then x[i].x[j] for i > j in row-major lower-triangle order.
+x[0] then x[i].x[j] for i > j in row-major lower-triangle order. float16 inputs are
+accumulated in float32 and rounded once.
 )doc");
 
 REGISTER_OP("Sok>DotInteractionGrad")
-    .Input("features: float")
-    .Input("output_grad: float")
-    .Output("features_grad: float")
+    .Input("features: T")
+    .Input("output_grad: T")
+    .Output("features_grad: T")
+    .Attr("T: {float, half} = DT_FLOAT")
     .SetShapeFn([](InferenceContext* c) -> Status {
       ShapeHandle features, grad;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &features));
