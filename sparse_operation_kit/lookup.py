@@ -130,7 +130,8 @@ def _group_tables(lookups):
     return groups
 
 
-def _fused_group(lookups, dim, dynamic=False, training=True, low_frequency_filter=False):
+def _fused_group(lookups, dim, dynamic=False, training=True, low_frequency_filter=False,
+                 compress=False):
     """Runs the op chain for lookups whose tables share `dim`; returns one output each."""
     tables = []  # unique tables, by identity, in first-seen order
     table_index = {}
@@ -170,14 +171,18 @@ def _fused_group(lookups, dim, dynamic=False, training=True, low_frequency_filte
         rows = raw_ops.sok_gather_shard_rows(
             shards=[table.handle for table in tables], keys=received_keys, dtype=tf.float32,
             dim=dim)
-    # Output distribution.
-    rows, _ = communication.alltoall(rows, received_splits)
+    # Output distribution (with compress, vectors and their gradients travel as float16).
+    if compress and communication.num_workers() > 1:
+        rows, _ = communication.alltoall(tf.cast(rows, tf.float16), received_splits)
+        rows = tf.cast(rows, tf.float32)
+    else:
+        rows, _ = communication.alltoall(rows, received_splits)
     return raw_ops.sok_combine_forward(rows=rows, position=position, row_splits=row_splits,
                                        weights=weights, combiners=combiners)
 
 
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequency_filter=False,
-                  training=True):
+                  training=True, compress=False):
     """Pooled embedding lookups of several tables in one fused op chain.
 
     Args:
@@ -191,6 +196,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
         `filter_ratio` (its config); a key not admitted reads as zeros and is not stored.
       training: with False (inference), ids missing from a dynamic table read as zeros and
         are not inserted; with True they are inserted with their initial value.
+      compress: send the embedding vectors (and, backward, their gradients) between workers
+        as float16, halving the all-to-all's bytes; pooling and updates stay float32.
 
     Returns:
       A list with one [local_batch, dim] float32 tensor per lookup, equal to
@@ -212,7 +219,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
     with tf.name_scope("sok_lookup_sparse"):
         for (dim, dynamic), members in _group_tables(lookups).items():
             results = _fused_group([lookups[i] for i in members], dim, dynamic, training,
-                                   use_low_frequency_filter)
+                                   use_low_frequency_filter, compress)
             for i, result in zip(members, results):
                 outputs[i] = result
     return outputs[0] if single else outputs

@@ -30,6 +30,11 @@ def test_static_tables_match_single_worker_reference(optimizer, function):
     assert output.count("PASS rank=") == 2, output[-3000:]
 
 
+def test_float16_compressed_exchange_matches_reference_within_float16_rounding():
+    output = horovodrun("train_static.py", "--optimizer", "adagrad", "--function", "--compress")
+    assert output.count("PASS rank=") == 2, output[-3000:]
+
+
 @pytest.mark.parametrize("optimizer", ["sgd_momentum", "adagrad"])
 @pytest.mark.parametrize("function", [False, True])
 def test_dynamic_tables_match_single_worker_reference(optimizer, function):

@@ -69,8 +69,8 @@ def predict(tables, dense, ids, weights, lookup_fn):
     return tf.matmul(tf.concat(outputs, axis=1), dense)
 
 
-def sok_lookup(tables, ids, weights):
-    return sok.lookup_sparse(tables, ids, weights, COMBINERS)
+def sok_lookup(tables, ids, weights, compress=False):
+    return sok.lookup_sparse(tables, ids, weights, COMBINERS, compress=compress)
 
 
 def reference_lookup(tables, ids, weights):
@@ -95,6 +95,8 @@ def main():
     parser.add_argument("--optimizer", default="sgd_momentum")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--function", action="store_true")
+    parser.add_argument("--compress", action="store_true",
+                        help="float16 all-to-all: equal to the reference within float16 rounding")
     args = parser.parse_args()
 
     hvd.init()
@@ -114,7 +116,8 @@ def main():
 
     def train_step(ids, weights, targets):
         with tf.GradientTape() as tape:
-            pred = predict(tables, dense, ids, weights, sok_lookup)
+            pred = predict(tables, dense, ids, weights,
+                           lambda *a: sok_lookup(*a, compress=args.compress))
             # Each worker's share of the global mean loss: gradients add up across workers.
             loss = tf.reduce_sum((pred - targets) ** 2) / GLOBAL_BATCH
         grads = tape.gradient(loss, tables + [dense])
@@ -139,15 +142,23 @@ def main():
         reference_step(lookups, tf.constant(targets))
 
     failures = []
+    # float16 exchanges round each vector and gradient once (relative 2^-11) per step.
+    rtol, atol = (1e-2, 1e-3) if args.compress else (1e-5, 1e-6)
+    deviation = 0.0
     for t, (table, ref) in enumerate(zip(tables, ref_tables)):
         expected = ref.numpy()[table.global_row_ids()]
-        if table.shape != expected.shape or not np.allclose(table.numpy(), expected, rtol=1e-5,
-                                                            atol=1e-6):
+        if table.shape != expected.shape or not np.allclose(table.numpy(), expected, rtol=rtol,
+                                                            atol=atol):
             failures.append(f"table {t} ({table.mode}) differs from the reference")
+        elif expected.size:
+            deviation = max(deviation, float(np.max(np.abs(table.numpy() - expected))))
         if np.allclose(ref.numpy(), inits[t]):
             failures.append(f"table {t} did not train")
-    if not np.allclose(dense.numpy(), ref_dense.numpy(), rtol=1e-5, atol=1e-6):
+    if not np.allclose(dense.numpy(), ref_dense.numpy(), rtol=rtol, atol=atol):
         failures.append("dense layer differs from the reference")
+    deviation = max(deviation, float(np.max(np.abs(dense.numpy() - ref_dense.numpy()))))
+    if args.compress and deviation == 0.0:
+        failures.append("--compress changed nothing: the all-to-all did not carry float16")
     if failures:
         print(f"FAIL rank={rank}: " + "; ".join(failures), flush=True)
         sys.exit(1)

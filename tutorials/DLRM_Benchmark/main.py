@@ -36,7 +36,7 @@ def parse_args(argv=None):
     parser.add_argument("--amp", action="store_true", help="mixed float16 dense part")
     parser.add_argument("--xla", action="store_true", help="XLA-compile the dense part")
     parser.add_argument("--compress", action="store_true",
-                        help="float16 compression of the dense-gradient allreduce")
+                        help="float16 embedding all-to-all and dense-gradient allreduce")
     parser.add_argument("--custom_interact", action="store_true",
                         help="the fused Sok>DotInteraction op instead of TF ops")
     parser.add_argument("--eval_in_last", action="store_true", help="evaluate only at the end")
@@ -118,7 +118,8 @@ def main(argv=None):
     scale = REFERENCE_BATCH / args.global_batch_size
     schedule = WarmupPolyDecay(args.lr, args.warmup_steps * scale,
                                args.decay_start_step * scale, args.decay_steps * scale)
-    model = DLRM(vocab, args.embedding_dim, args.embedding, args.custom_interact, args.xla)
+    model = DLRM(vocab, args.embedding_dim, args.embedding, args.custom_interact, args.xla,
+                 args.compress)
     make_optimizer = {"sgd": tf.keras.optimizers.legacy.SGD,
                       "adagrad": tf.keras.optimizers.legacy.Adagrad,
                       "adam": tf.keras.optimizers.legacy.Adam}[args.optimizer]

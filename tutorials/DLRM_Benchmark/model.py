@@ -19,9 +19,10 @@ def mlp(widths, last_activation="relu", name=None):
 
 class DLRM:
     def __init__(self, vocab_sizes, dim=128, embedding="static", custom_interact=True,
-                 xla=False):
+                 xla=False, compress=False):
         self.embedding = embedding
         self.custom_interact = custom_interact
+        self.compress = compress  # float16 embedding all-to-all
         initializer = lambda: tf.keras.initializers.RandomUniform(-0.05, 0.05)  # noqa: E731
         if embedding == "static":
             self.tables = [sok.Variable(shape=[v, dim], initializer=initializer(), name=f"table{i}")
@@ -56,7 +57,7 @@ class DLRM:
             return [table(categorical[:, i]) for i, table in enumerate(self.keras_tables)]
         ids = [tf.RaggedTensor.from_tensor(categorical[:, i:i + 1]) for i in range(len(self.tables))]
         return sok.lookup_sparse(self.tables, ids, combiners=["sum"] * len(self.tables),
-                                 training=training)
+                                 training=training, compress=self.compress)
 
     def __call__(self, dense, categorical, training=True):
         bottom = tf.cast(self._bottom(dense), tf.float32)
