@@ -58,6 +58,9 @@ def _parse_initializer(initializer):
                      "TruncatedNormal (sampled untruncated), RandomUniform, Constant, Zeros, Ones")
 
 
+_VALUE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
+
+
 class DynamicVariable(PlacedTable, trackable.Trackable):
     """A hash-backed embedding table of rows [dimension] keyed by int64 or int32 ids.
 
@@ -69,7 +72,9 @@ class DynamicVariable(PlacedTable, trackable.Trackable):
       var_type: None, "hbm" or "hybrid" (storage hints; rows live in host memory on CPU).
       name: the table's name (also seeds its initializer).
       key_type: tf.int64 (default) or tf.int32.
-      dtype: tf.float32.
+      dtype: how rows are stored: tf.float32 (default), tf.float16 or tf.bfloat16 (half the
+        memory). Reads, lookups and gradients are float32 whatever the storage; each write
+        (insert, assign, optimizer update) rounds to it. Optimizer state stays float32.
       mode: None / "distributed" (key k on worker uint64(k) % N) or "localized:K".
       **config: init_capacity, max_capacity (keys this worker holds), evict_strategy
         ("lru" or "lfu"; without it a full table raises ResourceExhaustedError),
@@ -93,8 +98,9 @@ class DynamicVariable(PlacedTable, trackable.Trackable):
         if self._key_type not in (tf.int64, tf.int32):
             raise TypeError(f"key_type must be int64 or int32, got {self._key_type.name}")
         self._dtype = tf.as_dtype(dtype or tf.float32)
-        if self._dtype != tf.float32:
-            raise TypeError(f"dtype must be float32, got {self._dtype.name}")
+        if self._dtype not in _VALUE_DTYPES:
+            raise TypeError(f"dtype must be one of {[d.name for d in _VALUE_DTYPES]}, got "
+                            f"{self._dtype.name}")
         evict = config.get("evict_strategy")
         if evict is not None and evict not in EVICT_STRATEGIES:
             raise ValueError(f"unknown evict_strategy {evict!r}; valid strategies are "
@@ -121,7 +127,8 @@ class DynamicVariable(PlacedTable, trackable.Trackable):
             raw_ops.sok_dynamic_table_create(
                 self._handle, dim=self._dimension, init_capacity=init_capacity,
                 max_capacity=max_capacity, evict_strategy=evict or "none", initializer=kind,
-                init_a=a, init_b=b, seed=zlib.crc32(self._name.encode()))
+                init_a=a, init_b=b, seed=zlib.crc32(self._name.encode()),
+                value_dtype=self._dtype.name)
 
     def __del__(self):
         try:

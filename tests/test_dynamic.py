@@ -220,7 +220,7 @@ def test_static_and_dynamic_tables_in_one_call():
     ({"capacity": 5}, ValueError, "unknown DynamicVariable config \\['capacity'\\]; valid keys"),
     ({"evict_strategy": "fifo"}, ValueError, "unknown evict_strategy 'fifo'"),
     ({"key_type": tf.float32}, TypeError, "key_type must be int64 or int32"),
-    ({"dtype": tf.float64}, TypeError, "dtype must be float32"),
+    ({"dtype": tf.float64}, TypeError, "dtype must be one of .* got float64"),
     ({"initializer": "glorot"}, ValueError, "unknown initializer 'glorot'"),
     ({"var_type": "ssd"}, ValueError, "unknown var_type 'ssd'"),
     ({"mode": "localized:3"}, ValueError, "only 1 workers"),
@@ -310,3 +310,75 @@ def test_incremental_model_dump_returns_rows_written_after_the_threshold():
     assert sorted(everything.numpy()) == sorted(list(range(1, 60)) + [-(1 << 62)] + new_keys)
     with pytest.raises(TypeError, match="variables\\[0\\] is Variable"):
         sok.incremental_model_dump([sok.Variable(np.ones([2, 2], np.float32))], mark)
+
+
+HALF_TYPES = {"float16": (tf.float16, np.float16, 2.0 ** -11),
+              "bfloat16": (tf.bfloat16, None, 2.0 ** -8)}
+
+
+def rounded(values, dtype):
+    """values rounded to a 16-bit type and widened back (TensorFlow's round to nearest even)."""
+    return tf.cast(tf.cast(tf.constant(values, tf.float32), dtype), tf.float32).numpy()
+
+
+@pytest.mark.parametrize("name", sorted(HALF_TYPES))
+def test_16_bit_rows_store_rounded_values_and_read_float32(name):
+    dtype, _, _ = HALF_TYPES[name]
+    half = sok.DynamicVariable(6, name=f"half_{name}", dtype=dtype, init_capacity=16)
+    full = sok.DynamicVariable(6, name=f"half_{name}")  # same name: same initial rows
+    assert half.dtype == dtype
+    keys = keys_of(np.arange(-50, 50) * 7919)           # grows past init_capacity
+    initial = half.sparse_read(keys)
+    assert initial.dtype == tf.float32
+    np.testing.assert_array_equal(initial.numpy(), rounded(full.sparse_read(keys).numpy(), dtype))
+    values = np.random.default_rng(1).normal(size=[100, 6]).astype(np.float32)
+    half.assign(keys, values)
+    np.testing.assert_array_equal(half.sparse_read(keys, insert=False).numpy(),
+                                  rounded(values, dtype))
+    exported_keys, exported_values = sok.export(half)
+    order = np.argsort(exported_keys.numpy())
+    np.testing.assert_array_equal(exported_values.numpy()[order],
+                                  rounded(values, dtype)[np.argsort(keys.numpy())])
+
+
+@pytest.mark.parametrize("name", sorted(HALF_TYPES))
+def test_16_bit_rows_train_like_a_float32_table_rounded_after_each_update(name):
+    # Reference: Keras Adagrad on a float32 tf.Variable whose rows are rounded to the 16-bit
+    # type after every step (the table computes each update in float32 and rounds once).
+    dtype, _, ulp = HALF_TYPES[name]
+    rng = np.random.default_rng(3)
+    universe = rng.integers(-(1 << 40), 1 << 40, size=20)
+    table = sok.DynamicVariable(4, name=f"train_{name}", dtype=dtype)
+    reference = tf.Variable(table.sparse_read(keys_of(universe)).numpy())
+    wrapper = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adagrad(0.1))
+    ref_optimizer = tf.keras.optimizers.legacy.Adagrad(0.1)
+    for _ in range(10):
+        lengths = rng.integers(0, 3, size=5)
+        rows = rng.integers(0, 20, size=lengths.sum())
+        with tf.GradientTape() as tape:
+            out = sok.lookup_sparse(table, tf.RaggedTensor.from_row_lengths(
+                keys_of(universe[rows]), lengths), combiners="sum")
+            loss = tf.reduce_sum(out * out)
+        wrapper.apply_gradients([(tape.gradient(loss, table), table)])
+        with tf.GradientTape() as tape:
+            ragged = tf.RaggedTensor.from_row_lengths(tf.constant(rows, tf.int64), lengths)
+            out = tf.reduce_sum(tf.gather(reference, ragged), axis=1)
+            loss = tf.reduce_sum(out * out)
+        ref_optimizer.apply_gradients([(tape.gradient(loss, reference), reference)])
+        reference.assign(rounded(reference.numpy(), dtype))
+    # float32 arithmetic may land either side of a rounding boundary: one 16-bit ulp apart
+    np.testing.assert_allclose(table.sparse_read(keys_of(universe), insert=False).numpy(),
+                               reference.numpy(), rtol=2 * ulp, atol=1e-6)
+
+
+def test_16_bit_table_checkpoint_round_trip(tmp_path):
+    table = sok.DynamicVariable(3, name="half_checkpoint", dtype=tf.float16)
+    keys = keys_of([5, -9, 1 << 50])
+    table.sparse_read(keys)
+    sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adagrad(0.1)).apply_gradients(
+        [(tf.IndexedSlices(tf.ones([3, 3]), keys), table)])
+    saved = table.sparse_read(keys, insert=False).numpy()
+    path = tf.train.Checkpoint(table=table).save(str(tmp_path / "half"))
+    table.assign(keys, tf.zeros([3, 3]))
+    tf.train.Checkpoint(table=table).restore(path)
+    np.testing.assert_array_equal(table.sparse_read(keys, insert=False).numpy(), saved)

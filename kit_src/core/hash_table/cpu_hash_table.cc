@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+
+#include "Eigen/Core"
 #include <mutex>
 #include <string>
 
@@ -40,6 +42,57 @@ int64_t CpuHashTable::NowMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+void CpuHashTable::ReadValue(int64_t slot, float* out) const {
+  const float* row = Row(slot);
+  const int64_t dim = options_.dim;
+  switch (options_.value_type) {
+    case ValueType::kFloat32:
+      std::memcpy(out, row, dim * sizeof(float));
+      return;
+    case ValueType::kFloat16: {
+      const auto* value = reinterpret_cast<const Eigen::half*>(row);
+      for (int64_t d = 0; d < dim; ++d) out[d] = static_cast<float>(value[d]);
+      return;
+    }
+    case ValueType::kBfloat16: {
+      const auto* value = reinterpret_cast<const Eigen::bfloat16*>(row);
+      for (int64_t d = 0; d < dim; ++d) out[d] = static_cast<float>(value[d]);
+      return;
+    }
+  }
+}
+
+void CpuHashTable::WriteValue(const float* value, int64_t slot) {
+  float* row = Row(slot);
+  const int64_t dim = options_.dim;
+  switch (options_.value_type) {
+    case ValueType::kFloat32:
+      std::memcpy(row, value, dim * sizeof(float));
+      return;
+    case ValueType::kFloat16: {
+      auto* stored = reinterpret_cast<Eigen::half*>(row);
+      for (int64_t d = 0; d < dim; ++d) stored[d] = Eigen::half(value[d]);
+      return;
+    }
+    case ValueType::kBfloat16: {
+      auto* stored = reinterpret_cast<Eigen::bfloat16*>(row);
+      for (int64_t d = 0; d < dim; ++d) stored[d] = Eigen::bfloat16(value[d]);
+      return;
+    }
+  }
+}
+
+void CpuHashTable::InitializeValue(int64_t key, int64_t slot) {
+  if (options_.value_type == ValueType::kFloat32) {
+    initializer_.Fill(key, Row(slot), options_.dim);
+    return;
+  }
+  thread_local std::vector<float> wide;  // inserts run on several threads at once
+  wide.resize(options_.dim);
+  initializer_.Fill(key, wide.data(), options_.dim);
+  WriteValue(wide.data(), slot);
 }
 
 int64_t CpuHashTable::Home(int64_t key) const {
@@ -90,9 +143,8 @@ int64_t CpuHashTable::FindOrInsertSlot(int64_t key, int64_t now) {
   }
   slots_[slot].key = key;
   slots_[slot].meta.store(kOccupied, std::memory_order_relaxed);
-  float* row = Row(slot);
-  initializer_.Fill(key, row, options_.dim);
-  FillInitialState(row + options_.dim);
+  InitializeValue(key, slot);
+  FillInitialState(State(slot));
   written_us_[slot] = now;
   ++size_;
   return slot;
@@ -116,9 +168,8 @@ int64_t CpuHashTable::ClaimSlot(int64_t key, int64_t home, int64_t now, const Ad
       continue;
     }
     slots_[slot].key = key;
-    float* row = Row(slot);
-    initializer_.Fill(key, row, options_.dim);
-    FillInitialState(row + options_.dim);
+    InitializeValue(key, slot);
+    FillInitialState(State(slot));
     written_us_[slot] = now;
     meta.store(kOccupied, std::memory_order_release);  // publishes key and row
     *inserted = true;
@@ -151,7 +202,7 @@ void CpuHashTable::InsertPass(const int64_t* keys, const int64_t* index, int64_t
         return;
       }
       inserted_here += inserted;
-      std::memcpy(values + i * dim, Row(slot), dim * sizeof(float));
+      ReadValue(slot, values + i * dim);
       Touch(slot, clock);
     });
     inserted_total.fetch_add(inserted_here, std::memory_order_relaxed);
@@ -234,7 +285,7 @@ Status CpuHashTable::Lookup(const int64_t* keys, int64_t n, bool insert, float* 
         if (slot < 0) {
           std::fill(out, out + dim, 0.0f);
         } else {
-          std::memcpy(out, Row(slot), dim * sizeof(float));
+          ReadValue(slot, out);
         }
       });
     });
@@ -259,7 +310,7 @@ Status CpuHashTable::Lookup(const int64_t* keys, int64_t n, bool insert, float* 
         ++missed;
         return;
       }
-      std::memcpy(values + i * dim, Row(slot), dim * sizeof(float));
+      ReadValue(slot, values + i * dim);
       Touch(slot, clock);
     });
     num_missing.fetch_add(missed, std::memory_order_relaxed);
@@ -300,10 +351,9 @@ Status CpuHashTable::Assign(const int64_t* keys, int64_t n, const float* values,
   for (int64_t i = 0; i < n; ++i) {
     const int64_t slot = FindOrInsertSlot(keys[i], now);
     written_us_[slot] = now;
-    float* row = Row(slot);
-    std::memcpy(row, values + i * options_.dim, options_.dim * sizeof(float));
+    WriteValue(values + i * options_.dim, slot);
     if (state != nullptr) {
-      std::memcpy(row + options_.dim, state + i * options_.state_dim,
+      std::memcpy(State(slot), state + i * options_.state_dim,
                   options_.state_dim * sizeof(float));
     }
     Touch(slot, clock);
@@ -314,15 +364,15 @@ Status CpuHashTable::Assign(const int64_t* keys, int64_t n, const float* values,
 void CpuHashTable::EnsureState(int64_t state_dim, float initial_value) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
   if (options_.state_dim >= state_dim) return;
-  const int64_t old_width = RowWidth(), dim = options_.dim, slots = mask_ + 1;
+  const int64_t old_width = RowWidth(), value_words = ValueWords(), slots = mask_ + 1;
   HugePageArray<float> old_values = std::move(values_);
   options_.state_dim = state_dim;
   options_.state_initial_value = initial_value;
   values_ = HugePageArray<float>(slots * RowWidth());
   for (int64_t s = 0; s < slots; ++s) {
     if (!Occupied(s)) continue;
-    std::memcpy(Row(s), old_values.data() + s * old_width, dim * sizeof(float));
-    FillInitialState(Row(s) + dim);
+    std::memcpy(Row(s), old_values.data() + s * old_width, value_words * sizeof(float));
+    FillInitialState(State(s));
   }
 }
 
@@ -341,10 +391,9 @@ Status CpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values
   const int64_t now = NowMicros();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t slot = FindOrInsertSlot(keys[i], now);
-    float* row = Row(slot);
-    std::memcpy(row, values + i * options_.dim, options_.dim * sizeof(float));
+    WriteValue(values + i * options_.dim, slot);
     if (state != nullptr && state_dim > 0) {
-      std::memcpy(row + options_.dim, state + i * state_dim,
+      std::memcpy(State(slot), state + i * state_dim,
                   std::min(state_dim, options_.state_dim) * sizeof(float));
     }
   }
@@ -367,16 +416,16 @@ int64_t CpuHashTable::Erase(const int64_t* keys, int64_t n) {
 void CpuHashTable::Export(std::vector<int64_t>* keys, std::vector<float>* values,
                           std::vector<float>* state, int64_t written_after_us) const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
-  const int64_t dim = options_.dim, state_dim = options_.state_dim, width = RowWidth();
+  const int64_t dim = options_.dim, state_dim = options_.state_dim;
   keys->clear();
   values->clear();
   if (state) state->clear();
   for (int64_t s = 0; s <= mask_; ++s) {
     if (!Occupied(s) || written_us_[s] <= written_after_us) continue;
     keys->push_back(slots_[s].key);
-    const float* row = values_.data() + s * width;
-    values->insert(values->end(), row, row + dim);
-    if (state) state->insert(state->end(), row + dim, row + dim + state_dim);
+    values->resize(values->size() + dim);
+    ReadValue(s, values->data() + values->size() - dim);
+    if (state) state->insert(state->end(), State(s), State(s) + state_dim);
   }
 }
 

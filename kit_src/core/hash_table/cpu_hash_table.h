@@ -29,6 +29,11 @@ namespace sok {
 
 enum class EvictStrategy { kNone, kLru, kLfu };
 
+// How a row's value is stored. Reads widen to float32 and writes round to nearest even, so
+// 16-bit storage halves a table's memory while its interface stays float32. Optimizer state
+// is always float32.
+enum class ValueType { kFloat32, kFloat16, kBfloat16 };
+
 struct HashTableOptions {
   int64_t dim = 1;                        // floats in a row's value
   int64_t state_dim = 0;                  // floats of optimizer state stored after the value
@@ -38,6 +43,7 @@ struct HashTableOptions {
   float state_initial_value = 0.0f;       // the first `dim` floats of a new key's optimizer
                                           // state (Adagrad's and Ftrl's accumulators); the
                                           // rest start at zero
+  ValueType value_type = ValueType::kFloat32;  // storage of each row's value
 };
 
 class CpuHashTable {
@@ -80,27 +86,46 @@ class CpuHashTable {
   void Export(std::vector<int64_t>* keys, std::vector<float>* values, std::vector<float>* state,
               int64_t written_after_us = INT64_MIN) const;
 
-  // Calls update(i, row) for each present key i (row: dim value floats, then state), under
-  // the exclusive lock. `keys` must be unique: rows are updated in parallel. Missing keys
-  // (e.g. evicted since their lookup) are skipped.
+  // Calls update(i, value, state) for each present key i (value: dim floats, state:
+  // state_dim floats, both updated in place), under the exclusive lock. `keys` must be
+  // unique: rows are updated in parallel. Missing keys (e.g. evicted since their lookup) are
+  // skipped. A 16-bit value is widened before and rounded after the update.
   template <typename Update>
   void UpdateRows(const int64_t* keys, int64_t n, const Update& update,
                   const ParallelFor& parallel_for) {
     std::unique_lock<std::shared_mutex> lock(mutex_);
     const int64_t now = NowMicros();
+    const bool widen = options_.value_type != ValueType::kFloat32;
     parallel_for(n, 4 * RowWidth() + 50, [&](int64_t begin, int64_t end) {
+      std::vector<float> wide(widen ? options_.dim : 0);
       InGroups<true>(keys, nullptr, begin, end, [&](int64_t i, int64_t home) {
         const int64_t slot = FindSlot(keys[i], home);
         if (slot < 0) return;
-        update(i, Row(slot));
+        if (widen) {
+          ReadValue(slot, wide.data());
+          update(i, wide.data(), State(slot));
+          WriteValue(wide.data(), slot);
+        } else {
+          update(i, Row(slot), State(slot));
+        }
         written_us_[slot] = now;
       });
     });
   }
 
  private:
-  int64_t RowWidth() const { return options_.dim + options_.state_dim; }
+  // Floats a stored value occupies: dim, or dim / 2 rounded up for 16-bit values.
+  int64_t ValueWords() const {
+    return options_.value_type == ValueType::kFloat32 ? options_.dim : (options_.dim + 1) / 2;
+  }
+  int64_t RowWidth() const { return ValueWords() + options_.state_dim; }
   float* Row(int64_t slot) { return values_.data() + slot * RowWidth(); }
+  const float* Row(int64_t slot) const { return values_.data() + slot * RowWidth(); }
+  float* State(int64_t slot) { return Row(slot) + ValueWords(); }
+  const float* State(int64_t slot) const { return Row(slot) + ValueWords(); }
+  void ReadValue(int64_t slot, float* out) const;        // out: [dim], widened
+  void WriteValue(const float* value, int64_t slot);     // value: [dim], rounded
+  void InitializeValue(int64_t key, int64_t slot);       // the key's initial value
   struct Slot {
     int64_t key;
     std::atomic<uint64_t> meta;  // kOccupied | score
@@ -122,7 +147,7 @@ class CpuHashTable {
   void PrefetchHome(int64_t home) const {
     __builtin_prefetch(&slots_[home], kForWrite);
     const char* row = reinterpret_cast<const char*>(values_.data() + home * RowWidth());
-    for (int64_t offset = 0; offset < options_.dim * 4; offset += 64) {
+    for (int64_t offset = 0; offset < ValueWords() * 4; offset += 64) {
       __builtin_prefetch(row + offset, kForWrite);
     }
   }

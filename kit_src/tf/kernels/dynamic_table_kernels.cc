@@ -44,7 +44,7 @@ tf::Status CheckKeys(const tf::Tensor& keys) {
 class DynamicTableCreateOp : public tf::OpKernel {
  public:
   explicit DynamicTableCreateOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::string evict, initializer;
+    std::string evict, initializer, value_dtype;
     int64_t seed = 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &options_.dim));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("init_capacity", &options_.init_capacity));
@@ -54,7 +54,11 @@ class DynamicTableCreateOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("init_a", &initializer_.a));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("init_b", &initializer_.b));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("value_dtype", &value_dtype));
     initializer_.seed = static_cast<uint64_t>(seed);
+    options_.value_type = value_dtype == "float16"    ? ValueType::kFloat16
+                          : value_dtype == "bfloat16" ? ValueType::kBfloat16
+                                                      : ValueType::kFloat32;
     options_.evict = evict == "lru"   ? EvictStrategy::kLru
                      : evict == "lfu" ? EvictStrategy::kLfu
                                       : EvictStrategy::kNone;
@@ -375,7 +379,9 @@ class DynamicApplyOp : public tf::OpKernel {
     // Applies `rule(w, state, g, dim, hyper)` to each touched row.
     auto apply = [&](auto rule, const auto& hyper) {
       table.UpdateRows(unique_keys.data(), unique_keys.size(),
-                       [&](int64_t i, float* row) { rule(row, row + dim, g + i * dim, dim, hyper); },
+                       [&](int64_t i, float* w, float* state) {
+                         rule(w, state, g + i * dim, dim, hyper);
+                       },
                        CpuParallelFor(ctx));
     };
     if (rule_ == "sgd") {

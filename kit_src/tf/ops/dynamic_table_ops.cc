@@ -28,9 +28,11 @@ REGISTER_OP("Sok>DynamicTableCreate")
     .Attr("init_a: float")
     .Attr("init_b: float")
     .Attr("seed: int")
+    .Attr("value_dtype: {'float32', 'float16', 'bfloat16'} = 'float32'")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
-    .Doc("Creates the table behind `handle`; the initial row of a key depends on (seed, key).");
+    .Doc("Creates the table behind `handle`; the initial row of a key depends on (seed, key). "
+         "value_dtype is how rows are stored; every read and write is float32.");
 
 REGISTER_OP("Sok>DynamicTableSize")
     .Input("handle: resource")
