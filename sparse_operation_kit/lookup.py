@@ -9,7 +9,10 @@ One step of a group of tables sharing a dimension reads top to bottom (see _fuse
 Backward is autodiff of the same chain: CombineBackward, alltoall back to the owners,
 SplitGradientByTable into one IndexedSlices per table.
 With one worker the exchanges are skipped; the keys then arrive grouped by table, so the
-gradient of each table is a block of the rows' gradient, handed out without a copy.
+gradient of each table is a block of the rows' gradient, handed out without a copy. On one
+worker with static tables, unweighted ids and exactly one id per sample known at trace time
+(DLRM's categorical features as uniform ragged tensors), Sok>GatherSingleIds reads the rows
+straight from the tables instead, with no dedup, and the gradients are the outputs' own.
 Static tables deduplicate through a bitmap, so each table's keys are sorted and the gather
 reads the shard in increasing row order; pooling then reads the compact gathered rows.
 """
@@ -27,8 +30,10 @@ COMBINERS = ("sum", "mean", "sqrtn")
 _ID_DTYPES = (tf.int32, tf.int64)
 
 
-class _Lookup(collections.namedtuple("_Lookup", "table ids row_splits weights combiner")):
-    """One lookup after validation: flat ids, row_splits (int64) and flat weights (or None)."""
+class _Lookup(collections.namedtuple("_Lookup",
+                                     "table ids row_splits weights combiner one_id")):
+    """One lookup after validation: flat ids, row_splits (int64), flat weights (or None), and
+    one_id: True when every sample is known, at trace time, to hold exactly one id."""
 
 
 def _as_list(value, what):
@@ -54,7 +59,9 @@ def _flatten_ids(sp_ids, index):
     if ragged.dtype not in _ID_DTYPES:
         raise TypeError(f"sp_ids[{index}] has dtype {ragged.dtype.name}; ids must be int32 or "
                         "int64")
-    return ragged.values, tf.cast(ragged.row_splits, tf.int64)
+    one_id = (ragged.uniform_row_length is not None and
+              tf.get_static_value(ragged.uniform_row_length) == 1)
+    return ragged.values, tf.cast(ragged.row_splits, tf.int64), bool(one_id)
 
 
 def _flatten_weights(sp_weights, index):
@@ -116,8 +123,9 @@ def _validate(params, sp_ids, sp_weights, combiners):
     lookups = []
     for i, (param, ids, weights, combiner) in enumerate(zip(params, sp_ids, sp_weights, combiners)):
         _check_table(param, i)
-        values, row_splits = _flatten_ids(ids, i)
-        lookups.append(_Lookup(param, values, row_splits, _flatten_weights(weights, i), combiner))
+        values, row_splits, one_id = _flatten_ids(ids, i)
+        lookups.append(_Lookup(param, values, row_splits, _flatten_weights(weights, i), combiner,
+                               one_id))
     return lookups
 
 
@@ -181,6 +189,39 @@ def _fused_group(lookups, dim, dynamic=False, training=True, low_frequency_filte
                                        weights=weights, combiners=combiners)
 
 
+def _single_id_candidates(lookups, dynamic):
+    """Whether a group may skip dedup and exchange when each sample holds one id: one worker,
+    static tables, no weights (one unweighted row pools to itself under every combiner)."""
+    return (not dynamic and communication.num_workers() == 1 and
+            all(lookup.weights is None for lookup in lookups))
+
+
+def _single_id_group(lookups, dim):
+    """Sok>GatherSingleIds: each output is its table's rows at the ids; gradients are the
+    outputs' gradients as IndexedSlices over the ids, as for tf.gather."""
+    tables = [lookup.table for lookup in lookups]
+    for table in {id(t): t for t in tables}.values():
+        resource_variable_ops.variable_accessed(table)
+    ids = [lookup.ids for lookup in lookups]
+    if len({t.dtype for t in ids}) > 1:
+        ids = [tf.cast(t, tf.int64) for t in ids]
+    return raw_ops.sok_gather_single_ids(
+        tables=[t.handle for t in tables], ids=ids,
+        row_splits=[lookup.row_splits for lookup in lookups], dtype=tf.float32, dim=dim,
+        table_names=[t.name for t in tables])
+
+
+def _lookup_group(lookups, dim, dynamic, training, low_frequency_filter, compress):
+    """One group's outputs: the fused chain, or, on one worker when every sample is known at
+    trace time to hold one id (a RaggedTensor with uniform_row_length 1, as
+    tf.RaggedTensor.from_tensor(ids[:, None]) gives), the rows straight from the tables.
+    The choice is static: a tf.cond between the two would turn the tables' IndexedSlices
+    gradients dense."""
+    if _single_id_candidates(lookups, dynamic) and all(lookup.one_id for lookup in lookups):
+        return _single_id_group(lookups, dim)
+    return _fused_group(lookups, dim, dynamic, training, low_frequency_filter, compress)
+
+
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequency_filter=False,
                   training=True, compress=False):
     """Pooled embedding lookups of several tables in one fused op chain.
@@ -218,8 +259,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
     outputs = [None] * len(lookups)
     with tf.name_scope("sok_lookup_sparse"):
         for (dim, dynamic), members in _group_tables(lookups).items():
-            results = _fused_group([lookups[i] for i in members], dim, dynamic, training,
-                                   use_low_frequency_filter, compress)
+            results = _lookup_group([lookups[i] for i in members], dim, dynamic, training,
+                                    use_low_frequency_filter, compress)
             for i, result in zip(members, results):
                 outputs[i] = result
     return outputs[0] if single else outputs
@@ -235,7 +276,7 @@ def all2all_dense_embedding(param, indices):
     with tf.name_scope("sok_all2all_dense_embedding"):
         flat = tf.reshape(indices, [-1])
         row_splits = tf.range(tf.size(flat, out_type=tf.int64) + 1)
-        lookup = _Lookup(param, flat, row_splits, None, "sum")
+        lookup = _Lookup(param, flat, row_splits, None, "sum", True)
         (rows,) = _fused_group([lookup], int(param.shape[1]), isinstance(param, DynamicVariable))
         return tf.reshape(rows, tf.concat([tf.shape(indices), [int(param.shape[1])]], 0))
 
@@ -253,6 +294,18 @@ def _table_gradients(op, indices, values):
 def _dense_output_grads(op, output_grads):
     return [tf.zeros_like(op.outputs[i]) if g is None else tf.convert_to_tensor(g)
             for i, g in enumerate(output_grads)]
+
+
+@tf.RegisterGradient("Sok>GatherSingleIds")
+def _gather_single_ids_grad(op, *output_grads):
+    n = op.get_attr("N")
+    grads = _dense_output_grads(op, output_grads)
+    return [
+        tf.IndexedSlices(grads[l], tf.cast(op.inputs[n + l], tf.int64),
+                         dense_shape=tf.raw_ops.VariableShape(input=op.inputs[l],
+                                                              out_type=tf.int64))
+        for l in range(n)
+    ] + [None] * (2 * n)
 
 
 @tf.RegisterGradient("Sok>GatherShardRows")

@@ -198,3 +198,86 @@ def test_large_outputs_reused_across_calls_hold_no_stale_values():
         np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
                                    tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def one_id_batch(rng, batch, vocab, id_dtype=tf.int64):
+    """Every sample holds one id, known at trace time: RaggedTensor.from_tensor of [batch, 1]."""
+    ids = tf.constant(rng.integers(0, vocab, size=[batch, 1]), id_dtype)
+    return tf.RaggedTensor.from_tensor(ids)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
+def test_one_id_per_sample_path_matches_reference(id_dtype, mode):
+    # Two lookups share table a; combiners differ (one row pools to itself under each).
+    rng = np.random.default_rng(31)
+    init_a, init_b = (rng.normal(size=[50, 8]).astype(np.float32) for _ in range(2))
+    a, b, ref_a, ref_b = sok.Variable(init_a), sok.Variable(init_b), tf.Variable(init_a), \
+        tf.Variable(init_b)
+    ids = [one_id_batch(rng, 64, 50, id_dtype) for _ in range(3)]
+    combiners = ["sum", "mean", "sqrtn"]
+    cotangents = [tf.constant(rng.normal(size=[64, 8]).astype(np.float32)) for _ in range(3)]
+
+    def step():
+        with tf.GradientTape(persistent=True) as tape:
+            outs = sok.lookup_sparse([a, b, a], ids, combiners=combiners)
+            refs = [reference(t, i, None, c) for t, i, c in zip([ref_a, ref_b, ref_a], ids,
+                                                                 combiners)]
+            loss = tf.add_n([tf.reduce_sum(o * c) for o, c in zip(outs, cotangents)])
+            ref_loss = tf.add_n([tf.reduce_sum(r * c) for r, c in zip(refs, cotangents)])
+        return (outs, refs, tape.gradient(loss, [a, b]), tape.gradient(ref_loss, [ref_a, ref_b]))
+
+    outs, refs, grads, ref_grads = run_mode(mode, step)
+    for out, ref in zip(outs, refs):
+        np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-6)
+    for grad, ref_grad in zip(grads, ref_grads):
+        assert isinstance(grad, tf.IndexedSlices)  # sparse, also through tf.function
+        np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
+                                   tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_one_id_per_sample_path_is_taken_only_when_known():
+    table = sok.Variable(np.ones([10, 4], np.float32))
+    rng = np.random.default_rng(0)
+    one_id = one_id_batch(rng, 6, 10)
+    by_lengths = tf.RaggedTensor.from_row_lengths(one_id.values, tf.ones([6], tf.int64))
+
+    def op_types(ids, weights=None):
+        graph = tf.function(lambda i: sok.lookup_sparse(table, i, weights)).get_concrete_function(
+            ids).graph
+        return {op.type for op in graph.get_operations()}
+
+    assert "Sok>GatherSingleIds" in op_types(one_id)
+    assert "Sok>PartitionKeys" not in op_types(one_id)
+    assert "Sok>PartitionKeys" in op_types(by_lengths)  # one id each, but not known statically
+
+
+def test_one_id_per_sample_path_rejects_out_of_range_ids():
+    table = sok.Variable(np.ones([10, 4], np.float32), name="single")
+    ids = tf.RaggedTensor.from_tensor(tf.constant([[3], [10]], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="id 10 of table 'single.*' is out of range \\[0, 10\\)"):
+        sok.lookup_sparse(table, ids)
+
+
+def test_one_id_per_sample_path_trains_like_tf_variable():
+    # Repeated ids give IndexedSlices with duplicate indices, as tf.gather does; the optimizer
+    # sums them (momentum checks that rows no sample used stay put).
+    rng = np.random.default_rng(2)
+    init = rng.normal(size=[30, 4]).astype(np.float32)
+    table, ref = sok.Variable(init), tf.Variable(init)
+    opt = tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9)
+    ref_opt = tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9)
+
+    @tf.function
+    def step(ids):
+        with tf.GradientTape(persistent=True) as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse(table, ids, combiners="sum") ** 2)
+            ref_loss = tf.reduce_sum(tf.gather(ref, ids.values) ** 2)
+        opt.apply_gradients([(tape.gradient(loss, table), table)])
+        ref_opt.apply_gradients([(tape.gradient(ref_loss, ref), ref)])
+
+    for _ in range(8):
+        step(one_id_batch(rng, 16, 12))  # only rows 0..11 are ever used
+    np.testing.assert_allclose(table.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(table.numpy()[12:], init[12:])

@@ -16,12 +16,6 @@ struct TableKeys {
   Status status;
 };
 
-Status OutOfRange(const TablePlacement& table, int64_t id) {
-  std::ostringstream message;
-  message << "id " << id << " of table '" << table.name << "' is out of range [0, "
-          << table.rows << "); ids of a static table must index one of its rows";
-  return Status::InvalidArgument(message.str());
-}
 
 int32_t OwnerOf(const TablePlacement& table, int64_t id, int32_t num_workers) {
   if (table.owner >= 0) return table.owner;
@@ -48,7 +42,7 @@ void CollectTableKeysSorted(const std::vector<LookupIds<Tindex>>& lookups,
     for (int64_t i = 0; i < lookup.count; ++i) {
       const int64_t id = static_cast<int64_t>(lookup.ids[i]);
       if (id < 0 || id >= table.rows) {
-        keys->status = OutOfRange(table, id);
+        keys->status = IdOutOfRange(table.name, id, table.rows);
         return;
       }
       bits[id >> 6] |= uint64_t{1} << (id & 63);
@@ -99,7 +93,7 @@ void CollectTableKeys(const std::vector<LookupIds<Tindex>>& lookups,
     for (int64_t i = 0; i < lookup.count; ++i) {
       const int64_t id = static_cast<int64_t>(lookup.ids[i]);
       if (!table.dynamic && (id < 0 || id >= table.rows)) {
-        keys->status = OutOfRange(table, id);
+        keys->status = IdOutOfRange(table.name, id, table.rows);
         return;
       }
       int32_t next = static_cast<int32_t>(keys->unique_ids.size());
@@ -118,6 +112,13 @@ void CollectTableKeys(const std::vector<LookupIds<Tindex>>& lookups,
 }
 
 }  // namespace
+
+Status IdOutOfRange(const std::string& table_name, int64_t id, int64_t rows) {
+  std::ostringstream message;
+  message << "id " << id << " of table '" << table_name << "' is out of range [0, " << rows
+          << "); ids of a static table must index one of its rows";
+  return Status::InvalidArgument(message.str());
+}
 
 template <typename Tindex>
 Status PartitionKeys(const std::vector<LookupIds<Tindex>>& lookups,

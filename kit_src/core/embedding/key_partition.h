@@ -44,6 +44,10 @@ struct PartitionResult {
   ScratchVector<int32_t> position;      // [sum of counts] where each id's row is in send_keys
 };
 
+// The error for an id outside [0, rows) of a static table: names the table, the id and the
+// valid range.
+Status IdOutOfRange(const std::string& table_name, int64_t id, int64_t rows);
+
 // Fills `result`. Fails with InvalidArgument naming the table, the id and the valid range
 // when an id is outside [0, rows) of its table; `result` is then unspecified.
 template <typename Tindex>

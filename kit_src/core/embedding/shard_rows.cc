@@ -1,9 +1,11 @@
 #include "kit_src/core/embedding/shard_rows.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
 #include "kit_src/core/block_pool.h"
+#include "kit_src/core/embedding/key_partition.h"
 #include "kit_src/core/embedding/packed_key.h"
 
 namespace sok {
@@ -29,6 +31,48 @@ Status GatherShardRows(const std::vector<ShardView<T>>& shards, int64_t dim, con
   });
   return Status::Ok();
 }
+
+template <typename T, typename Tindex>
+Status GatherSingleIds(const std::vector<SingleIdLookup<T, Tindex>>& lookups, int64_t dim,
+                       const ParallelFor& parallel_for) {
+  std::vector<int64_t> first(lookups.size() + 1, 0);  // one parallel loop over all lookups
+  for (size_t l = 0; l < lookups.size(); ++l) {
+    const SingleIdLookup<T, Tindex>& lookup = lookups[l];
+    for (int64_t i = 0; i < lookup.count; ++i) {  // validate before touching memory
+      const int64_t id = static_cast<int64_t>(lookup.ids[i]);
+      if (id < 0 || id >= lookup.table->rows) {
+        return IdOutOfRange(*lookup.table_name, id, lookup.table->rows);
+      }
+    }
+    first[l + 1] = first[l] + lookup.count;
+  }
+  constexpr int64_t kAhead = 8;  // rows requested ahead: tables are far larger than the caches
+  parallel_for(first.back(), dim * 2, [&](int64_t begin, int64_t end) {
+    size_t l = std::upper_bound(first.begin(), first.end(), begin) - first.begin() - 1;
+    for (int64_t g = begin; g < end; ++l) {
+      const SingleIdLookup<T, Tindex>& lookup = lookups[l];
+      const int64_t last = std::min(end, first[l + 1]) - first[l];
+      const T* table = lookup.table->data;
+      for (int64_t i = g - first[l]; i < last; ++i) {
+        if (i + kAhead < last) {
+          const char* ahead = reinterpret_cast<const char*>(table + lookup.ids[i + kAhead] * dim);
+          for (int64_t b = 0; b < dim * static_cast<int64_t>(sizeof(T)); b += 64) {
+            __builtin_prefetch(ahead + b);
+          }
+        }
+        std::memcpy(lookup.output + i * dim, table + static_cast<int64_t>(lookup.ids[i]) * dim,
+                    dim * sizeof(T));
+      }
+      g = first[l] + last;
+    }
+  });
+  return Status::Ok();
+}
+
+template Status GatherSingleIds<float, int32_t>(const std::vector<SingleIdLookup<float, int32_t>>&,
+                                                int64_t, const ParallelFor&);
+template Status GatherSingleIds<float, int64_t>(const std::vector<SingleIdLookup<float, int64_t>>&,
+                                                int64_t, const ParallelFor&);
 
 Status CountKeysPerTable(const int64_t* keys, int64_t n, int32_t num_tables,
                          std::vector<int64_t>* counts) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kit_src/core/parallel.h"
@@ -21,6 +22,23 @@ struct ShardView {
 template <typename T>
 Status GatherShardRows(const std::vector<ShardView<T>>& shards, int64_t dim, const int64_t* keys,
                        int64_t n, T* out, const ParallelFor& parallel_for);
+
+// A lookup whose samples hold exactly one id each, on one worker: sample i's output is row
+// ids[i] of its table, whatever the combiner, with no dedup and no exchange.
+template <typename T, typename Tindex>
+struct SingleIdLookup {
+  const Tindex* ids = nullptr;  // [count] rows of the table
+  int64_t count = 0;
+  const ShardView<T>* table = nullptr;
+  const std::string* table_name = nullptr;  // for the out-of-range error
+  T* output = nullptr;          // [count, dim]
+};
+
+// Fills every lookup's output; fails with IdOutOfRange, before writing, on an id outside
+// its table.
+template <typename T, typename Tindex>
+Status GatherSingleIds(const std::vector<SingleIdLookup<T, Tindex>>& lookups, int64_t dim,
+                       const ParallelFor& parallel_for);
 
 // counts[t] = number of keys naming table t; fails on a key naming no table of `num_tables`.
 Status CountKeysPerTable(const int64_t* keys, int64_t n, int32_t num_tables,

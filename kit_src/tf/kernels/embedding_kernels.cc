@@ -168,6 +168,71 @@ class GatherShardRowsOp : public tf::OpKernel {
 REGISTER_KERNEL_BUILDER(Name("Sok>GatherShardRows").Device(tf::DEVICE_CPU).TypeConstraint<float>("dtype"),
                         GatherShardRowsOp<float>);
 
+// One worker, one id per sample: rows straight from the tables (see Sok>GatherSingleIds).
+template <typename Tindex>
+class GatherSingleIdsOp : public tf::OpKernel {
+ public:
+  explicit GatherSingleIdsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
+    OP_REQUIRES(ctx, static_cast<int>(table_names_.size()) * 3 == ctx->num_inputs(),
+                tf::errors::InvalidArgument("table_names needs one entry per lookup"));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const int n = ctx->num_inputs() / 3;
+    // Lookups may share a table: lock each variable once.
+    std::vector<tf::core::RefCountPtr<tf::Var>> vars(n);
+    std::vector<std::unique_ptr<tf::tf_shared_lock>> locks;
+    std::vector<ShardView<float>> views(n);
+    for (int l = 0; l < n; ++l) {
+      OP_REQUIRES_OK(ctx, tf::LookupResource(ctx, tf::HandleFromInput(ctx, l), &vars[l]));
+      bool seen = false;
+      for (int k = 0; k < l; ++k) seen = seen || vars[k].get() == vars[l].get();
+      if (!seen) locks.push_back(std::make_unique<tf::tf_shared_lock>(*vars[l]->mu()));
+      const tf::Tensor& table = *vars[l]->tensor();
+      OP_REQUIRES(ctx, table.dtype() == tf::DT_FLOAT && table.dims() == 2 &&
+                           table.dim_size(1) == dim_,
+                  tf::errors::InvalidArgument("table '", table_names_[l], "' must be float32 [rows, ",
+                                              dim_, "], got ", tf::DataTypeString(table.dtype()),
+                                              " ", table.shape().DebugString()));
+      views[l] = ShardView<float>{table.flat<float>().data(), table.dim_size(0)};
+    }
+    std::vector<SingleIdLookup<float, Tindex>> lookups(n);
+    for (int l = 0; l < n; ++l) {
+      const tf::Tensor& ids = ctx->input(n + l);
+      const tf::Tensor& splits = ctx->input(2 * n + l);
+      OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(ids.shape()) &&
+                           splits.NumElements() == ids.NumElements() + 1,
+                  tf::errors::InvalidArgument("lookup ", l, " must hold one id per sample: ",
+                                              ids.NumElements(), " ids for ",
+                                              splits.NumElements() - 1, " samples"));
+      tf::Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, l, tf::TensorShape({ids.NumElements(), dim_}),
+                                               &out));
+      lookups[l] = SingleIdLookup<float, Tindex>{ids.flat<Tindex>().data(), ids.NumElements(),
+                                                 &views[l], &table_names_[l],
+                                                 out->flat<float>().data()};
+    }
+    SOK_OP_REQUIRES_OK(ctx, GatherSingleIds(lookups, dim_, CpuParallelFor(ctx)));
+  }
+
+ private:
+  int64_t dim_ = 0;
+  std::vector<std::string> table_names_;
+};
+
+#define REGISTER_SINGLE_IDS(Tindex)                                                         \
+  REGISTER_KERNEL_BUILDER(Name("Sok>GatherSingleIds")                                      \
+                              .Device(tf::DEVICE_CPU)                                      \
+                              .TypeConstraint<Tindex>("Tindex")                            \
+                              .TypeConstraint<float>("dtype"),                             \
+                          GatherSingleIdsOp<Tindex>)
+REGISTER_SINGLE_IDS(int32_t);
+REGISTER_SINGLE_IDS(int64_t);
+#undef REGISTER_SINGLE_IDS
+
+
 template <typename T>
 class SplitGradientByTableOp : public tf::OpKernel {
  public:

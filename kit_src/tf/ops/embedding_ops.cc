@@ -94,6 +94,37 @@ REGISTER_OP("Sok>SplitGradientByTable")
     })
     .Doc("Gradient of GatherShardRows: the rows' gradients grouped by the table they belong to.");
 
+REGISTER_OP("Sok>GatherSingleIds")
+    .Input("tables: N * resource")
+    .Input("ids: N * Tindex")
+    .Input("row_splits: N * int64")
+    .Output("outputs: N * dtype")
+    .Attr("N: int >= 1")
+    .Attr("Tindex: {int32, int64}")
+    .Attr("dtype: {float}")
+    .Attr("dim: int >= 1")
+    .Attr("table_names: list(string)")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      int64_t n = 0, dim = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      for (int64_t l = 0; l < n; ++l) {
+        ShapeHandle ids, splits;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(n + l), 1, &ids));
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n + l), 1, &splits));
+        DimensionHandle batch;
+        TF_RETURN_IF_ERROR(c->Subtract(c->Dim(splits, 0), 1, &batch));
+        c->set_output(l, c->Matrix(batch, dim));
+      }
+      return Status();
+    })
+    .Doc(R"doc(
+One worker, every sample holding exactly one id (row_splits l is 0, 1, ..., batch; checked):
+output l is rows ids[l] of table l (any
+combiner pools one row to itself). No dedup and no exchange; the tables' gradients are the
+outputs' gradients as IndexedSlices over the ids.
+)doc");
+
 namespace {
 
 Status CombineShapes(InferenceContext* c, int first_splits) {
