@@ -168,6 +168,12 @@ def _fused_group(lookups, dim, dynamic=False, training=True, low_frequency_filte
     empty = tf.zeros([0], tf.float32)
     weights = [empty if lookup.weights is None else lookup.weights for lookup in lookups]
     combiners = [lookup.combiner for lookup in lookups]
+    if not dynamic and communication.num_workers() == 1:
+        # Nothing to exchange: pool each sample's rows straight from the shards.
+        return raw_ops.sok_combine_from_shards(
+            shards=[table.handle for table in tables], keys=send_keys, position=position,
+            row_splits=row_splits, weights=weights, combiners=combiners, dtype=tf.float32,
+            dim=dim)
     received_keys, received_splits = communication.alltoall(send_keys, splits)
     # Compute on the owner.
     if dynamic:
@@ -323,6 +329,21 @@ def _dynamic_gather_rows_grad(op, grad):
     indices, values = raw_ops.sok_split_dynamic_gradient(
         keys=op.inputs[num_tables], grad=tf.convert_to_tensor(grad), num_tables=num_tables)
     return [tf.IndexedSlices(v, i) for i, v in zip(indices, values)] + [None]
+
+
+@tf.RegisterGradient("Sok>CombineFromShards")
+def _combine_from_shards_grad(op, *output_grads):
+    num_tables, n = op.get_attr("num_tables"), op.get_attr("N")
+    keys, position = op.inputs[num_tables], op.inputs[num_tables + 1]
+    row_splits = list(op.inputs[num_tables + 2:num_tables + 2 + n])
+    weights = list(op.inputs[num_tables + 2 + n:num_tables + 2 + 2 * n])
+    rows_grad = raw_ops.sok_combine_backward(
+        output_grads=_dense_output_grads(op, output_grads), position=position,
+        row_splits=row_splits, weights=weights, num_rows=tf.size(keys, out_type=tf.int64),
+        combiners=op.get_attr("combiners"))
+    indices, values = raw_ops.sok_split_gradient_by_table(keys=keys, grad=rows_grad,
+                                                          num_tables=num_tables)
+    return _table_gradients(op, indices, values) + [None] * (2 + 2 * n)
 
 
 @tf.RegisterGradient("Sok>CombineForward")

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "kit_src/core/block_pool.h"
+#include "kit_src/core/embedding/shard_rows.h"
 
 namespace sok {
 namespace {
@@ -197,6 +198,9 @@ Status CombineBackward(int64_t num_rows, int64_t dim, const std::vector<PooledLo
 
 template Status CombineForward<float, DenseRows<const float>>(
     const DenseRows<const float>&, int64_t, int64_t, const std::vector<PooledLookup<float>>&,
+    const ParallelFor&);
+template Status CombineForward<float, PackedKeyRows<float>>(
+    const PackedKeyRows<float>&, int64_t, int64_t, const std::vector<PooledLookup<float>>&,
     const ParallelFor&);
 template Status CombineBackward<float, DenseRows<float>>(
     int64_t, int64_t, const std::vector<PooledLookup<float>>&, const DenseRows<float>&,

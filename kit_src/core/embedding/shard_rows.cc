@@ -11,10 +11,10 @@
 namespace sok {
 
 template <typename T>
-Status GatherShardRows(const std::vector<ShardView<T>>& shards, int64_t dim, const int64_t* keys,
-                       int64_t n, T* out, const ParallelFor& parallel_for) {
+Status ValidatePackedKeys(const std::vector<ShardView<T>>& shards, const int64_t* keys,
+                          int64_t n) {
   const int32_t num_tables = static_cast<int32_t>(shards.size());
-  for (int64_t i = 0; i < n; ++i) {  // validate before touching memory
+  for (int64_t i = 0; i < n; ++i) {
     const int32_t t = PackedTable(keys[i]);
     if (keys[i] < 0 || t >= num_tables || PackedRow(keys[i]) >= shards[t].rows) {
       return Status::InvalidArgument(
@@ -23,6 +23,14 @@ Status GatherShardRows(const std::vector<ShardView<T>>& shards, int64_t dim, con
           std::to_string(num_tables) + " local shards");
     }
   }
+  return Status::Ok();
+}
+
+template <typename T>
+Status GatherShardRows(const std::vector<ShardView<T>>& shards, int64_t dim, const int64_t* keys,
+                       int64_t n, T* out, const ParallelFor& parallel_for) {
+  Status status = ValidatePackedKeys(shards, keys, n);  // before touching memory
+  if (!status.ok()) return status;
   parallel_for(n, dim * 2, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const ShardView<T>& shard = shards[PackedTable(keys[i])];
@@ -69,6 +77,8 @@ Status GatherSingleIds(const std::vector<SingleIdLookup<T, Tindex>>& lookups, in
   return Status::Ok();
 }
 
+template Status ValidatePackedKeys<float>(const std::vector<ShardView<float>>&, const int64_t*,
+                                          int64_t);
 template Status GatherSingleIds<float, int32_t>(const std::vector<SingleIdLookup<float, int32_t>>&,
                                                 int64_t, const ParallelFor&);
 template Status GatherSingleIds<float, int64_t>(const std::vector<SingleIdLookup<float, int64_t>>&,

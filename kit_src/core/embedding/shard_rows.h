@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kit_src/core/embedding/packed_key.h"
 #include "kit_src/core/parallel.h"
 #include "kit_src/core/status.h"
 
@@ -16,6 +17,22 @@ template <typename T>
 struct ShardView {
   const T* data = nullptr;
   int64_t rows = 0;
+};
+
+// Fails unless every packed key names a row of one of the shards.
+template <typename T>
+Status ValidatePackedKeys(const std::vector<ShardView<T>>& shards, const int64_t* keys, int64_t n);
+
+// Row p of the logical matrix of keys' rows, read in place from the shards (for pooling
+// straight from the tables when no exchange needs the rows gathered first).
+template <typename T>
+struct PackedKeyRows {
+  const int64_t* keys;      // [n] packed keys, validated
+  const T* const* bases;    // per table: its shard's first row
+  int64_t dim;
+  const T* operator()(int64_t p) const {
+    return bases[PackedTable(keys[p])] + PackedRow(keys[p]) * dim;
+  }
 };
 
 // out[i] = shards[PackedTable(keys[i])] row PackedRow(keys[i]); out is [n, dim].

@@ -403,6 +403,50 @@ REGISTER_KERNEL_BUILDER(Name("Sok>CombineForward").Device(tf::DEVICE_CPU).TypeCo
                         CombineForwardOp<float>);
 
 template <typename T>
+class CombineFromShardsOp : public tf::OpKernel {
+ public:
+  explicit CombineFromShardsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadCombiners(ctx, &combiners_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const int num_tables = static_cast<int>(num_tables_);
+    const tf::Tensor& keys = ctx->input(num_tables);
+    OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(keys.shape()),
+                tf::errors::InvalidArgument("keys must be a vector, got ",
+                                            keys.shape().DebugString()));
+    LockedShards<T> shards;
+    OP_REQUIRES_OK(ctx, shards.Lock(ctx, num_tables, dim_));
+    const int64_t* key_data = keys.flat<int64_t>().data();
+    SOK_OP_REQUIRES_OK(ctx, ValidatePackedKeys(shards.views(), key_data, keys.NumElements()));
+    std::vector<PooledLookup<T>> lookups;
+    OP_REQUIRES_OK(ctx, ReadPooledLookups<T>(ctx, num_tables + 1, num_tables + 2, combiners_,
+                                             &lookups));
+    for (size_t l = 0; l < lookups.size(); ++l) {
+      tf::Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, static_cast<int>(l),
+                                               tf::TensorShape({lookups[l].batch, dim_}), &out));
+      lookups[l].output = out->flat<T>().data();
+    }
+    std::vector<const T*> bases(shards.bases().begin(), shards.bases().end());
+    const PackedKeyRows<T> source{key_data, bases.data(), dim_};
+    SOK_OP_REQUIRES_OK(ctx, CombineForward(source, keys.NumElements(), dim_, lookups,
+                                           CpuParallelFor(ctx)));
+  }
+
+ private:
+  std::vector<Combiner> combiners_;
+  int64_t num_tables_ = 0;
+  int64_t dim_ = 0;
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("Sok>CombineFromShards").Device(tf::DEVICE_CPU).TypeConstraint<float>("dtype"),
+    CombineFromShardsOp<float>);
+
+template <typename T>
 class CombineBackwardOp : public tf::OpKernel {
  public:
   explicit CombineBackwardOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {

@@ -164,6 +164,40 @@ REGISTER_OP("Sok>CombineForward")
     })
     .Doc("Pools the rows of each sample of each lookup with its combiner and weights.");
 
+REGISTER_OP("Sok>CombineFromShards")
+    .Input("shards: num_tables * resource")
+    .Input("keys: int64")
+    .Input("position: int32")
+    .Input("row_splits: N * int64")
+    .Input("weights: N * float")
+    .Output("outputs: N * dtype")
+    .Attr("num_tables: int >= 1")
+    .Attr("N: int >= 1")
+    .Attr("dtype: {float}")
+    .Attr("dim: int >= 1")
+    .Attr("combiners: list(string)")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      int64_t num_tables = 0, n = 0, dim = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &num_tables));
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      ShapeHandle keys, position;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(num_tables), 1, &keys));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(num_tables + 1), 1, &position));
+      TF_RETURN_IF_ERROR(CombineShapes(c, num_tables + 2));
+      for (int64_t l = 0; l < n; ++l) {
+        DimensionHandle batch;
+        TF_RETURN_IF_ERROR(c->Subtract(c->Dim(c->input(num_tables + 2 + l), 0), 1, &batch));
+        c->set_output(l, c->Matrix(batch, dim));
+      }
+      return Status();
+    })
+    .Doc(R"doc(
+One worker: GatherShardRows and CombineForward in one pass, pooling each sample's rows
+straight from the shards (no [keys, dim] intermediate). Its gradient is CombineBackward
+then SplitGradientByTable, as for the two-op chain.
+)doc");
+
 REGISTER_OP("Sok>CombineBackward")
     .SetIsStateful()  // part of a collective chain: never pruned or folded
     .Input("output_grads: N * dtype")
