@@ -44,16 +44,16 @@ def main():
     def sok_forward():
         ids, offsets = next_batch()
         capi.check(lib.sok_pooled_lookup_forward(table.data_ptr(), DIM, ids.data_ptr(),
-                                                 offsets.data_ptr(), None, BAGS, 0,
+                                                 offsets.data_ptr(), None, BAGS, len(ids), 0,
                                                  out.data_ptr(), stream))
 
     def sok_train():
         ids, offsets = next_batch()
         capi.check(lib.sok_pooled_lookup_forward(table.data_ptr(), DIM, ids.data_ptr(),
-                                                 offsets.data_ptr(), None, BAGS, 0,
+                                                 offsets.data_ptr(), None, BAGS, len(ids), 0,
                                                  out.data_ptr(), stream))
         capi.check(lib.sok_pooled_sgd_backward(table.data_ptr(), DIM, ids.data_ptr(),
-                                               offsets.data_ptr(), None, BAGS, 0,
+                                               offsets.data_ptr(), None, BAGS, len(ids), 0,
                                                grad.data_ptr(), 0.01, stream))
 
     bag = torch.nn.EmbeddingBag(ROWS, DIM, mode="sum", sparse=True).cuda()

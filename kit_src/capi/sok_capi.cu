@@ -42,20 +42,21 @@ int sok_dot_interaction_backward_f16(const void* features, const void* output_gr
       static_cast<__half*>(features_grad), static_cast<cudaStream_t>(stream)));
 }
 
-// Pooled lookup of `bags` bags from table [rows, dim]; weights may be null; mean != 0 for mean.
+// Pooled lookup of `bags` bags (nnz ids in all) from table [rows, dim]; weights may be null;
+// mean != 0 for mean.
 int sok_pooled_lookup_forward(const float* table, int64_t dim, const int64_t* ids,
                               const int64_t* offsets, const float* weights, int64_t bags,
-                              int mean, float* output, void* stream) {
-  const sok::PooledBatch batch{ids, offsets, weights, bags, mean != 0};
+                              int64_t nnz, int mean, float* output, void* stream) {
+  const sok::PooledBatch batch{ids, offsets, weights, bags, nnz, mean != 0};
   return static_cast<int>(sok::PooledLookupForwardGpu(table, dim, batch, output,
                                                       static_cast<cudaStream_t>(stream)));
 }
 
 // Fused backward + SGD update of the rows the bags used.
 int sok_pooled_sgd_backward(float* table, int64_t dim, const int64_t* ids, const int64_t* offsets,
-                            const float* weights, int64_t bags, int mean,
+                            const float* weights, int64_t bags, int64_t nnz, int mean,
                             const float* output_grad, float lr, void* stream) {
-  const sok::PooledBatch batch{ids, offsets, weights, bags, mean != 0};
+  const sok::PooledBatch batch{ids, offsets, weights, bags, nnz, mean != 0};
   return static_cast<int>(sok::PooledSgdBackwardGpu(table, dim, batch, output_grad, lr,
                                                     static_cast<cudaStream_t>(stream)));
 }

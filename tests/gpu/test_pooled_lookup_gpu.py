@@ -35,9 +35,10 @@ def reference(table64, ids, lengths, weights, mean):
 @pytest.mark.parametrize("dim", [1, 16, 100, 128, 300])
 @pytest.mark.parametrize("mean", [False, True])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_forward_and_sgd_backward_match_float64(dim, mean, weighted):
-    g = torch.Generator(device="cuda").manual_seed(dim * 4 + mean * 2 + weighted)
-    rows, bags = 1000, 257
+@pytest.mark.parametrize("bags", [257, 3001])  # the backward sorts chunks of lookups
+def test_forward_and_sgd_backward_match_float64(dim, mean, weighted, bags):
+    g = torch.Generator(device="cuda").manual_seed(dim * 4 + mean * 2 + weighted + bags)
+    rows = 1000
     lengths = torch.randint(0, 6, (bags,), device="cuda", generator=g)
     offsets = torch.zeros(bags + 1, dtype=torch.int64, device="cuda")
     offsets[1:] = torch.cumsum(lengths, 0)
@@ -48,7 +49,7 @@ def test_forward_and_sgd_backward_match_float64(dim, mean, weighted):
     stream = torch.cuda.current_stream().cuda_stream
     wptr = weights.data_ptr() if weighted else None
     capi.check(LIB.sok_pooled_lookup_forward(table.data_ptr(), dim, ids.data_ptr(),
-                                             offsets.data_ptr(), wptr, bags, int(mean),
+                                             offsets.data_ptr(), wptr, bags, len(ids), int(mean),
                                              out.data_ptr(), stream))
     table64 = table.double()
     expected, owner, w, safe, denominator = reference(table64, ids, lengths, weights, mean)
@@ -60,7 +61,7 @@ def test_forward_and_sgd_backward_match_float64(dim, mean, weighted):
     scale = torch.where(denominator[owner] == 0, torch.zeros_like(w), w / safe[owner])
     updated = table64.index_add(0, ids, -lr * scale[:, None] * grad.double()[owner])
     capi.check(LIB.sok_pooled_sgd_backward(table.data_ptr(), dim, ids.data_ptr(),
-                                           offsets.data_ptr(), wptr, bags, int(mean),
+                                           offsets.data_ptr(), wptr, bags, len(ids), int(mean),
                                            grad.data_ptr(), lr, stream))
     torch.cuda.synchronize()
     assert ((table.double() - updated).norm() / updated.norm()).item() < 1e-6

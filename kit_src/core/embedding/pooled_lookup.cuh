@@ -1,6 +1,6 @@
 // CUDA pooled lookup straight from a table (one worker's rows, device memory) and its fused
 // SGD backward: the rows each bag used move by -lr * (the bag's gradient share), applied with
-// atomics so duplicate ids add up without a sort (exact for SGD: the update is linear).
+// atomics (exact for SGD: the update is linear); equal ids are summed per block first.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,6 +14,7 @@ struct PooledBatch {
   const int64_t* offsets = nullptr;  // [bags + 1] bag b uses ids[offsets[b], offsets[b + 1])
   const float* weights = nullptr;    // [nnz] or nullptr for all ones
   int64_t bags = 0;
+  int64_t nnz = 0;                   // ids in the batch (offsets[bags]), known on the host
   bool mean = false;                 // mean instead of sum (weights summed per bag)
 };
 
