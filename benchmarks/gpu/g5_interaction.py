@@ -14,19 +14,15 @@ from gpu_timing import results_dir, time_ms  # noqa: E402
 B, F, D = 65536, 27, 128
 
 
-def main():
-    lib = capi.load()
-    x = torch.randn(B, F, D, device="cuda")
-    width = D + F * (F - 1) // 2
-    out = torch.empty(B, width, device="cuda")
-    grad = torch.randn(B, width, device="cuda")
+def measure(x, grad, forward, backward):
+    """(sok ms, torch ms) of forward + backward on features x and output gradient grad."""
+    out = torch.empty(grad.shape, device="cuda", dtype=x.dtype)
     dx = torch.empty_like(x)
     stream = torch.cuda.current_stream().cuda_stream
 
     def sok_step():
-        capi.check(lib.sok_dot_interaction_forward(x.data_ptr(), out.data_ptr(), B, F, D, stream))
-        capi.check(lib.sok_dot_interaction_backward(x.data_ptr(), grad.data_ptr(), dx.data_ptr(),
-                                                    B, F, D, stream))
+        capi.check(forward(x.data_ptr(), out.data_ptr(), B, F, D, stream))
+        capi.check(backward(x.data_ptr(), grad.data_ptr(), dx.data_ptr(), B, F, D, stream))
 
     rows, cols = torch.tril_indices(F, F, offset=-1, device="cuda")
     xt = x.clone().requires_grad_(True)
@@ -37,28 +33,21 @@ def main():
         (gx,) = torch.autograd.grad(y, xt, grad)
         return gx
 
-    sok_ms, torch_ms = time_ms(sok_step), time_ms(torch_step)
+    return time_ms(sok_step), time_ms(torch_step)
+
+
+def main():
+    lib = capi.load()
+    x = torch.randn(B, F, D, device="cuda")
+    width = D + F * (F - 1) // 2
+    grad = torch.randn(B, width, device="cuda")
+    sok_ms, torch_ms = measure(x, grad, lib.sok_dot_interaction_forward,
+                               lib.sok_dot_interaction_backward)
     bytes_moved = 4 * (2 * B * F * D + 2 * B * width)  # read x twice, write out, read grad
-
     # float16 (mixed precision): sok sums in float32; torch runs bmm in float16 (tensor cores).
-    x16, grad16 = x.half(), grad.half()
-    out16, dx16 = torch.empty(B, width, device="cuda", dtype=torch.float16), torch.empty_like(x16)
-
-    def sok_step_f16():
-        capi.check(lib.sok_dot_interaction_forward_f16(x16.data_ptr(), out16.data_ptr(), B, F, D,
-                                                       stream))
-        capi.check(lib.sok_dot_interaction_backward_f16(x16.data_ptr(), grad16.data_ptr(),
-                                                        dx16.data_ptr(), B, F, D, stream))
-
-    xt16 = x16.clone().requires_grad_(True)
-
-    def torch_step_f16():
-        products = torch.bmm(xt16, xt16.transpose(1, 2))
-        y = torch.cat([xt16[:, 0], products[:, rows, cols]], dim=1)
-        (gx,) = torch.autograd.grad(y, xt16, grad16)
-        return gx
-
-    sok16_ms, torch16_ms = time_ms(sok_step_f16), time_ms(torch_step_f16)
+    sok16_ms, torch16_ms = measure(x.half(), grad.half(),
+                                   lib.sok_dot_interaction_forward_f16,
+                                   lib.sok_dot_interaction_backward_f16)
     result = {"benchmark": "G5 dot interaction fwd+bwd", "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "config": {"batch": B, "features": F, "dim": D},
               "sok_ms": round(sok_ms, 4), "torch_ms": round(torch_ms, 4),

@@ -39,6 +39,16 @@ tf::Status CheckKeys(const tf::Tensor& keys) {
   return tf::Status();
 }
 
+// Allocates output `index` with `shape` and copies `data` (row-major, shape's elements) in.
+template <typename T>
+tf::Status CopyToOutput(tf::OpKernelContext* ctx, int index, const tf::TensorShape& shape,
+                        const std::vector<T>& data) {
+  tf::Tensor* out = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &out));
+  if (!data.empty()) std::memcpy(out->flat<T>().data(), data.data(), data.size() * sizeof(T));
+  return tf::Status();
+}
+
 }  // namespace
 
 class DynamicTableCreateOp : public tf::OpKernel {
@@ -195,16 +205,9 @@ class DynamicTableExportOp : public tf::OpKernel {
     table->table().Export(&keys, &values, &state);
     const int64_t n = static_cast<int64_t>(keys.size());
     const int64_t dim = table->table().dim(), state_dim = table->table().state_dim();
-    tf::Tensor *keys_out = nullptr, *values_out = nullptr, *state_out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({n}), &keys_out));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tf::TensorShape({n, dim}), &values_out));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({n, state_dim}), &state_out));
-    if (n == 0) return;
-    std::memcpy(keys_out->flat<int64_t>().data(), keys.data(), n * sizeof(int64_t));
-    std::memcpy(values_out->flat<float>().data(), values.data(), values.size() * sizeof(float));
-    if (!state.empty()) {
-      std::memcpy(state_out->flat<float>().data(), state.data(), state.size() * sizeof(float));
-    }
+    OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 0, tf::TensorShape({n}), keys));
+    OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 1, tf::TensorShape({n, dim}), values));
+    OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 2, tf::TensorShape({n, state_dim}), state));
   }
 };
 REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableExport").Device(tf::DEVICE_CPU), DynamicTableExportOp);
@@ -223,12 +226,8 @@ class DynamicTableExportWrittenOp : public tf::OpKernel {
     std::vector<float> values;
     table->table().Export(&keys, &values, nullptr, since.scalar<int64_t>()());
     const int64_t n = static_cast<int64_t>(keys.size()), dim = table->table().dim();
-    tf::Tensor *keys_out = nullptr, *values_out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({n}), &keys_out));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tf::TensorShape({n, dim}), &values_out));
-    if (n == 0) return;
-    std::memcpy(keys_out->flat<int64_t>().data(), keys.data(), n * sizeof(int64_t));
-    std::memcpy(values_out->flat<float>().data(), values.data(), values.size() * sizeof(float));
+    OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 0, tf::TensorShape({n}), keys));
+    OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 1, tf::TensorShape({n, dim}), values));
   }
 };
 REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableExportWritten").Device(tf::DEVICE_CPU),
