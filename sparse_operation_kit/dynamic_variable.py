@@ -238,8 +238,10 @@ def incremental_model_dump(variables, time_threshold):
 
     Args:
       variables: a `sok.DynamicVariable` or a list of them.
-      time_threshold: seconds since the Unix epoch, as `time.time()` returns (microsecond
-        resolution); rows inserted, assigned or updated by an optimizer after it are dumped.
+      time_threshold: seconds since the Unix epoch, as `time.time()` returns; rows inserted,
+        assigned or updated by an optimizer after it are dumped. Write times are kept to the
+        millisecond (rows written in the threshold's millisecond are included too) for 49.7
+        days after the table's creation; later writes all count as recent.
 
     Returns:
       A list with one (keys, values) pair per variable: the keys this worker holds whose

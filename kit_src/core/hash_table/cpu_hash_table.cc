@@ -29,7 +29,8 @@ uint64_t HashKey(int64_t key) {
 }  // namespace
 
 CpuHashTable::CpuHashTable(const HashTableOptions& options, const RowInitializer& initializer)
-    : options_(options), initializer_(initializer) {
+    : options_(options), initializer_(initializer), created_us_(NowMicros()) {
+  SetLayout();
   Rehash(SlotsFor(std::max<int64_t>(1, std::min(options.init_capacity, options.max_capacity))));
 }
 
@@ -44,7 +45,7 @@ int64_t CpuHashTable::NowMicros() {
       .count();
 }
 
-void CpuHashTable::ReadValue(int64_t slot, float* out) const {
+void CpuHashTable::WidenValue(int64_t slot, float* out) const {
   const float* row = Row(slot);
   const int64_t dim = options_.dim;
   switch (options_.value_type) {
@@ -84,15 +85,16 @@ void CpuHashTable::WriteValue(const float* value, int64_t slot) {
   }
 }
 
-void CpuHashTable::InitializeValue(int64_t key, int64_t slot) {
-  if (options_.value_type == ValueType::kFloat32) {
-    initializer_.Fill(key, Row(slot), options_.dim);
-    return;
-  }
+void CpuHashTable::InitializeNarrowValue(int64_t key, int64_t slot) {
   thread_local std::vector<float> wide;  // inserts run on several threads at once
   wide.resize(options_.dim);
   initializer_.Fill(key, wide.data(), options_.dim);
   WriteValue(wide.data(), slot);
+}
+
+uint32_t CpuHashTable::StampAt(int64_t time_us) const {
+  const int64_t ms = (time_us - created_us_) / 1000;
+  return static_cast<uint32_t>(std::clamp<int64_t>(ms, 0, kStampBits));
 }
 
 int64_t CpuHashTable::Home(int64_t key) const {
@@ -108,21 +110,22 @@ int64_t CpuHashTable::FindSlot(int64_t key, int64_t home) const {
 
 void CpuHashTable::Touch(int64_t slot, uint64_t clock) {
   if (options_.evict == EvictStrategy::kNone) return;  // scores only order evictions
+  std::atomic<uint64_t>& meta = slots_[slot].meta;
   if (options_.evict == EvictStrategy::kLfu) {
-    slots_[slot].meta.fetch_add(1, std::memory_order_relaxed);
-  } else {
-    slots_[slot].meta.store(kOccupied | clock, std::memory_order_relaxed);
+    if (Score(slot) < kMaxScore) meta.fetch_add(uint64_t{1} << kScoreShift, std::memory_order_relaxed);
+  } else {  // the occupied bit and the write stamp stay
+    const uint64_t score = std::min(clock, kMaxScore) << kScoreShift;
+    meta.store((meta.load(std::memory_order_relaxed) & ~kScoreBits) | score,
+               std::memory_order_relaxed);
   }
 }
 
 void CpuHashTable::Rehash(int64_t num_slots) {
   HugePageArray<Slot> old_slots = std::move(slots_);
   HugePageArray<float> old_values = std::move(values_);
-  HugePageArray<int64_t> old_written = std::move(written_us_);
   const int64_t width = RowWidth();
   slots_ = HugePageArray<Slot>(num_slots);  // zeroed: every slot empty
   values_ = HugePageArray<float>(num_slots * width);
-  written_us_ = HugePageArray<int64_t>(num_slots);
   mask_ = num_slots - 1;
   for (int64_t old = 0; old < old_slots.size(); ++old) {
     const uint64_t meta = old_slots[old].meta.load(std::memory_order_relaxed);
@@ -132,26 +135,24 @@ void CpuHashTable::Rehash(int64_t num_slots) {
     slots_[slot].key = old_slots[old].key;
     slots_[slot].meta.store(meta, std::memory_order_relaxed);
     std::memcpy(Row(slot), old_values.data() + old * width, width * sizeof(float));
-    written_us_[slot] = old_written[old];
   }
 }
 
-int64_t CpuHashTable::FindOrInsertSlot(int64_t key, int64_t now) {
+int64_t CpuHashTable::FindOrInsertSlot(int64_t key, uint32_t now) {
   int64_t slot = Home(key);
   for (; Occupied(slot); slot = (slot + 1) & mask_) {
     if (slots_[slot].key == key) return slot;
   }
   slots_[slot].key = key;
-  slots_[slot].meta.store(kOccupied, std::memory_order_relaxed);
+  slots_[slot].meta.store(kOccupied | now, std::memory_order_relaxed);
   InitializeValue(key, slot);
   FillInitialState(State(slot));
-  written_us_[slot] = now;
   ++size_;
   return slot;
 }
 
 template <typename Admit>
-int64_t CpuHashTable::ClaimSlot(int64_t key, int64_t home, int64_t now, const Admit& admit,
+int64_t CpuHashTable::ClaimSlot(int64_t key, int64_t home, uint32_t now, const Admit& admit,
                                 bool* inserted) {
   *inserted = false;
   for (int64_t slot = home;; slot = (slot + 1) & mask_) {
@@ -170,8 +171,7 @@ int64_t CpuHashTable::ClaimSlot(int64_t key, int64_t home, int64_t now, const Ad
     slots_[slot].key = key;
     InitializeValue(key, slot);
     FillInitialState(State(slot));
-    written_us_[slot] = now;
-    meta.store(kOccupied, std::memory_order_release);  // publishes key and row
+    meta.store(kOccupied | now, std::memory_order_release);  // publishes key and row
     *inserted = true;
     return slot;
   }
@@ -191,7 +191,7 @@ void CpuHashTable::InsertPass(const int64_t* keys, const int64_t* index, int64_t
   const int64_t dim = options_.dim;
   std::atomic<int64_t> inserted_total{0};
   const auto admit = [&](int64_t key) { return Admitted(key, clock, admit_probability); };
-  const int64_t now = NowMicros();
+  const uint32_t now = StampNow();
   parallel_for(count, 4 * dim + 150, [&](int64_t begin, int64_t end) {
     int64_t inserted_here = 0;
     InGroups<true>(keys, index, begin, end, [&](int64_t i, int64_t home) {
@@ -228,7 +228,6 @@ void CpuHashTable::EraseSlot(int64_t slot) {
     slots_[hole].meta.store(slots_[next].meta.load(std::memory_order_relaxed),
                             std::memory_order_relaxed);
     std::memcpy(Row(hole), Row(next), width * sizeof(float));
-    written_us_[hole] = written_us_[next];
     hole = next;
   }
   slots_[hole].meta.store(0, std::memory_order_relaxed);
@@ -347,10 +346,10 @@ Status CpuHashTable::Assign(const int64_t* keys, int64_t n, const float* values,
   Status status = Reserve(incoming);
   if (!status.ok()) return status;
   const uint64_t clock = clock_.fetch_add(1) + 1;
-  const int64_t now = NowMicros();
+  const uint32_t now = StampNow();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t slot = FindOrInsertSlot(keys[i], now);
-    written_us_[slot] = now;
+    Stamp(slot, now);
     WriteValue(values + i * options_.dim, slot);
     if (state != nullptr) {
       std::memcpy(State(slot), state + i * options_.state_dim,
@@ -367,6 +366,7 @@ void CpuHashTable::EnsureState(int64_t state_dim, float initial_value) {
   const int64_t old_width = RowWidth(), value_words = ValueWords(), slots = mask_ + 1;
   HugePageArray<float> old_values = std::move(values_);
   options_.state_dim = state_dim;
+  SetLayout();
   options_.state_initial_value = initial_value;
   values_ = HugePageArray<float>(slots * RowWidth());
   for (int64_t s = 0; s < slots; ++s) {
@@ -388,7 +388,7 @@ Status CpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values
   Rehash(SlotsFor(std::max<int64_t>(n, 1)));  // empties: Rehash keeps only occupied slots
   for (int64_t s = 0; s <= mask_; ++s) slots_[s].meta.store(0, std::memory_order_relaxed);
   size_ = 0;
-  const int64_t now = NowMicros();
+  const uint32_t now = StampNow();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t slot = FindOrInsertSlot(keys[i], now);
     WriteValue(values + i * options_.dim, slot);
@@ -420,8 +420,11 @@ void CpuHashTable::Export(std::vector<int64_t>* keys, std::vector<float>* values
   keys->clear();
   values->clear();
   if (state) state->clear();
+  // Stamps are milliseconds: keep every row stamped in the threshold's millisecond or later.
+  const bool all = written_after_us == INT64_MIN || written_after_us < created_us_;
+  const uint32_t since = all ? 0 : StampAt(written_after_us);
   for (int64_t s = 0; s <= mask_; ++s) {
-    if (!Occupied(s) || written_us_[s] <= written_after_us) continue;
+    if (!Occupied(s) || (!all && WriteStamp(s) < since)) continue;
     keys->push_back(slots_[s].key);
     values->resize(values->size() + dim);
     ReadValue(s, values->data() + values->size() - dim);

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -82,7 +83,9 @@ class CpuHashTable {
 
   // Every key with its value and state (state may be null), in slot order; with
   // `written_after_us`, only the keys whose row was last written (inserted, assigned or
-  // updated by an optimizer) after that time, in microseconds since the Unix epoch.
+  // updated by an optimizer) after that time, in microseconds since the Unix epoch. Write
+  // times are kept to the millisecond: rows written in the threshold's millisecond are
+  // included, and 2^32 ms (49.7 days) after the table's creation all writes look recent.
   void Export(std::vector<int64_t>* keys, std::vector<float>* values, std::vector<float>* state,
               int64_t written_after_us = INT64_MIN) const;
 
@@ -94,7 +97,7 @@ class CpuHashTable {
   void UpdateRows(const int64_t* keys, int64_t n, const Update& update,
                   const ParallelFor& parallel_for) {
     std::unique_lock<std::shared_mutex> lock(mutex_);
-    const int64_t now = NowMicros();
+    const uint32_t now = StampNow();
     const bool widen = options_.value_type != ValueType::kFloat32;
     parallel_for(n, 4 * RowWidth() + 50, [&](int64_t begin, int64_t end) {
       std::vector<float> wide(widen ? options_.dim : 0);
@@ -108,29 +111,56 @@ class CpuHashTable {
         } else {
           update(i, Row(slot), State(slot));
         }
-        written_us_[slot] = now;
+        Stamp(slot, now);
       });
     });
   }
 
  private:
-  // Floats a stored value occupies: dim, or dim / 2 rounded up for 16-bit values.
-  int64_t ValueWords() const {
-    return options_.value_type == ValueType::kFloat32 ? options_.dim : (options_.dim + 1) / 2;
+  // Floats a stored value occupies: dim, or dim / 2 rounded up for 16-bit values. Kept in
+  // members (set by SetLayout) because every probe computes row addresses.
+  int64_t ValueWords() const { return value_words_; }
+  int64_t RowWidth() const { return row_width_; }
+  void SetLayout() {
+    value_words_ =
+        options_.value_type == ValueType::kFloat32 ? options_.dim : (options_.dim + 1) / 2;
+    row_width_ = value_words_ + options_.state_dim;
   }
-  int64_t RowWidth() const { return ValueWords() + options_.state_dim; }
   float* Row(int64_t slot) { return values_.data() + slot * RowWidth(); }
   const float* Row(int64_t slot) const { return values_.data() + slot * RowWidth(); }
   float* State(int64_t slot) { return Row(slot) + ValueWords(); }
   const float* State(int64_t slot) const { return Row(slot) + ValueWords(); }
-  void ReadValue(int64_t slot, float* out) const;        // out: [dim], widened
+  // out: [dim], widened. Inline for float32 rows: it runs once per key of every lookup.
+  void ReadValue(int64_t slot, float* out) const {
+    if (options_.value_type == ValueType::kFloat32) {
+      std::memcpy(out, Row(slot), options_.dim * sizeof(float));
+    } else {
+      WidenValue(slot, out);
+    }
+  }
+  void WidenValue(int64_t slot, float* out) const;      // 16-bit rows
   void WriteValue(const float* value, int64_t slot);     // value: [dim], rounded
-  void InitializeValue(int64_t key, int64_t slot);       // the key's initial value
+  void InitializeValue(int64_t key, int64_t slot) {      // the key's initial value
+    if (options_.value_type == ValueType::kFloat32) {
+      initializer_.Fill(key, Row(slot), options_.dim);
+    } else {
+      InitializeNarrowValue(key, slot);
+    }
+  }
+  void InitializeNarrowValue(int64_t key, int64_t slot);  // 16-bit rows
   struct Slot {
     int64_t key;
-    std::atomic<uint64_t> meta;  // kOccupied | score
+    std::atomic<uint64_t> meta;  // kOccupied | score << 32 | write stamp
   };
+  // The slot's metadata word, so that one line holds all a probe or a write touches:
+  // bit 63 occupied, bit 62 claimed, bits 32-61 the eviction score (LRU: last call that used
+  // the key; LFU: uses; saturating), bits 0-31 the write stamp (ms since the table's
+  // creation, saturating).
   static constexpr uint64_t kOccupied = uint64_t{1} << 63;
+  static constexpr int kScoreShift = 32;
+  static constexpr uint64_t kMaxScore = (uint64_t{1} << 30) - 1;
+  static constexpr uint64_t kScoreBits = kMaxScore << kScoreShift;
+  static constexpr uint64_t kStampBits = 0xffffffffu;
   // An inserting thread owns the slot; the key and row are being written. Only seen inside
   // the exclusive lock's parallel insert pass.
   static constexpr uint64_t kClaimed = uint64_t{1} << 62;
@@ -138,9 +168,19 @@ class CpuHashTable {
     return slots_[slot].meta.load(std::memory_order_relaxed) & kOccupied;
   }
   uint64_t Score(int64_t slot) const {
-    return slots_[slot].meta.load(std::memory_order_relaxed) & ~kOccupied;
+    return (slots_[slot].meta.load(std::memory_order_relaxed) & kScoreBits) >> kScoreShift;
+  }
+  uint32_t WriteStamp(int64_t slot) const {
+    return static_cast<uint32_t>(slots_[slot].meta.load(std::memory_order_relaxed) & kStampBits);
+  }
+  void Stamp(int64_t slot, uint32_t stamp) {  // a write; one writer per slot at a time
+    std::atomic<uint64_t>& meta = slots_[slot].meta;
+    meta.store((meta.load(std::memory_order_relaxed) & ~kStampBits) | stamp,
+               std::memory_order_relaxed);
   }
   static int64_t NowMicros();
+  uint32_t StampAt(int64_t time_us) const;  // saturating ms since creation
+  uint32_t StampNow() const { return StampAt(NowMicros()); }
   int64_t Home(int64_t key) const;
   // Linear probing finds most keys in their home slot, so its row is worth fetching too.
   template <bool kForWrite>
@@ -173,11 +213,12 @@ class CpuHashTable {
       }
     }
   }
-  int64_t FindOrInsertSlot(int64_t key, int64_t now);  // exclusive lock; room reserved
+  int64_t FindOrInsertSlot(int64_t key, uint32_t now);  // exclusive lock; room reserved
   // Thread-safe find-or-insert for the parallel insert pass (exclusive lock held by the
   // caller, room reserved). Returns -1 for a missing key refused by `admit`.
   template <typename Admit>
-  int64_t ClaimSlot(int64_t key, int64_t home, int64_t now, const Admit& admit, bool* inserted);
+  int64_t ClaimSlot(int64_t key, int64_t home, uint32_t now, const Admit& admit,
+                    bool* inserted);
   // Find-or-insert of keys[index[j]] for j in [0, count) (every i when index is null), rows
   // to values; parallel. Exclusive lock; room reserved.
   void InsertPass(const int64_t* keys, const int64_t* index, int64_t count, float* values,
@@ -194,6 +235,8 @@ class CpuHashTable {
   void FillInitialState(float* state) const;
 
   HashTableOptions options_;
+  int64_t value_words_ = 0;
+  int64_t row_width_ = 0;
   RowInitializer initializer_;
   mutable std::shared_mutex mutex_;
   std::atomic<uint64_t> clock_{0};
@@ -201,7 +244,7 @@ class CpuHashTable {
   int64_t mask_ = 0;                      // slots - 1; slots is a power of two
   HugePageArray<Slot> slots_;
   HugePageArray<float> values_;
-  HugePageArray<int64_t> written_us_;      // per slot: when its row was last written
+  int64_t created_us_ = 0;                // write stamps count milliseconds from here
 };
 
 }  // namespace sok
