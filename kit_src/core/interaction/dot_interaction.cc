@@ -10,39 +10,34 @@
 namespace sok {
 namespace {
 
-float Dot(const float* a, const float* b, int64_t dim) {
-  float total = 0.0f;
-  for (int64_t d = 0; d < dim; ++d) total += a[d] * b[d];
-  return total;
-}
+using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-// One sample, in float: x [F, D] -> out [D + F(F-1)/2].
-void ForwardSample(const float* x, int64_t f, int64_t dim, float* out) {
+// One sample, in float: x [F, D] -> out [D + F(F-1)/2]. The Gram matrix x x^T is one small
+// matrix product (Eigen's vectorised kernel); a plain dot-product loop cannot vectorise its
+// sum without reordering it.
+void ForwardSample(const float* x, int64_t f, int64_t dim, RowMajor* gram, float* out) {
+  const Eigen::Map<const RowMajor> features(x, f, dim);
+  gram->noalias() = features * features.transpose();
   std::memcpy(out, x, dim * sizeof(float));
   float* pair = out + dim;
   for (int64_t i = 1; i < f; ++i) {
-    for (int64_t j = 0; j < i; ++j) *pair++ = Dot(x + i * dim, x + j * dim, dim);
+    for (int64_t j = 0; j < i; ++j) *pair++ = (*gram)(i, j);
   }
 }
 
-// One sample, in float: x [F, D], grad [D + F(F-1)/2] -> dx [F, D].
-void BackwardSample(const float* x, const float* grad, int64_t f, int64_t dim, float* dx) {
-  std::memcpy(dx, grad, dim * sizeof(float));  // x[0] is copied to the output
-  std::fill(dx + dim, dx + f * dim, 0.0f);
+// One sample, in float: x [F, D], grad [D + F(F-1)/2] -> dx [F, D] = S x with S the symmetric
+// matrix of the pairs' gradients (zero diagonal), plus grad's first D values on row 0.
+void BackwardSample(const float* x, const float* grad, int64_t f, int64_t dim, RowMajor* pairs,
+                    float* dx) {
+  pairs->setZero();
   const float* pair = grad + dim;
   for (int64_t i = 1; i < f; ++i) {
-    for (int64_t j = 0; j < i; ++j) {
-      const float g = *pair++;
-      const float* xi = x + i * dim;
-      const float* xj = x + j * dim;
-      float* dxi = dx + i * dim;
-      float* dxj = dx + j * dim;
-      for (int64_t d = 0; d < dim; ++d) {
-        dxi[d] += g * xj[d];
-        dxj[d] += g * xi[d];
-      }
-    }
+    for (int64_t j = 0; j < i; ++j) (*pairs)(i, j) = (*pairs)(j, i) = *pair++;
   }
+  const Eigen::Map<const RowMajor> features(x, f, dim);
+  Eigen::Map<RowMajor> out(dx, f, dim);
+  out.noalias() = *pairs * features;
+  for (int64_t d = 0; d < dim; ++d) dx[d] += grad[d];  // x[0] is copied to the output
 }
 
 // A sample's values as float: the input itself for float, else widened into `scratch`.
@@ -84,10 +79,11 @@ void DotInteractionForward(const InteractionShape& shape, const T* features, T* 
   const int64_t f = shape.num_features, dim = shape.dim, width = shape.output_width();
   parallel_for(shape.batch, shape.pairs() * dim * 2 + dim, [&](int64_t begin, int64_t end) {
     std::vector<float> x_scratch, out_scratch;
+    RowMajor gram(f, f);
     for (int64_t b = begin; b < end; ++b) {
       const float* x = AsFloat(features + b * f * dim, f * dim, &x_scratch);
       float* out = FloatOutput(output + b * width, width, &out_scratch);
-      ForwardSample(x, f, dim, out);
+      ForwardSample(x, f, dim, &gram, out);
       Store(out, width, output + b * width);
     }
   });
@@ -100,11 +96,12 @@ void DotInteractionBackward(const InteractionShape& shape, const T* features,
   const int64_t f = shape.num_features, dim = shape.dim, width = shape.output_width();
   parallel_for(shape.batch, shape.pairs() * dim * 4 + dim, [&](int64_t begin, int64_t end) {
     std::vector<float> x_scratch, grad_scratch, dx_scratch;
+    RowMajor pairs(f, f);
     for (int64_t b = begin; b < end; ++b) {
       const float* x = AsFloat(features + b * f * dim, f * dim, &x_scratch);
       const float* grad = AsFloat(output_grad + b * width, width, &grad_scratch);
       float* dx = FloatOutput(features_grad + b * f * dim, f * dim, &dx_scratch);
-      BackwardSample(x, grad, f, dim, dx);
+      BackwardSample(x, grad, f, dim, &pairs, dx);
       Store(dx, f * dim, features_grad + b * f * dim);
     }
   });

@@ -1,6 +1,7 @@
 // CPU kernels of the fused dot interaction: validate, allocate, call the core.
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/interaction_kernels.h"
+#include "kit_src/tf/kernels/pooled_output.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace sok {
@@ -16,8 +17,8 @@ class DotInteractionOp : public tf::OpKernel {
     InteractionShape shape;
     OP_REQUIRES_OK(ctx, ReadInteractionShape(features, &shape));
     tf::Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, tf::TensorShape({shape.batch, shape.output_width()}), &output));
+    OP_REQUIRES_OK(ctx, AllocatePooledOutput(
+                            ctx, 0, tf::TensorShape({shape.batch, shape.output_width()}), &output));
     DotInteractionForward(shape, features.flat<T>().data(), output->flat<T>().data(),
                           CpuParallelFor(ctx));
   }
@@ -34,7 +35,7 @@ class DotInteractionGradOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, ReadInteractionShape(features, &shape));
     OP_REQUIRES_OK(ctx, CheckInteractionGrad(grad, shape));
     tf::Tensor* features_grad = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, features.shape(), &features_grad));
+    OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, 0, features.shape(), &features_grad));
     DotInteractionBackward(shape, features.flat<T>().data(), grad.flat<T>().data(),
                            features_grad->flat<T>().data(), CpuParallelFor(ctx));
   }
