@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "kit_src/core/optimizers/update_rules.h"
 #include "kit_src/tf/kernels/core_bridge.h"
+#include "kit_src/tf/kernels/pooled_output.h"
 #include "kit_src/tf/kernels/dynamic_table_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -112,8 +113,9 @@ class DynamicTableLookupOp : public tf::OpKernel {
     const tf::Tensor& keys = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     tf::Tensor* values = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, tf::TensorShape({keys.NumElements(), table->table().dim()}), &values));
+    OP_REQUIRES_OK(ctx, AllocatePooledOutput(
+                            ctx, 0, tf::TensorShape({keys.NumElements(), table->table().dim()}),
+                            &values));
     SOK_OP_REQUIRES_OK(ctx, table->table().Lookup(keys.flat<int64_t>().data(), keys.NumElements(),
                                                   insert_, values->flat<float>().data(),
                                                   CpuParallelFor(ctx)));
@@ -273,7 +275,7 @@ class DynamicGatherRowsOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, CheckKeyPairs(keys, num_tables));
     const int64_t n = keys.dim_size(0);
     tf::Tensor* rows = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({n, dim_}), &rows));
+    OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, 0, tf::TensorShape({n, dim_}), &rows));
     const auto pairs = keys.matrix<int64_t>();
     const std::vector<std::vector<int64_t>> positions = PositionsByTable(keys, num_tables);
     for (int t = 0; t < num_tables; ++t) {
@@ -323,7 +325,8 @@ class SplitDynamicGradientOp : public tf::OpKernel {
       const int64_t count = static_cast<int64_t>(positions[t].size());
       tf::Tensor *indices = nullptr, *values = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(t, tf::TensorShape({count}), &indices));
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(num_tables_ + t, tf::TensorShape({count, dim}), &values));
+      OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, num_tables_ + t,
+                                               tf::TensorShape({count, dim}), &values));
       for (int64_t j = 0; j < count; ++j) {
         indices->flat<int64_t>()(j) = pairs(positions[t][j], 1);
         std::memcpy(values->flat<float>().data() + j * dim,
