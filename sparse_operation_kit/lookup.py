@@ -283,7 +283,8 @@ def all2all_dense_embedding(param, indices):
         flat = tf.reshape(indices, [-1])
         row_splits = tf.range(tf.size(flat, out_type=tf.int64) + 1)
         lookup = _Lookup(param, flat, row_splits, None, "sum", True)
-        (rows,) = _fused_group([lookup], int(param.shape[1]), isinstance(param, DynamicVariable))
+        (rows,) = _lookup_group([lookup], int(param.shape[1]), isinstance(param, DynamicVariable),
+                                training=True, low_frequency_filter=False, compress=False)
         return tf.reshape(rows, tf.concat([tf.shape(indices), [int(param.shape[1])]], 0))
 
 
