@@ -70,9 +70,4 @@ BlockPool& SharedBlockPool() {
   return *pool;
 }
 
-size_t BlockPool::cached_bytes() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return cached_bytes_;
-}
-
 }  // namespace sok

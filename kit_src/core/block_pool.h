@@ -37,7 +37,6 @@ class BlockPool {
 
   // The size Take maps for a request: 8 size classes per power of two (at most 12.5% waste).
   static size_t SizeClass(size_t bytes);
-  size_t cached_bytes() const;
 
  private:
   BlockPoolOptions options_;

@@ -6,13 +6,13 @@ exactly the keys it owns.
 Prints "PASS rank=<r>" on success; exits non-zero on a mismatch.
 """
 import argparse
-import sys
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
 import sparse_operation_kit as sok
+from verdict import report
 
 DIM = 6
 UNIVERSE = 40
@@ -104,10 +104,7 @@ def main():
         if not np.allclose(values, expected, rtol=1e-5, atol=1e-6):
             failures.append(f"table {t} ({table.mode}) differs from the reference by "
                             f"{np.abs(values - expected).max()}")
-    if failures:
-        print(f"FAIL rank={rank}: " + "; ".join(failures), flush=True)
-        sys.exit(1)
-    print(f"PASS rank={rank}", flush=True)
+    report(rank, failures)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
 """Run under `horovodrun -np 2 --gloo`: a model built from a plan with data-parallel,
 localized and distributed groups trains equal to the same model on one worker with
 tf.Variables on the global batch. Prints "PASS rank=<r>"; exits non-zero on a mismatch."""
-import sys
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
 import sparse_operation_kit as sok
+from verdict import report
 
 SIZES, DIM, GLOBAL_BATCH, STEPS = [40, 60, 70, 200], 4, 18, 5
 PLAN = [  # table 0 dp; 1 localized on worker 0; 2 localized on worker 1; 3 row-sharded
@@ -74,10 +74,7 @@ def main():
         if not np.allclose(table.numpy(), expected, rtol=1e-5, atol=1e-6):
             failures.append(f"table {i} ({kinds[i]}) differs by "
                             f"{np.abs(table.numpy() - expected).max()}")
-    if failures:
-        print(f"FAIL rank={rank}: " + "; ".join(failures), flush=True)
-        sys.exit(1)
-    print(f"PASS rank={rank}", flush=True)
+    report(rank, failures)
 
 
 if __name__ == "__main__":

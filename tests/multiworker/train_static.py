@@ -6,13 +6,13 @@ trains the single-worker reference on the whole batch itself, and checks its loc
 Prints "PASS rank=<r>" on success; exits non-zero on a mismatch.
 """
 import argparse
-import sys
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
 import sparse_operation_kit as sok
+from verdict import report
 
 # (rows, dim, mode): two tables of dim 8 (one distributed, one localized) fused in one group,
 # and a dim-4 table localized on the last worker.
@@ -159,10 +159,7 @@ def main():
     deviation = max(deviation, float(np.max(np.abs(dense.numpy() - ref_dense.numpy()))))
     if args.compress and deviation == 0.0:
         failures.append("--compress changed nothing: the all-to-all did not carry float16")
-    if failures:
-        print(f"FAIL rank={rank}: " + "; ".join(failures), flush=True)
-        sys.exit(1)
-    print(f"PASS rank={rank}", flush=True)
+    report(rank, failures)
 
 
 if __name__ == "__main__":

@@ -45,43 +45,42 @@ int64_t CpuHashTable::NowMicros() {
       .count();
 }
 
+namespace {
+
+// 16-bit storage (Eigen::half or Eigen::bfloat16) to float and back, round to nearest even.
+template <typename Narrow>
+void Widen(const float* row, int64_t dim, float* out) {
+  const auto* value = reinterpret_cast<const Narrow*>(row);
+  for (int64_t d = 0; d < dim; ++d) out[d] = static_cast<float>(value[d]);
+}
+
+template <typename Narrow>
+void Round(const float* value, int64_t dim, float* row) {
+  auto* stored = reinterpret_cast<Narrow*>(row);
+  for (int64_t d = 0; d < dim; ++d) stored[d] = Narrow(value[d]);
+}
+
+}  // namespace
+
 void CpuHashTable::WidenValue(int64_t slot, float* out) const {
-  const float* row = Row(slot);
-  const int64_t dim = options_.dim;
-  switch (options_.value_type) {
-    case ValueType::kFloat32:
-      std::memcpy(out, row, dim * sizeof(float));
-      return;
-    case ValueType::kFloat16: {
-      const auto* value = reinterpret_cast<const Eigen::half*>(row);
-      for (int64_t d = 0; d < dim; ++d) out[d] = static_cast<float>(value[d]);
-      return;
-    }
-    case ValueType::kBfloat16: {
-      const auto* value = reinterpret_cast<const Eigen::bfloat16*>(row);
-      for (int64_t d = 0; d < dim; ++d) out[d] = static_cast<float>(value[d]);
-      return;
-    }
+  if (options_.value_type == ValueType::kFloat16) {
+    Widen<Eigen::half>(Row(slot), options_.dim, out);
+  } else {
+    Widen<Eigen::bfloat16>(Row(slot), options_.dim, out);
   }
 }
 
 void CpuHashTable::WriteValue(const float* value, int64_t slot) {
-  float* row = Row(slot);
-  const int64_t dim = options_.dim;
   switch (options_.value_type) {
     case ValueType::kFloat32:
-      std::memcpy(row, value, dim * sizeof(float));
+      std::memcpy(Row(slot), value, options_.dim * sizeof(float));
       return;
-    case ValueType::kFloat16: {
-      auto* stored = reinterpret_cast<Eigen::half*>(row);
-      for (int64_t d = 0; d < dim; ++d) stored[d] = Eigen::half(value[d]);
+    case ValueType::kFloat16:
+      Round<Eigen::half>(value, options_.dim, Row(slot));
       return;
-    }
-    case ValueType::kBfloat16: {
-      auto* stored = reinterpret_cast<Eigen::bfloat16*>(row);
-      for (int64_t d = 0; d < dim; ++d) stored[d] = Eigen::bfloat16(value[d]);
+    case ValueType::kBfloat16:
+      Round<Eigen::bfloat16>(value, options_.dim, Row(slot));
       return;
-    }
   }
 }
 

@@ -138,7 +138,7 @@ class CpuHashTable {
       WidenValue(slot, out);
     }
   }
-  void WidenValue(int64_t slot, float* out) const;      // 16-bit rows
+  void WidenValue(int64_t slot, float* out) const;      // 16-bit rows only
   void WriteValue(const float* value, int64_t slot);     // value: [dim], rounded
   void InitializeValue(int64_t key, int64_t slot) {      // the key's initial value
     if (options_.value_type == ValueType::kFloat32) {

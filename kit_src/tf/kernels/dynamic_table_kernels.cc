@@ -32,6 +32,16 @@ tf::Status GetTable(tf::OpKernelContext* ctx, int input,
   return tf::Status();
 }
 
+// Fails unless `tensor` is [rows, cols]; `what` names it in the error.
+tf::Status CheckMatrix(const tf::Tensor& tensor, int64_t rows, int64_t cols,
+                       const char* what) {
+  if (tensor.dims() == 2 && tensor.dim_size(0) == rows && tensor.dim_size(1) == cols) {
+    return tf::Status();
+  }
+  return tf::errors::InvalidArgument(what, " must be [", rows, ", ", cols, "], got ",
+                                     tensor.shape().DebugString());
+}
+
 tf::Status CheckKeys(const tf::Tensor& keys) {
   if (!tf::TensorShapeUtils::IsVector(keys.shape())) {
     return tf::errors::InvalidArgument("keys must be a vector, got shape ",
@@ -137,16 +147,10 @@ class DynamicTableAssignOp : public tf::OpKernel {
     const tf::Tensor& state = ctx->input(3);
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     const int64_t n = keys.NumElements(), dim = table->table().dim();
-    OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(0) == n && values.dim_size(1) == dim,
-                tf::errors::InvalidArgument("values must be [", n, ", ", dim, "] for ", n,
-                                            " keys of a table of dim ", dim, ", got ",
-                                            values.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckMatrix(values, n, dim, "values"));
     const bool with_state = state.NumElements() > 0;
     if (with_state) {
-      const int64_t state_dim = table->table().state_dim();
-      OP_REQUIRES(ctx, state.dims() == 2 && state.dim_size(0) == n && state.dim_size(1) == state_dim,
-                  tf::errors::InvalidArgument("state must be [", n, ", ", state_dim, "], got ",
-                                              state.shape().DebugString()));
+      OP_REQUIRES_OK(ctx, CheckMatrix(state, n, table->table().state_dim(), "state"));
     }
     SOK_OP_REQUIRES_OK(ctx, table->table().Assign(keys.flat<int64_t>().data(), n,
                                                   values.flat<float>().data(),
@@ -166,10 +170,7 @@ class DynamicTableImportOp : public tf::OpKernel {
     const tf::Tensor& state = ctx->input(3);
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     const int64_t n = keys.NumElements(), dim = table->table().dim();
-    OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(0) == n && values.dim_size(1) == dim,
-                tf::errors::InvalidArgument("restored values must be [", n, ", ", dim,
-                                            "] (the table's dim), got ",
-                                            values.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckMatrix(values, n, dim, "restored values"));
     OP_REQUIRES(ctx, state.dims() == 2 && (state.dim_size(0) == n || state.dim_size(1) == 0),
                 tf::errors::InvalidArgument("restored state must be [", n, ", state_dim], got ",
                                             state.shape().DebugString()));
@@ -358,9 +359,7 @@ class DynamicApplyOp : public tf::OpKernel {
     const tf::Tensor& hyper = ctx->input(3);
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     const int64_t n = keys.NumElements(), dim = table.dim();
-    OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(0) == n && grads.dim_size(1) == dim,
-                tf::errors::InvalidArgument("grads must be [", n, ", ", dim, "], got ",
-                                            grads.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckMatrix(grads, n, dim, "grads"));
     const auto h = hyper.flat<float>();
     const int64_t needed = rule_ == "sgd"                                ? 2
                            : (rule_ == "adagrad" || rule_ == "adadelta") ? 3
