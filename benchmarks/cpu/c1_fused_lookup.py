@@ -9,6 +9,10 @@ Fixed-hotness-1 batches reach sok as RaggedTensor.from_tensor(ids[:, None]), the
 features come in, which takes sok's one-id path (rows straight from the tables, gradients as
 tf.gather gives them); `sok_fused_ms` times the same data passed by row lengths, through the
 fused dedup chain, so both paths are on record.
+
+The steps take the ids' component tensors and build their SparseTensor / RaggedTensor
+inside, as a step fed by tf.data does: passing 26 composite tensors into a tf.function costs
+2-3 ms of Python dispatch per call (for either side), which is not lookup work.
 """
 import argparse
 import math
@@ -27,18 +31,28 @@ VARIANTS = [("dim128_hot1", 128, 1, 1), ("dim16_hot1", 16, 1, 1), ("dim128_hot1-
 
 
 def make_batch(rng, batch, vocab_sizes, min_hot, max_hot):
+    """Per table: (ids, row lengths) as NumPy arrays."""
     batches = []
     for vocab in vocab_sizes:
         lengths = rng.integers(min_hot, max_hot + 1, size=batch)
-        ids = rng.integers(0, vocab, size=lengths.sum())
-        batches.append(tf.RaggedTensor.from_row_lengths(tf.constant(ids, tf.int64),
-                                                        tf.constant(lengths, tf.int64)))
+        batches.append((rng.integers(0, vocab, size=lengths.sum()), lengths))
     return batches
 
 
-def as_uniform(batches):
-    """One id per sample, stated in the type: what [batch, 1] id tensors become."""
-    return [tf.RaggedTensor.from_tensor(tf.reshape(b.values, [-1, 1])) for b in batches]
+def ragged_components(batches):
+    return [(tf.constant(ids, tf.int64), tf.constant(np.concatenate([[0], np.cumsum(lengths)]),
+                                                     tf.int64)) for ids, lengths in batches]
+
+
+def sparse_components(batches):
+    components = []
+    for ids, lengths in batches:
+        rows = np.repeat(np.arange(len(lengths)), lengths)
+        columns = np.arange(len(ids)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        components.append((tf.constant(np.stack([rows, columns], axis=1), tf.int64),
+                           tf.constant(ids, tf.int64),
+                           tf.constant([len(lengths), max(lengths.max(), 1)], tf.int64)))
+    return components
 
 
 def run_variant(dim, min_hot, max_hot, batch, vocab_sizes, iterations):
@@ -48,33 +62,39 @@ def run_variant(dim, min_hot, max_hot, batch, vocab_sizes, iterations):
     tf_tables = [tf.Variable(value) for value in initial]
     del initial
     batches = make_batch(rng, batch, vocab_sizes, min_hot, max_hot)
-    sparse_batches = [b.to_sparse() for b in batches]
     combiners = ["sum"] * len(vocab_sizes)
 
-    def sok_body(ids):
+    def sok_step(ids):
         with tf.GradientTape() as tape:
             outputs = sok.lookup_sparse(sok_tables, ids, combiners=combiners)
             loss = tf.add_n([tf.reduce_sum(o) for o in outputs])
         return outputs, [g.values for g in tape.gradient(loss, sok_tables)]
 
-    # Two functions: one traced for [batch, None] ragged ids would also serve the uniform
-    # [batch, 1] ones (a subtype), hiding their one id per sample.
-    sok_step, sok_uniform_step = tf.function(sok_body), tf.function(sok_body)
+    @tf.function
+    def sok_fused(components):
+        return sok_step([tf.RaggedTensor.from_row_splits(values, splits, validate=False)
+                         for values, splits in components])
 
     @tf.function
-    def tf_step(ids):
+    def sok_uniform(components):
+        # One id per sample, stated in the type: what [batch, 1] id tensors become.
+        return sok_step([tf.RaggedTensor.from_tensor(tf.reshape(values, [-1, 1]))
+                         for values, _ in components])
+
+    @tf.function
+    def tf_step(components):
         with tf.GradientTape() as tape:
-            outputs = [tf.nn.safe_embedding_lookup_sparse(t, i, combiner="sum")
-                       for t, i in zip(tf_tables, ids)]
+            outputs = [tf.nn.safe_embedding_lookup_sparse(t, tf.SparseTensor(*c), combiner="sum")
+                       for t, c in zip(tf_tables, components)]
             loss = tf.add_n([tf.reduce_sum(o) for o in outputs])
         return outputs, [g.values for g in tape.gradient(loss, tf_tables)]
 
-    fused_ms = common.median_ms(lambda: sok_step(batches), iterations=iterations)
-    tf_ms = common.median_ms(lambda: tf_step(sparse_batches), iterations=iterations)
+    ragged, sparse = ragged_components(batches), sparse_components(batches)
+    fused_ms = common.median_ms(lambda: sok_fused(ragged), iterations=iterations)
+    tf_ms = common.median_ms(lambda: tf_step(sparse), iterations=iterations)
     sok_ms = fused_ms
     if min_hot == max_hot == 1:
-        uniform = as_uniform(batches)
-        sok_ms = common.median_ms(lambda: sok_uniform_step(uniform), iterations=iterations)
+        sok_ms = common.median_ms(lambda: sok_uniform(ragged), iterations=iterations)
     return sok_ms, fused_ms, tf_ms
 
 

@@ -5,9 +5,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "kit_src/core/block_pool.h"
 #include "kit_src/core/embedding/shard_rows.h"
+#include "kit_src/core/prefetch.h"
 
 namespace sok {
 namespace {
@@ -57,10 +59,14 @@ bool PoolSample(const Rows& rows, int64_t num_rows, int64_t dim, const PooledLoo
   return true;
 }
 
-// Rows are scattered over large tables, so pooling waits on memory; asking for the rows of a
-// sample a few samples ahead keeps several loads in flight.
-constexpr int64_t kPrefetchSamples = 8;
+// A use of a row in the backward: which sample's output gradient, scaled by how much.
+struct Use {
+  uint32_t sample;
+  float scale;
+};
 
+// Rows are scattered over large tables, so pooling waits on memory: the rows of a sample
+// some samples ahead are requested first.
 template <typename T, typename Rows>
 void PrefetchSample(const Rows& rows, int64_t num_rows, int64_t dim,
                     const PooledLookup<T>& lookup, int64_t s, int64_t end) {
@@ -68,10 +74,7 @@ void PrefetchSample(const Rows& rows, int64_t num_rows, int64_t dim,
   for (int64_t i = lookup.row_splits[s]; i < lookup.row_splits[s + 1]; ++i) {
     const int32_t p = lookup.position[i];
     if (p < 0 || p >= num_rows) return;
-    const char* row = reinterpret_cast<const char*>(rows(p));
-    for (int64_t offset = 0; offset < dim * static_cast<int64_t>(sizeof(T)); offset += 64) {
-      __builtin_prefetch(row + offset);
-    }
+    PrefetchRow(rows(p), dim);
   }
 }
 
@@ -133,7 +136,10 @@ Status CombineForward(const Rows& rows, int64_t num_rows, int64_t dim,
     total_nnz += lookups[l].row_splits[lookups[l].batch];
   }
   const int64_t total = first_sample.back();
-  const int64_t cost = dim * (2 + total_nnz / std::max<int64_t>(total, 1)) * 4;
+  const int64_t ids_per_sample = total_nnz / std::max<int64_t>(total, 1);
+  const int64_t cost = dim * (2 + ids_per_sample) * 4;
+  const int64_t samples_ahead = std::max<int64_t>(
+      1, PrefetchDistance(dim * sizeof(T)) / std::max<int64_t>(ids_per_sample, 1));
   std::atomic<bool> ok{true};
   parallel_for(total, cost, [&](int64_t begin, int64_t end) {
     size_t l = std::upper_bound(first_sample.begin(), first_sample.end(), begin) -
@@ -142,7 +148,7 @@ Status CombineForward(const Rows& rows, int64_t num_rows, int64_t dim,
       const PooledLookup<T>& lookup = lookups[l];
       const int64_t last = std::min(end, first_sample[l + 1]) - first_sample[l];
       for (int64_t s = g - first_sample[l]; s < last; ++s) {
-        PrefetchSample(rows, num_rows, dim, lookup, s + kPrefetchSamples, last);
+        PrefetchSample(rows, num_rows, dim, lookup, s + samples_ahead, last);
         if (!PoolSample(rows, num_rows, dim, lookup, s, lookup.output + s * dim)) ok = false;
       }
       g = first_sample[l] + last;
@@ -157,38 +163,49 @@ Status CombineBackward(int64_t num_rows, int64_t dim, const std::vector<PooledLo
                        const MutableRows& rows_grad, const ParallelFor& parallel_for) {
   Status status = CheckPositions(num_rows, lookups);
   if (!status.ok()) return status;
-  // Counting sort of the uses by row: uses of row p are [first_use[p], first_use[p + 1]).
+  // The gradient row of every sample of every lookup, by global sample number.
+  ScratchVector<const T*> sample_grad;
+  int64_t total_uses = 0;
+  for (const PooledLookup<T>& lookup : lookups) {
+    for (int64_t s = 0; s < lookup.batch; ++s) sample_grad.push_back(lookup.output_grad + s * dim);
+    total_uses += lookup.row_splits[lookup.batch];
+  }
+  if (sample_grad.size() > std::numeric_limits<uint32_t>::max()) {
+    return Status::InvalidArgument("a combine backward of " + std::to_string(sample_grad.size()) +
+                                   " samples exceeds 2^32");
+  }
+  // Counting sort of the uses by row: uses of row p go to [first_use[p], first_use[p + 1]).
   ScratchVector<int64_t> first_use(num_rows + 1, 0);
   for (const PooledLookup<T>& lookup : lookups) {
     const int64_t nnz = lookup.row_splits[lookup.batch];
     for (int64_t i = 0; i < nnz; ++i) first_use[lookup.position[i] + 1] += 1;
   }
   for (int64_t p = 0; p < num_rows; ++p) first_use[p + 1] += first_use[p];
-  ScratchVector<const T*> use_grad(first_use[num_rows]);
-  ScratchVector<T> use_scale(first_use[num_rows]);
+  ScratchVector<Use> uses(total_uses);
   ScratchVector<int64_t> next(first_use.begin(), first_use.end() - 1);
+  uint32_t sample = 0;
   for (const PooledLookup<T>& lookup : lookups) {
-    for (int64_t s = 0; s < lookup.batch; ++s) {
+    for (int64_t s = 0; s < lookup.batch; ++s, ++sample) {
       const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];
       const float denominator = Denominator(lookup.combiner, lookup.weights, begin, end);
       for (int64_t i = begin; i < end; ++i) {
-        const int64_t k = next[lookup.position[i]]++;
-        use_grad[k] = lookup.output_grad + s * dim;
-        use_scale[k] = denominator == 0.0f
-                           ? T(0)
-                           : static_cast<T>((lookup.weights ? lookup.weights[i] : 1.0f) /
-                                            denominator);
+        const float weight = lookup.weights ? lookup.weights[i] : 1.0f;
+        uses[next[lookup.position[i]]++] = {sample, denominator == 0.0f ? 0.0f : weight / denominator};
       }
     }
   }
-  const int64_t uses_per_row = first_use[num_rows] / std::max<int64_t>(num_rows, 1) + 1;
+  const int64_t uses_per_row = total_uses / std::max<int64_t>(num_rows, 1) + 1;
   parallel_for(num_rows, dim * (uses_per_row + 1) * 2, [&](int64_t begin, int64_t end) {
+    const int64_t end_use = first_use[end];
+    const int64_t ahead = PrefetchDistance(dim * sizeof(T));
     for (int64_t p = begin; p < end; ++p) {
       T* out = rows_grad(p);
       std::fill(out, out + dim, T(0));
       for (int64_t k = first_use[p]; k < first_use[p + 1]; ++k) {
-        const T scale = use_scale[k];
-        const T* grad = use_grad[k];
+        // The uses' gradient rows are scattered over the batch: request them early.
+        if (k + ahead < end_use) PrefetchRow(sample_grad[uses[k + ahead].sample], dim);
+        const T scale = static_cast<T>(uses[k].scale);
+        const T* grad = sample_grad[uses[k].sample];
         for (int64_t d = 0; d < dim; ++d) out[d] += scale * grad[d];
       }
     }

@@ -7,6 +7,7 @@
 #include "kit_src/core/block_pool.h"
 #include "kit_src/core/embedding/key_partition.h"
 #include "kit_src/core/embedding/packed_key.h"
+#include "kit_src/core/prefetch.h"
 
 namespace sok {
 
@@ -32,7 +33,11 @@ Status GatherShardRows(const std::vector<ShardView<T>>& shards, int64_t dim, con
   Status status = ValidatePackedKeys(shards, keys, n);  // before touching memory
   if (!status.ok()) return status;
   parallel_for(n, dim * 2, [&](int64_t begin, int64_t end) {
+    const int64_t ahead = PrefetchDistance(dim * sizeof(T));
     for (int64_t i = begin; i < end; ++i) {
+      if (i + ahead < end) {
+        PrefetchRow(shards[PackedTable(keys[i + ahead])].data + PackedRow(keys[i + ahead]) * dim, dim);
+      }
       const ShardView<T>& shard = shards[PackedTable(keys[i])];
       std::memcpy(out + i * dim, shard.data + PackedRow(keys[i]) * dim, dim * sizeof(T));
     }
@@ -54,7 +59,7 @@ Status GatherSingleIds(const std::vector<SingleIdLookup<T, Tindex>>& lookups, in
     }
     first[l + 1] = first[l] + lookup.count;
   }
-  constexpr int64_t kAhead = 8;  // rows requested ahead: tables are far larger than the caches
+  const int64_t ahead = PrefetchDistance(dim * sizeof(T));
   parallel_for(first.back(), dim * 2, [&](int64_t begin, int64_t end) {
     size_t l = std::upper_bound(first.begin(), first.end(), begin) - first.begin() - 1;
     for (int64_t g = begin; g < end; ++l) {
@@ -62,12 +67,7 @@ Status GatherSingleIds(const std::vector<SingleIdLookup<T, Tindex>>& lookups, in
       const int64_t last = std::min(end, first[l + 1]) - first[l];
       const T* table = lookup.table->data;
       for (int64_t i = g - first[l]; i < last; ++i) {
-        if (i + kAhead < last) {
-          const char* ahead = reinterpret_cast<const char*>(table + lookup.ids[i + kAhead] * dim);
-          for (int64_t b = 0; b < dim * static_cast<int64_t>(sizeof(T)); b += 64) {
-            __builtin_prefetch(ahead + b);
-          }
-        }
+        if (i + ahead < last) PrefetchRow(table + static_cast<int64_t>(lookup.ids[i + ahead]) * dim, dim);
         std::memcpy(lookup.output + i * dim, table + static_cast<int64_t>(lookup.ids[i]) * dim,
                     dim * sizeof(T));
       }
