@@ -26,6 +26,21 @@ def median_ms(fn, warmup=3, iterations=15):
     return statistics.median(times)
 
 
+def interleaved_median_ms(fns, warmup=3, iterations=15):
+    """Median wall time of each fn() in milliseconds, the fns called in turn each iteration,
+    so that a drift in the machine's speed (large on shared VMs) reaches all of them alike."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(iterations):
+        for fn, samples in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e3)
+    return [statistics.median(samples) for samples in times]
+
+
 def machine():
     return {
         "platform": platform.platform(),

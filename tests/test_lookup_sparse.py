@@ -97,6 +97,32 @@ def test_many_tables_and_shared_tables_in_one_call(dedup_shares_table):
                                    tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_gradients_of_large_batches_sorted_in_parallel_blocks():
+    """Over 2^18 ids: the backward's counting sort splits the uses into blocks (one per
+    core), a sample's ids may straddle blocks' rows; weighted mean and sqrtn, a shared
+    table, a cotangent that differs per sample."""
+    rng = np.random.default_rng(11)
+    shapes = [(5000, 4), (300, 4)]
+    inits = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    tables, refs = [sok.Variable(v) for v in inits], [tf.Variable(v) for v in inits]
+    which, combiners, batch = [0, 1, 0], ["mean", "sqrtn", "sum"], 40000
+    batches = [random_batch(rng, batch, shapes[t][0], max_len=6) for t in which]
+    assert sum(int(ids.values.shape[0]) for ids, _ in batches) > 2 ** 18
+    cotangents = [tf.constant(rng.normal(size=[batch, 4]).astype(np.float32)) for _ in which]
+    with tf.GradientTape(persistent=True) as tape:
+        outs = sok.lookup_sparse([tables[t] for t in which], [ids for ids, _ in batches],
+                                 [w for _, w in batches], combiners)
+        ref_outs = [reference(refs[t], ids, w, c)
+                    for t, (ids, w), c in zip(which, batches, combiners)]
+        loss = sum(tf.reduce_sum(o * c) for o, c in zip(outs, cotangents))
+        ref_loss = sum(tf.reduce_sum(o * c) for o, c in zip(ref_outs, cotangents))
+    for out, ref in zip(outs, ref_outs):
+        np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+    for grad, ref_grad in zip(tape.gradient(loss, tables), tape.gradient(ref_loss, refs)):
+        np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
+                                   tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("mode", ["eager", "function"])
 def test_zero_size_batch(mode):
     table = sok.Variable(np.ones([10, 4], np.float32))

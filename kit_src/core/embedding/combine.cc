@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include "kit_src/core/block_pool.h"
 #include "kit_src/core/embedding/shard_rows.h"
@@ -64,6 +65,11 @@ struct Use {
   uint32_t sample;
   float scale;
 };
+// The backward's counting sort: blocks of at least kUsesPerSortBlock uses, at most one per
+// core (each block keeps a counter per row: more blocks than cores measured slower), rows
+// scanned in chunks.
+constexpr int64_t kUsesPerSortBlock = int64_t{1} << 17;
+constexpr int64_t kRowsPerScanChunk = int64_t{1} << 14;
 
 // Rows are scattered over large tables, so pooling waits on memory: the rows of a sample
 // some samples ahead are requested first.
@@ -158,43 +164,133 @@ Status CombineForward(const Rows& rows, int64_t num_rows, int64_t dim,
   return Status::Ok();
 }
 
+// Lookups laid end to end: global sample g is sample g - first[l] of lookup l, and its ids
+// are uses [use_first[l] + row_splits[...]] of all lookups' uses.
+template <typename T>
+struct SampleSpace {
+  explicit SampleSpace(const std::vector<PooledLookup<T>>& lookups) : lookups(lookups) {
+    first.push_back(0);
+    use_first.push_back(0);
+    for (const PooledLookup<T>& lookup : lookups) {
+      first.push_back(first.back() + lookup.batch);
+      use_first.push_back(use_first.back() + lookup.row_splits[lookup.batch]);
+    }
+  }
+  int64_t samples() const { return first.back(); }
+  int64_t uses() const { return use_first.back(); }
+  // The first global sample whose ids start at or after use u.
+  int64_t SampleAtUse(int64_t u) const {
+    size_t l = std::upper_bound(use_first.begin(), use_first.end(), u) - use_first.begin() - 1;
+    if (l >= lookups.size()) return samples();
+    const int64_t* splits = lookups[l].row_splits;
+    return first[l] + (std::lower_bound(splits, splits + lookups[l].batch, u - use_first[l]) - splits);
+  }
+  // visit(lookup, s, g) for global samples g in [begin, end).
+  template <typename Visit>
+  void ForSamples(int64_t begin, int64_t end, Visit visit) const {
+    size_t l = std::upper_bound(first.begin(), first.end(), begin) - first.begin() - 1;
+    for (int64_t g = begin; g < end; ++l) {
+      const int64_t last = std::min(end, first[l + 1]);
+      for (; g < last; ++g) visit(lookups[l], g - first[l], g);
+    }
+  }
+
+  const std::vector<PooledLookup<T>>& lookups;
+  std::vector<int64_t> first, use_first;
+};
+
+// The uses of every row, grouped by row: the uses of row p are uses[first_use[p] ..
+// first_use[p + 1]). A counting sort, in parallel: the samples are cut into blocks of about
+// equal uses, each block counts its uses per row, and a row's uses are laid out block after
+// block, so the blocks then fill disjoint slots.
+template <typename T>
+Status SortUsesByRow(const SampleSpace<T>& space, int64_t num_rows,
+                     const ParallelFor& parallel_for, ScratchVector<int64_t>* first_use,
+                     ScratchVector<Use>* uses) {
+  const int64_t total_uses = space.uses();
+  if (space.samples() > std::numeric_limits<uint32_t>::max() ||
+      total_uses > std::numeric_limits<uint32_t>::max()) {
+    return Status::InvalidArgument("a combine backward of " + std::to_string(space.samples()) +
+                                   " samples and " + std::to_string(total_uses) +
+                                   " ids exceeds 2^32");
+  }
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t num_blocks = std::clamp<int64_t>(total_uses / kUsesPerSortBlock, 1, cores);
+  std::vector<int64_t> block_first(num_blocks + 1, space.samples());
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    block_first[b] = space.SampleAtUse(total_uses * b / num_blocks);
+  }
+  std::vector<ScratchVector<uint32_t>> cursor(num_blocks);
+  parallel_for(num_blocks, total_uses / num_blocks * 4, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      cursor[b].assign(num_rows, 0);
+      space.ForSamples(block_first[b], block_first[b + 1],
+                       [&](const PooledLookup<T>& lookup, int64_t s, int64_t) {
+                         for (int64_t i = lookup.row_splits[s]; i < lookup.row_splits[s + 1]; ++i) {
+                           cursor[b][lookup.position[i]] += 1;
+                         }
+                       });
+    }
+  });
+  // Counts become each block's first slot for each row: a scan over rows, in chunks.
+  first_use->assign(num_rows + 1, 0);
+  const int64_t num_chunks = (num_rows + kRowsPerScanChunk - 1) / kRowsPerScanChunk;
+  std::vector<int64_t> chunk_first(num_chunks + 1, 0);
+  parallel_for(num_chunks, kRowsPerScanChunk * num_blocks, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      for (int64_t p = c * kRowsPerScanChunk; p < std::min(num_rows, (c + 1) * kRowsPerScanChunk); ++p) {
+        for (int64_t b = 0; b < num_blocks; ++b) chunk_first[c + 1] += cursor[b][p];
+      }
+    }
+  });
+  for (int64_t c = 0; c < num_chunks; ++c) chunk_first[c + 1] += chunk_first[c];
+  parallel_for(num_chunks, kRowsPerScanChunk * num_blocks, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      int64_t next = chunk_first[c];
+      for (int64_t p = c * kRowsPerScanChunk; p < std::min(num_rows, (c + 1) * kRowsPerScanChunk); ++p) {
+        (*first_use)[p] = next;
+        for (int64_t b = 0; b < num_blocks; ++b) {
+          const uint32_t count = cursor[b][p];
+          cursor[b][p] = static_cast<uint32_t>(next);
+          next += count;
+        }
+      }
+    }
+  });
+  (*first_use)[num_rows] = total_uses;
+  uses->resize(total_uses);
+  parallel_for(num_blocks, total_uses / num_blocks * 8, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      space.ForSamples(block_first[b], block_first[b + 1],
+                       [&](const PooledLookup<T>& lookup, int64_t s, int64_t g) {
+        const int64_t first = lookup.row_splits[s], last = lookup.row_splits[s + 1];
+        const float denominator = Denominator(lookup.combiner, lookup.weights, first, last);
+        for (int64_t i = first; i < last; ++i) {
+          const float weight = lookup.weights ? lookup.weights[i] : 1.0f;
+          (*uses)[cursor[b][lookup.position[i]]++] = {
+              static_cast<uint32_t>(g), denominator == 0.0f ? 0.0f : weight / denominator};
+        }
+      });
+    }
+  });
+  return Status::Ok();
+}
+
 template <typename T, typename MutableRows>
 Status CombineBackward(int64_t num_rows, int64_t dim, const std::vector<PooledLookup<T>>& lookups,
                        const MutableRows& rows_grad, const ParallelFor& parallel_for) {
   Status status = CheckPositions(num_rows, lookups);
   if (!status.ok()) return status;
-  // The gradient row of every sample of every lookup, by global sample number.
-  ScratchVector<const T*> sample_grad;
-  int64_t total_uses = 0;
-  for (const PooledLookup<T>& lookup : lookups) {
-    for (int64_t s = 0; s < lookup.batch; ++s) sample_grad.push_back(lookup.output_grad + s * dim);
-    total_uses += lookup.row_splits[lookup.batch];
-  }
-  if (sample_grad.size() > std::numeric_limits<uint32_t>::max()) {
-    return Status::InvalidArgument("a combine backward of " + std::to_string(sample_grad.size()) +
-                                   " samples exceeds 2^32");
-  }
-  // Counting sort of the uses by row: uses of row p go to [first_use[p], first_use[p + 1]).
-  ScratchVector<int64_t> first_use(num_rows + 1, 0);
-  for (const PooledLookup<T>& lookup : lookups) {
-    const int64_t nnz = lookup.row_splits[lookup.batch];
-    for (int64_t i = 0; i < nnz; ++i) first_use[lookup.position[i] + 1] += 1;
-  }
-  for (int64_t p = 0; p < num_rows; ++p) first_use[p + 1] += first_use[p];
-  ScratchVector<Use> uses(total_uses);
-  ScratchVector<int64_t> next(first_use.begin(), first_use.end() - 1);
-  uint32_t sample = 0;
-  for (const PooledLookup<T>& lookup : lookups) {
-    for (int64_t s = 0; s < lookup.batch; ++s, ++sample) {
-      const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];
-      const float denominator = Denominator(lookup.combiner, lookup.weights, begin, end);
-      for (int64_t i = begin; i < end; ++i) {
-        const float weight = lookup.weights ? lookup.weights[i] : 1.0f;
-        uses[next[lookup.position[i]]++] = {sample, denominator == 0.0f ? 0.0f : weight / denominator};
-      }
-    }
-  }
-  const int64_t uses_per_row = total_uses / std::max<int64_t>(num_rows, 1) + 1;
+  const SampleSpace<T> space(lookups);
+  ScratchVector<const T*> sample_grad(space.samples());  // each sample's gradient row
+  space.ForSamples(0, space.samples(), [&](const PooledLookup<T>& lookup, int64_t s, int64_t g) {
+    sample_grad[g] = lookup.output_grad + s * dim;
+  });
+  ScratchVector<int64_t> first_use;
+  ScratchVector<Use> uses;
+  status = SortUsesByRow(space, num_rows, parallel_for, &first_use, &uses);
+  if (!status.ok()) return status;
+  const int64_t uses_per_row = space.uses() / std::max<int64_t>(num_rows, 1) + 1;
   parallel_for(num_rows, dim * (uses_per_row + 1) * 2, [&](int64_t begin, int64_t end) {
     const int64_t end_use = first_use[end];
     const int64_t ahead = PrefetchDistance(dim * sizeof(T));
