@@ -34,30 +34,27 @@ Status BadPosition(int64_t position, int64_t num_rows) {
                                  " is out of range [0, " + std::to_string(num_rows) + ")");
 }
 
-template <typename T, typename Rows>
-bool PoolSample(const Rows& rows, int64_t num_rows, int64_t dim, const PooledLookup<T>& lookup,
-                int64_t s, T* out) {
+// Pools sample s of `lookup` into out. row[i] is the address of the row of id i (ids of the
+// sample are [row_splits[s], row_splits[s + 1])); the rows of ids up to `ahead` later, below
+// `last_id`, are requested on the way.
+template <typename T>
+void PoolSample(int64_t dim, const PooledLookup<T>& lookup, int64_t s, const T* const* row,
+                int64_t ahead, int64_t last_id, T* out) {
   const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];
   const float denominator = Denominator(lookup.combiner, lookup.weights, begin, end);
   if (begin == end || denominator == 0.0f) {
     std::fill(out, out + dim, T(0));
-    return true;
+    return;
   }
   for (int64_t i = begin; i < end; ++i) {
-    const int32_t p = lookup.position[i];
-    if (p < 0 || p >= num_rows) {
-      std::fill(out, out + dim, T(0));
-      return false;
-    }
+    if (i + ahead < last_id) PrefetchRow(row[i + ahead], dim);
     const T scale = static_cast<T>((lookup.weights ? lookup.weights[i] : 1.0f) / denominator);
-    const T* row = rows(p);
     if (i == begin) {  // the first row initialises the output: one pass less over it
-      for (int64_t d = 0; d < dim; ++d) out[d] = scale * row[d];
+      for (int64_t d = 0; d < dim; ++d) out[d] = scale * row[i][d];
     } else {
-      for (int64_t d = 0; d < dim; ++d) out[d] += scale * row[d];
+      for (int64_t d = 0; d < dim; ++d) out[d] += scale * row[i][d];
     }
   }
-  return true;
 }
 
 // A use of a row in the backward: which sample's output gradient, scaled by how much.
@@ -70,19 +67,6 @@ struct Use {
 // scanned in chunks.
 constexpr int64_t kUsesPerSortBlock = int64_t{1} << 17;
 constexpr int64_t kRowsPerScanChunk = int64_t{1} << 14;
-
-// Rows are scattered over large tables, so pooling waits on memory: the rows of a sample
-// some samples ahead are requested first.
-template <typename T, typename Rows>
-void PrefetchSample(const Rows& rows, int64_t num_rows, int64_t dim,
-                    const PooledLookup<T>& lookup, int64_t s, int64_t end) {
-  if (s >= end) return;
-  for (int64_t i = lookup.row_splits[s]; i < lookup.row_splits[s + 1]; ++i) {
-    const int32_t p = lookup.position[i];
-    if (p < 0 || p >= num_rows) return;
-    PrefetchRow(rows(p), dim);
-  }
-}
 
 template <typename T>
 Status CheckPositions(int64_t num_rows, const std::vector<PooledLookup<T>>& lookups) {
@@ -142,30 +126,46 @@ Status CombineForward(const Rows& rows, int64_t num_rows, int64_t dim,
     total_nnz += lookups[l].row_splits[lookups[l].batch];
   }
   const int64_t total = first_sample.back();
-  const int64_t ids_per_sample = total_nnz / std::max<int64_t>(total, 1);
-  const int64_t cost = dim * (2 + ids_per_sample) * 4;
-  const int64_t samples_ahead = std::max<int64_t>(
-      1, PrefetchDistance(dim * sizeof(T)) / std::max<int64_t>(ids_per_sample, 1));
+  const int64_t cost = dim * (2 + total_nnz / std::max<int64_t>(total, 1)) * 4;
+  const int64_t ahead = PrefetchDistance(dim * sizeof(T));
   std::atomic<bool> ok{true};
   parallel_for(total, cost, [&](int64_t begin, int64_t end) {
+    // Rows are scattered over large tables, so pooling waits on memory. The rows' addresses
+    // are resolved first (one pass over the ids), so that the pooling can request rows
+    // well ahead without waiting on the position -> key -> row indirection.
+    ScratchVector<const T*> row_of_id;
     size_t l = std::upper_bound(first_sample.begin(), first_sample.end(), begin) -
                first_sample.begin() - 1;
     for (int64_t g = begin; g < end; ++l) {
       const PooledLookup<T>& lookup = lookups[l];
+      const int64_t first = g - first_sample[l];
       const int64_t last = std::min(end, first_sample[l + 1]) - first_sample[l];
-      for (int64_t s = g - first_sample[l]; s < last; ++s) {
-        PrefetchSample(rows, num_rows, dim, lookup, s + samples_ahead, last);
-        if (!PoolSample(rows, num_rows, dim, lookup, s, lookup.output + s * dim)) ok = false;
-      }
       g = first_sample[l] + last;
+      const int64_t first_id = lookup.row_splits[first], last_id = lookup.row_splits[last];
+      row_of_id.resize(last_id - first_id);
+      for (int64_t i = first_id; i < last_id; ++i) {
+        const int32_t p = lookup.position[i];
+        if (p < 0 || p >= num_rows) {
+          ok = false;
+          return;
+        }
+        row_of_id[i - first_id] = rows(p);
+      }
+      for (int64_t k = 0; k < std::min(ahead, last_id - first_id); ++k) {
+        PrefetchRow(row_of_id[k], dim);
+      }
+      const T* const* row = row_of_id.data() - first_id;  // indexed by id
+      for (int64_t s = first; s < last; ++s) {
+        PoolSample(dim, lookup, s, row, ahead, last_id, lookup.output + s * dim);
+      }
     }
   });
   if (!ok) return CheckPositions(num_rows, lookups);
   return Status::Ok();
 }
 
-// Lookups laid end to end: global sample g is sample g - first[l] of lookup l, and its ids
-// are uses [use_first[l] + row_splits[...]] of all lookups' uses.
+// Lookups laid end to end: global sample number g is sample g - first[l] of lookup l, whose
+// ids are, among all lookups' ids, use_first[l] + [row_splits[s], row_splits[s + 1]).
 template <typename T>
 struct SampleSpace {
   explicit SampleSpace(const std::vector<PooledLookup<T>>& lookups) : lookups(lookups) {
@@ -185,7 +185,7 @@ struct SampleSpace {
     const int64_t* splits = lookups[l].row_splits;
     return first[l] + (std::lower_bound(splits, splits + lookups[l].batch, u - use_first[l]) - splits);
   }
-  // visit(lookup, s, g) for global samples g in [begin, end).
+  // visit(lookup, s, g) for the samples of global numbers g in [begin, end).
   template <typename Visit>
   void ForSamples(int64_t begin, int64_t end, Visit visit) const {
     size_t l = std::upper_bound(first.begin(), first.end(), begin) - first.begin() - 1;
