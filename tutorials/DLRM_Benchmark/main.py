@@ -53,7 +53,10 @@ def parse_args(argv=None):
     parser.add_argument("--warmup_steps", type=int, default=8000)
     parser.add_argument("--decay_start_step", type=int, default=48000)
     parser.add_argument("--decay_steps", type=int, default=24000)
-    parser.add_argument("--embedding", choices=["static", "dynamic", "keras"], default="static")
+    parser.add_argument("--embedding", choices=["static", "dynamic", "keras", "none"],
+                        default="static",
+                        help="keras: tf.keras.layers.Embedding tables (C6's competitor); none: "
+                             "no tables, features read as zeros (the dense part alone)")
     parser.add_argument("--embedding_dim", type=int, default=128)
     parser.add_argument("--log_interval", type=int, default=50)
     parser.add_argument("--max_steps", type=int, default=-1)
@@ -98,8 +101,9 @@ def main(argv=None):
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     sok.init(comm_tool="horovod")
     rank, workers = hvd.rank(), hvd.size()
-    if args.embedding == "keras" and workers > 1:
-        raise ValueError("--embedding keras is the single-worker competitor; run it with -np 1")
+    if args.embedding in ("keras", "none") and workers > 1:
+        raise ValueError(f"--embedding {args.embedding} is a single-worker comparison; run it "
+                         "with -np 1")
     if args.amp:
         tf.keras.mixed_precision.set_global_policy("mixed_float16")
     log = print if rank == 0 else (lambda *a, **k: None)
@@ -154,7 +158,8 @@ def main(argv=None):
         if args.embedding == "keras":
             dense_optimizer.apply_gradients(zip(table_grads + dense_grads, variables))
         else:
-            table_optimizer.apply_gradients(zip(table_grads, model.tables))
+            if model.tables:
+                table_optimizer.apply_gradients(zip(table_grads, model.tables))
             dense_optimizer.apply_gradients(zip(dense_grads, model.dense_variables))
         return hvd.allreduce(loss, op=hvd.Sum) if workers > 1 else loss
 

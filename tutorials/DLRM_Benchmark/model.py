@@ -2,7 +2,9 @@
 sok.lookup_sparse, dot interaction, top MLP 1024-1024-512-256-1.
 
 `embedding="keras"` builds the same model with tf.keras.layers.Embedding tables (the C6
-competitor); it only runs on one worker.
+competitor); it only runs on one worker. `embedding="none"` has no tables: every categorical
+feature reads as zeros, so a step costs the dense part alone (C6's bound on what any
+embedding can gain).
 """
 import tensorflow as tf
 
@@ -37,8 +39,11 @@ class DLRM:
             for table in self.keras_tables:
                 table.build(None)
             self.tables = [table.embeddings for table in self.keras_tables]
+        elif embedding == "none":
+            self.tables = []
+            self.zero_features = (len(vocab_sizes), dim)
         else:
-            raise ValueError(f"unknown embedding {embedding!r}; use static, dynamic or keras")
+            raise ValueError(f"unknown embedding {embedding!r}; use static, dynamic, keras or none")
         self.bottom = mlp([512, 256, dim], name="bottom")
         self.top = mlp([1024, 1024, 512, 256, 1], last_activation=None, name="top")
         self.bottom.build([None, 13])
@@ -55,6 +60,9 @@ class DLRM:
     def embeddings(self, categorical, training):
         if self.embedding == "keras":
             return [table(categorical[:, i]) for i, table in enumerate(self.keras_tables)]
+        if self.embedding == "none":
+            count, dim = self.zero_features
+            return [tf.zeros([tf.shape(categorical)[0], dim])] * count
         ids = [tf.RaggedTensor.from_tensor(categorical[:, i:i + 1]) for i in range(len(self.tables))]
         return sok.lookup_sparse(self.tables, ids, combiners=["sum"] * len(self.tables),
                                  training=training, compress=self.compress)
