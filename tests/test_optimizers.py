@@ -284,6 +284,55 @@ def test_lazy_references_equal_keras_when_every_row_is_touched(name):
     np.testing.assert_allclose(lazy.numpy(), keras.numpy(), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["legacy_adam", "legacy_adam_schedule", "legacy_nadam"])
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_static_tables_are_updated_lazily_under_adam_and_nadam(name, mode):
+    """Keras' legacy Adam / Nadam move every row of a table each step; the wrapper updates a
+    sok.Variable's touched rows only (Sok>StaticApply), its state in Keras' own m / v slots."""
+    rng = np.random.default_rng(4)
+    initial = rng.normal(size=[VOCAB + 5, DIM]).astype(np.float32)  # rows >= VOCAB: untouched
+    table, reference = sok.Variable(initial), tf.Variable(initial)
+    wrapper = sok.OptimizerWrapper(OPTIMIZERS[name]())
+    ref_optimizer = REFERENCE_OF[name](OPTIMIZERS[name]())
+
+    def sok_step(ids):
+        with tf.GradientTape() as tape:
+            out = sok.lookup_sparse([table], [ids], combiners=["sum"])[0]
+            loss = tf.reduce_sum(out * out)
+        wrapper.apply_gradients([(tape.gradient(loss, table), table)])
+
+    steps = {"ragged": tf.function(sok_step), "one id": tf.function(sok_step)} \
+        if mode == "function" else {"ragged": sok_step, "one id": sok_step}
+    for step in range(STEPS):
+        if step % 2:  # one id per sample: gradients keyed by id with duplicates
+            rows = rng.integers(0, VOCAB, size=8)
+            ids = tf.RaggedTensor.from_tensor(tf.constant(rows, tf.int64)[:, None])
+            steps["one id"](ids)
+        else:
+            lengths = rng.integers(0, 4, size=6)
+            rows = rng.integers(0, VOCAB, size=lengths.sum())
+            ids = tf.RaggedTensor.from_row_lengths(tf.constant(rows, tf.int64), lengths)
+            steps["ragged"](ids)
+        touched_rows_reference(reference, ref_optimizer, ids)
+    np.testing.assert_allclose(table.numpy(), reference.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(table.numpy()[VOCAB:], initial[VOCAB:])
+    touched = sorted(ref_optimizer.m)
+    m = wrapper.optimizer.get_slot(table, "m").numpy()
+    np.testing.assert_allclose(m[touched], np.stack([ref_optimizer.m[r] for r in touched]),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(m[VOCAB:], 0.0)
+
+
+def test_static_lazy_update_rejects_out_of_range_rows_before_writing():
+    table = sok.Variable(np.ones([5, 2], np.float32), name="lazy_bad_rows")
+    wrapper = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.1))
+    grad = tf.IndexedSlices(tf.ones([2, 2]), tf.constant([1, 7], tf.int64), tf.constant([5, 2]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 7 of table 'lazy_bad_rows.*\[0, 5\)"):
+        wrapper.apply_gradients([(grad, table)])
+    np.testing.assert_array_equal(table.numpy(), np.ones([5, 2], np.float32))
+    np.testing.assert_array_equal(wrapper.optimizer.get_slot(table, "m").numpy(), 0.0)
+
+
 def test_static_variables_go_to_the_wrapped_optimizer():
     table = sok.Variable(np.ones([5, 2], np.float32))
     wrapper = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.5))

@@ -4,7 +4,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "kit_src/core/optimizers/update_rules.h"
+#include "kit_src/core/optimizers/sum_duplicates.h"
+#include "kit_src/core/optimizers/row_update.h"
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/pooled_output.h"
 #include "kit_src/tf/kernels/dynamic_table_resource.h"
@@ -360,16 +361,9 @@ class DynamicApplyOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     const int64_t n = keys.NumElements(), dim = table.dim();
     OP_REQUIRES_OK(ctx, CheckMatrix(grads, n, dim, "grads"));
-    const auto h = hyper.flat<float>();
-    const int64_t needed = rule_ == "sgd"                                ? 2
-                           : (rule_ == "adagrad" || rule_ == "adadelta") ? 3
-                           : rule_ == "ftrl"                             ? 5
-                           : rule_ == "nadam"                            ? 9
-                           : rule_ == "rmsprop"                          ? 6
-                                                                         : 4;
-    OP_REQUIRES(ctx, h.size() == needed,
-                tf::errors::InvalidArgument(rule_, " takes ", needed, " hyper-parameters, got ",
-                                            h.size()));
+    RowUpdate update;
+    SOK_OP_REQUIRES_OK(ctx, MakeRowUpdate(rule_, hyper.flat<float>().data(), hyper.NumElements(),
+                                          nesterov_, &update));
     // Sum the gradients of duplicate keys so each row is updated once.
     std::vector<int64_t> unique_keys;
     std::vector<float> summed;
@@ -377,51 +371,12 @@ class DynamicApplyOp : public tf::OpKernel {
                   &summed);
     table.EnsureState(state_dim_, state_initial_value_);
     const float* g = summed.data();
-    // Applies `rule(w, state, g, dim, hyper)` to each touched row.
-    auto apply = [&](auto rule, const auto& hyper) {
-      table.UpdateRows(unique_keys.data(), unique_keys.size(),
-                       [&](int64_t i, float* w, float* state) {
-                         rule(w, state, g + i * dim, dim, hyper);
-                       },
-                       CpuParallelFor(ctx));
-    };
-    if (rule_ == "sgd") {
-      apply(ApplySgd, SgdHyper{h(0), h(1), nesterov_});
-    } else if (rule_ == "adagrad") {
-      apply(ApplyAdagrad, AdagradHyper{h(0), h(1), h(2) != 0.0f});
-    } else if (rule_ == "adam") {
-      apply(ApplyAdam, AdamHyper{h(0), h(1), h(2), h(3)});
-    } else if (rule_ == "adamax") {
-      apply(ApplyAdamax, AdamaxHyper{h(0), h(1), h(2), h(3)});
-    } else if (rule_ == "adadelta") {
-      apply(ApplyAdadelta, AdadeltaHyper{h(0), h(1), h(2)});
-    } else if (rule_ == "nadam") {
-      apply(ApplyNadam, NadamHyper{h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7), h(8)});
-    } else if (rule_ == "ftrl") {
-      apply(ApplyFtrl, FtrlHyper{h(0), h(1), h(2), h(3), h(4)});
-    } else {
-      apply(ApplyRmsprop, RmspropHyper{h(0), h(1), h(2), h(3), h(4) != 0.0f, h(5) != 0.0f});
-    }
+    table.UpdateRows(unique_keys.data(), unique_keys.size(),
+                     [&](int64_t i, float* w, float* state) { update(w, state, g + i * dim, dim); },
+                     CpuParallelFor(ctx));
   }
 
  private:
-  static void SumDuplicates(const int64_t* keys, const float* grads, int64_t n, int64_t dim,
-                            std::vector<int64_t>* unique_keys, std::vector<float>* summed) {
-    absl::flat_hash_map<int64_t, int64_t> index_of;
-    index_of.reserve(n);
-    summed->reserve(n * dim);
-    for (int64_t i = 0; i < n; ++i) {
-      auto inserted = index_of.try_emplace(keys[i], static_cast<int64_t>(unique_keys->size()));
-      if (inserted.second) {
-        unique_keys->push_back(keys[i]);
-        summed->insert(summed->end(), grads + i * dim, grads + (i + 1) * dim);
-      } else {
-        float* out = summed->data() + inserted.first->second * dim;
-        for (int64_t d = 0; d < dim; ++d) out[d] += grads[i * dim + d];
-      }
-    }
-  }
-
   std::string rule_;
   int64_t state_dim_ = 0;
   float state_initial_value_ = 0.0f;

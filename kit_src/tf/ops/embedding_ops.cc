@@ -221,4 +221,24 @@ REGISTER_OP("Sok>CombineBackward")
     })
     .Doc("Gradient of CombineForward with respect to its rows.");
 
+REGISTER_OP("Sok>StaticApply")
+    .Input("table: resource")
+    .Input("slots: N * resource")
+    .Input("indices: int64")
+    .Input("grads: float")
+    .Input("hyper: float")
+    .Attr("N: int >= 0")
+    .Attr("rule: {'sgd', 'adagrad', 'adam', 'adamax', 'adadelta', 'rmsprop', 'ftrl', 'nadam'}")
+    .Attr("nesterov: bool = false")
+    .Attr("table_name: string = ''")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Lazy optimizer update of a static table's local shard: the gradients of duplicate rows are
+summed, then each touched row and its rows of the N optimizer slot variables (each shaped like
+the table; together the state that kit_src/core/optimizers/update_rules.h lays out one after
+another) are updated in place. Untouched rows and their slots do not change. hyper as for
+Sok>DynamicApply. A row index outside the shard fails before anything is written.
+)doc");
+
 }  // namespace sok
