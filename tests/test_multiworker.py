@@ -30,6 +30,13 @@ def test_static_tables_match_single_worker_reference(optimizer, function):
     assert output.count("PASS rank=") == 2, output[-3000:]
 
 
+def test_static_tables_under_adam_are_updated_lazily_like_the_reference():
+    # Through sok.OptimizerWrapper each worker's shard rows touched in the global batch, and
+    # only those, take Adam steps (Sok>StaticApply), like a lazy NumPy Adam on one worker.
+    output = horovodrun("train_static.py", "--optimizer", "adam", "--function")
+    assert output.count("PASS rank=") == 2, output[-3000:]
+
+
 def test_float16_compressed_exchange_matches_reference_within_float16_rounding():
     output = horovodrun("train_static.py", "--optimizer", "adagrad", "--function", "--compress")
     assert output.count("PASS rank=") == 2, output[-3000:]
