@@ -14,18 +14,6 @@ NOTEBOOK_VOCAB = [203931, 18598, 14092, 7012, 18977, 4, 6385, 1245, 49, 186213, 
                   11, 2168, 7338, 61, 4, 932, 15, 204515, 141526, 199433, 60919, 9137, 71, 34]
 
 
-def median_ms(fn, warmup=3, iterations=15):
-    """Median wall time of fn() in milliseconds; fn must force its own results."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def interleaved_median_ms(fns, warmup=3, iterations=15):
     """Median wall time of each fn() in milliseconds, the fns called in turn each iteration,
     so that a drift in the machine's speed (large on shared VMs) reaches all of them alike."""

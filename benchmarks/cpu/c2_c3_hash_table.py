@@ -50,8 +50,8 @@ def main():
             return fn(queries[state["i"] % len(queries)]).numpy()
         return call
 
-    c2_sok = common.median_ms(cycle(sok_find), iterations=args.iterations)
-    c2_tfra = common.median_ms(cycle(tfra_find), iterations=args.iterations)
+    c2_sok, c2_tfra = common.interleaved_median_ms([cycle(sok_find), cycle(tfra_find)],
+                                                   iterations=args.iterations)
 
     # C3: every call inserts keys neither table has seen (beyond the filled range).
     fresh = iter(range(KEY_RANGE, KEY_RANGE + (1 << 40), BATCH))
@@ -64,9 +64,9 @@ def main():
     def new_keys():
         return tf.constant(np.arange(BATCH, dtype=np.int64) + next(fresh))
 
-    c3_sok = common.median_ms(lambda: sok_insert(new_keys()).numpy(), iterations=args.iterations)
-    c3_tfra = common.median_ms(lambda: tfra_insert(new_keys(), new_values),
-                               iterations=args.iterations)
+    c3_sok, c3_tfra = common.interleaved_median_ms(
+        [lambda: sok_insert(new_keys()).numpy(), lambda: tfra_insert(new_keys(), new_values)],
+        iterations=args.iterations)
     results = {
         "C2_lookup": {"sok_ms": round(c2_sok, 3), "tfra_ms": round(c2_tfra, 3),
                       "speedup": round(c2_tfra / c2_sok, 3), "target": ">= 4x"},

@@ -87,10 +87,9 @@ def main():
         tfra_optimizer.minimize(lambda: tfra_loss(ids), var_list=shadows)
 
     warmup = len(batches) + 1
-    sok_ms = common.median_ms(run_sok, warmup=warmup, iterations=args.iterations)
-    print(f"sok {sok_ms:.1f} ms", flush=True)
-    tfra_ms = common.median_ms(run_tfra, warmup=warmup, iterations=args.iterations)
-    print(f"tfra {tfra_ms:.1f} ms", flush=True)
+    sok_ms, tfra_ms = common.interleaved_median_ms([run_sok, run_tfra], warmup=warmup,
+                                                   iterations=args.iterations)
+    print(f"sok {sok_ms:.1f} ms, tfra {tfra_ms:.1f} ms", flush=True)
     result = {"sok_ms": round(sok_ms, 2), "tfra_ms": round(tfra_ms, 2),
               "speedup": round(tfra_ms / sok_ms, 3), "target": ">= 3x"}
     path = common.write_result("c4_dynamic_training", {

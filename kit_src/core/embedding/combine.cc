@@ -34,12 +34,12 @@ Status BadPosition(int64_t position, int64_t num_rows) {
                                  " is out of range [0, " + std::to_string(num_rows) + ")");
 }
 
-// Pools sample s of `lookup` into out. row[i] is the address of the row of id i (ids of the
-// sample are [row_splits[s], row_splits[s + 1])); the rows of ids up to `ahead` later, below
-// `last_id`, are requested on the way.
+// Pools sample s of `lookup` into out. row_of_id[i - first_id] is the address of the row of
+// id i (ids of the sample are [row_splits[s], row_splits[s + 1])); the rows of ids up to
+// `ahead` later, below `last_id`, are requested on the way.
 template <typename T>
-void PoolSample(int64_t dim, const PooledLookup<T>& lookup, int64_t s, const T* const* row,
-                int64_t ahead, int64_t last_id, T* out) {
+void PoolSample(int64_t dim, const PooledLookup<T>& lookup, int64_t s, const T* const* row_of_id,
+                int64_t first_id, int64_t last_id, int64_t ahead, T* out) {
   const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];
   const float denominator = Denominator(lookup.combiner, lookup.weights, begin, end);
   if (begin == end || denominator == 0.0f) {
@@ -47,12 +47,13 @@ void PoolSample(int64_t dim, const PooledLookup<T>& lookup, int64_t s, const T* 
     return;
   }
   for (int64_t i = begin; i < end; ++i) {
-    if (i + ahead < last_id) PrefetchRow(row[i + ahead], dim);
+    if (i + ahead < last_id) PrefetchRow(row_of_id[i + ahead - first_id], dim);
     const T scale = static_cast<T>((lookup.weights ? lookup.weights[i] : 1.0f) / denominator);
+    const T* row = row_of_id[i - first_id];
     if (i == begin) {  // the first row initialises the output: one pass less over it
-      for (int64_t d = 0; d < dim; ++d) out[d] = scale * row[i][d];
+      for (int64_t d = 0; d < dim; ++d) out[d] = scale * row[d];
     } else {
-      for (int64_t d = 0; d < dim; ++d) out[d] += scale * row[i][d];
+      for (int64_t d = 0; d < dim; ++d) out[d] += scale * row[d];
     }
   }
 }
@@ -154,9 +155,9 @@ Status CombineForward(const Rows& rows, int64_t num_rows, int64_t dim,
       for (int64_t k = 0; k < std::min(ahead, last_id - first_id); ++k) {
         PrefetchRow(row_of_id[k], dim);
       }
-      const T* const* row = row_of_id.data() - first_id;  // indexed by id
       for (int64_t s = first; s < last; ++s) {
-        PoolSample(dim, lookup, s, row, ahead, last_id, lookup.output + s * dim);
+        PoolSample(dim, lookup, s, row_of_id.data(), first_id, last_id, ahead,
+                   lookup.output + s * dim);
       }
     }
   });
