@@ -195,4 +195,23 @@ SOK_HOST_DEVICE inline void ApplyFtrl(float* w, float* state, const float* g, in
   }
 }
 
+// The rule of a hyper-parameter type, for code that holds only the hyper-parameters (the GPU
+// kernels are templates on it).
+SOK_HOST_DEVICE inline void ApplyRule(float* w, float* s, const float* g, int64_t dim,
+                                      const SgdHyper& h) { ApplySgd(w, s, g, dim, h); }
+SOK_HOST_DEVICE inline void ApplyRule(float* w, float* s, const float* g, int64_t dim,
+                                      const AdagradHyper& h) { ApplyAdagrad(w, s, g, dim, h); }
+SOK_HOST_DEVICE inline void ApplyRule(float* w, float* s, const float* g, int64_t dim,
+                                      const AdamHyper& h) { ApplyAdam(w, s, g, dim, h); }
+SOK_HOST_DEVICE inline void ApplyRule(float* w, float* s, const float* g, int64_t dim,
+                                      const AdamaxHyper& h) { ApplyAdamax(w, s, g, dim, h); }
+SOK_HOST_DEVICE inline void ApplyRule(float* w, float* s, const float* g, int64_t dim,
+                                      const AdadeltaHyper& h) { ApplyAdadelta(w, s, g, dim, h); }
+SOK_HOST_DEVICE inline void ApplyRule(float* w, float* s, const float* g, int64_t dim,
+                                      const RmspropHyper& h) { ApplyRmsprop(w, s, g, dim, h); }
+SOK_HOST_DEVICE inline void ApplyRule(float* w, float* s, const float* g, int64_t dim,
+                                      const NadamHyper& h) { ApplyNadam(w, s, g, dim, h); }
+SOK_HOST_DEVICE inline void ApplyRule(float* w, float* s, const float* g, int64_t dim,
+                                      const FtrlHyper& h) { ApplyFtrl(w, s, g, dim, h); }
+
 }  // namespace sok

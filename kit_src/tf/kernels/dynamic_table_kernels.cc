@@ -5,7 +5,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "kit_src/core/optimizers/sum_duplicates.h"
-#include "kit_src/core/optimizers/row_update.h"
+#include "kit_src/core/optimizers/rule_by_name.h"
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/pooled_output.h"
 #include "kit_src/tf/kernels/dynamic_table_resource.h"
@@ -361,9 +361,9 @@ class DynamicApplyOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     const int64_t n = keys.NumElements(), dim = table.dim();
     OP_REQUIRES_OK(ctx, CheckMatrix(grads, n, dim, "grads"));
-    RowUpdate update;
-    SOK_OP_REQUIRES_OK(ctx, MakeRowUpdate(rule_, hyper.flat<float>().data(), hyper.NumElements(),
-                                          nesterov_, &update));
+    OP_REQUIRES(ctx, RuleHyperCount(rule_) == hyper.NumElements(),
+                tf::errors::InvalidArgument(rule_, " takes ", RuleHyperCount(rule_),
+                                            " hyper-parameters, got ", hyper.NumElements()));
     // Sum the gradients of duplicate keys so each row is updated once.
     std::vector<int64_t> unique_keys;
     std::vector<float> summed;
@@ -371,9 +371,13 @@ class DynamicApplyOp : public tf::OpKernel {
                   &summed);
     table.EnsureState(state_dim_, state_initial_value_);
     const float* g = summed.data();
-    table.UpdateRows(unique_keys.data(), unique_keys.size(),
-                     [&](int64_t i, float* w, float* state) { update(w, state, g + i * dim, dim); },
-                     CpuParallelFor(ctx));
+    SOK_OP_REQUIRES_OK(ctx, VisitRule(rule_, hyper.flat<float>().data(), hyper.NumElements(),
+                                      nesterov_, [&](const auto& rule) {
+      table.UpdateRows(
+          unique_keys.data(), unique_keys.size(),
+          [&](int64_t i, float* w, float* state) { ApplyRule(w, state, g + i * dim, dim, rule); },
+          CpuParallelFor(ctx));
+    }));
   }
 
  private:

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "kit_src/core/embedding/key_partition.h"
-#include "kit_src/core/optimizers/row_update.h"
+#include "kit_src/core/optimizers/rule_by_name.h"
 #include "kit_src/core/optimizers/sum_duplicates.h"
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -68,9 +68,9 @@ class StaticApplyOp : public tf::OpKernel {
     const tf::Tensor& indices = ctx->input(num_slots_ + 1);
     const tf::Tensor& grads = ctx->input(num_slots_ + 2);
     const tf::Tensor& hyper = ctx->input(num_slots_ + 3);
-    RowUpdate update;
-    SOK_OP_REQUIRES_OK(ctx, MakeRowUpdate(rule_, hyper.flat<float>().data(), hyper.NumElements(),
-                                          nesterov_, &update));
+    OP_REQUIRES(ctx, RuleHyperCount(rule_) == hyper.NumElements(),
+                tf::errors::InvalidArgument(rule_, " takes ", RuleHyperCount(rule_),
+                                            " hyper-parameters, got ", hyper.NumElements()));
     LockedVariables locked;
     OP_REQUIRES_OK(ctx, locked.Lock(ctx, num_slots_ + 1));
     std::vector<tf::Tensor*> tensors(num_slots_ + 1);  // the table, then its slots
@@ -105,20 +105,23 @@ class StaticApplyOp : public tf::OpKernel {
     float* weights = tensors[0]->flat<float>().data();
     std::vector<float*> slots;
     for (int i = 1; i <= num_slots_; ++i) slots.push_back(tensors[i]->flat<float>().data());
-    CpuParallelFor(ctx)(unique_rows.size(), dim * 16, [&](int64_t begin, int64_t end) {
-      // The rule reads a row's state packed slot after slot: gathered here, written back.
-      std::vector<float> state(num_slots_ * dim);
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t row = unique_rows[i];
-        for (int s = 0; s < num_slots_; ++s) {
-          std::memcpy(state.data() + s * dim, slots[s] + row * dim, dim * sizeof(float));
+    SOK_OP_REQUIRES_OK(ctx, VisitRule(rule_, hyper.flat<float>().data(), hyper.NumElements(),
+                                      nesterov_, [&](const auto& rule) {
+      CpuParallelFor(ctx)(unique_rows.size(), dim * 16, [&](int64_t begin, int64_t end) {
+        // The rule reads a row's state packed slot after slot: gathered here, written back.
+        std::vector<float> state(num_slots_ * dim);
+        for (int64_t i = begin; i < end; ++i) {
+          const int64_t row = unique_rows[i];
+          for (int s = 0; s < num_slots_; ++s) {
+            std::memcpy(state.data() + s * dim, slots[s] + row * dim, dim * sizeof(float));
+          }
+          ApplyRule(weights + row * dim, state.data(), summed.data() + i * dim, dim, rule);
+          for (int s = 0; s < num_slots_; ++s) {
+            std::memcpy(slots[s] + row * dim, state.data() + s * dim, dim * sizeof(float));
+          }
         }
-        update(weights + row * dim, state.data(), summed.data() + i * dim, dim);
-        for (int s = 0; s < num_slots_; ++s) {
-          std::memcpy(slots[s] + row * dim, state.data() + s * dim, dim * sizeof(float));
-        }
-      }
-    });
+      });
+    }));
   }
 
  private:
