@@ -16,3 +16,4 @@ else
 fi
 python benchmarks/gpu/g5_interaction.py
 python benchmarks/gpu/g3_pooled.py
+python benchmarks/gpu/sparse_adam.py

@@ -6,6 +6,7 @@
 
 #include "kit_src/core/embedding/pooled_lookup.cuh"
 #include "kit_src/core/interaction/dot_interaction.cuh"
+#include "kit_src/core/optimizers/sparse_apply.cuh"
 
 extern "C" {
 
@@ -59,6 +60,18 @@ int sok_pooled_sgd_backward(float* table, int64_t dim, const int64_t* ids, const
   const sok::PooledBatch batch{ids, offsets, weights, bags, nnz, mean != 0};
   return static_cast<int>(sok::PooledSgdBackwardGpu(table, dim, batch, output_grad, lr,
                                                     static_cast<cudaStream_t>(stream)));
+}
+
+// Lazy optimizer step of the rows `ids` name in table [rows, dim] and its state
+// [rows, state_dim] (null when the rule keeps none), gradients [n, dim] with duplicate ids
+// summed first. rule and hyper as Sok>DynamicApply takes them.
+int sok_sparse_apply(const char* rule, const float* hyper, int64_t hyper_count, int nesterov,
+                     float* values, float* state, int64_t rows, int64_t dim, int64_t state_dim,
+                     const int64_t* ids, const float* grads, int64_t n, void* stream) {
+  const sok::SparseApplyTable table{values, state, rows, dim, state_dim};
+  const sok::SparseGradient gradient{ids, grads, n};
+  return static_cast<int>(sok::SparseApplyGpu(rule, hyper, hyper_count, nesterov != 0, table,
+                                              gradient, static_cast<cudaStream_t>(stream)));
 }
 
 }  // extern "C"

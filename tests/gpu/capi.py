@@ -17,6 +17,8 @@ def load():
                                               ptr, ptr]
     lib.sok_pooled_sgd_backward.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, ctypes.c_int, ptr,
                                             ctypes.c_float, ptr]
+    lib.sok_sparse_apply.argtypes = [ctypes.c_char_p, ptr, i64, ctypes.c_int, ptr, ptr, i64,
+                                     i64, i64, ptr, ptr, i64, ptr]
     return lib
 
 

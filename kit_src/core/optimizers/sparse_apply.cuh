@@ -1,0 +1,36 @@
+// GPU lazy optimizer update of a table's touched rows: the gradients of duplicate ids are
+// summed (the ids radix-sorted with CUB, stably, then run-length encoded), then every touched
+// row and its state take one step of the rule (kit_src/core/optimizers/update_rules.h, one
+// thread per element). Rows no id names do not change.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+namespace sok {
+
+struct SparseApplyTable {
+  float* values = nullptr;  // [rows, dim], device memory
+  float* state = nullptr;   // [rows, state_dim] laid out as the rule reads it, or null
+  int64_t rows = 0;
+  int64_t dim = 0;
+  int64_t state_dim = 0;    // 0, dim, 2 dim or 3 dim floats per row, as the rule needs
+};
+
+struct SparseGradient {
+  const int64_t* ids = nullptr;  // [n] rows, duplicates allowed
+  const float* values = nullptr; // [n, dim]
+  int64_t n = 0;
+};
+
+// hyper: host floats as Sok>DynamicApply takes them for `rule`. Returns cudaErrorInvalidValue,
+// before any write, on an unknown rule, a wrong hyper count, a state_dim the rule does not
+// fit or an id outside [0, rows); otherwise the CUDA status. Synchronises `stream` once (the
+// id check).
+cudaError_t SparseApplyGpu(const std::string& rule, const float* hyper, int64_t hyper_count,
+                           bool nesterov, const SparseApplyTable& table,
+                           const SparseGradient& gradient, cudaStream_t stream);
+
+}  // namespace sok
