@@ -115,56 +115,6 @@ Status ValidateRowSplits(const int64_t* row_splits, int64_t batch, int64_t nnz,
   return Status::Ok();
 }
 
-template <typename T, typename Rows>
-Status CombineForward(const Rows& rows, int64_t num_rows, int64_t dim,
-                      const std::vector<PooledLookup<T>>& lookups,
-                      const ParallelFor& parallel_for) {
-  // One parallel loop over the samples of all lookups: one synchronisation per call.
-  std::vector<int64_t> first_sample(lookups.size() + 1, 0);
-  int64_t total_nnz = 0;
-  for (size_t l = 0; l < lookups.size(); ++l) {
-    first_sample[l + 1] = first_sample[l] + lookups[l].batch;
-    total_nnz += lookups[l].row_splits[lookups[l].batch];
-  }
-  const int64_t total = first_sample.back();
-  const int64_t cost = dim * (2 + total_nnz / std::max<int64_t>(total, 1)) * 4;
-  const int64_t ahead = PrefetchDistance(dim * sizeof(T));
-  std::atomic<bool> ok{true};
-  parallel_for(total, cost, [&](int64_t begin, int64_t end) {
-    // Rows are scattered over large tables, so pooling waits on memory. The rows' addresses
-    // are resolved first (one pass over the ids), so that the pooling can request rows
-    // well ahead without waiting on the position -> key -> row indirection.
-    ScratchVector<const T*> row_of_id;
-    size_t l = std::upper_bound(first_sample.begin(), first_sample.end(), begin) -
-               first_sample.begin() - 1;
-    for (int64_t g = begin; g < end; ++l) {
-      const PooledLookup<T>& lookup = lookups[l];
-      const int64_t first = g - first_sample[l];
-      const int64_t last = std::min(end, first_sample[l + 1]) - first_sample[l];
-      g = first_sample[l] + last;
-      const int64_t first_id = lookup.row_splits[first], last_id = lookup.row_splits[last];
-      row_of_id.resize(last_id - first_id);
-      for (int64_t i = first_id; i < last_id; ++i) {
-        const int32_t p = lookup.position[i];
-        if (p < 0 || p >= num_rows) {
-          ok = false;
-          return;
-        }
-        row_of_id[i - first_id] = rows(p);
-      }
-      for (int64_t k = 0; k < std::min(ahead, last_id - first_id); ++k) {
-        PrefetchRow(row_of_id[k], dim);
-      }
-      for (int64_t s = first; s < last; ++s) {
-        PoolSample(dim, lookup, s, row_of_id.data(), first_id, last_id, ahead,
-                   lookup.output + s * dim);
-      }
-    }
-  });
-  if (!ok) return CheckPositions(num_rows, lookups);
-  return Status::Ok();
-}
-
 // Lookups laid end to end: global sample number g is sample g - first[l] of lookup l, whose
 // ids are, among all lookups' ids, use_first[l] + [row_splits[s], row_splits[s + 1]).
 template <typename T>
@@ -199,6 +149,51 @@ struct SampleSpace {
   const std::vector<PooledLookup<T>>& lookups;
   std::vector<int64_t> first, use_first;
 };
+
+template <typename T, typename Rows>
+Status CombineForward(const Rows& rows, int64_t num_rows, int64_t dim,
+                      const std::vector<PooledLookup<T>>& lookups,
+                      const ParallelFor& parallel_for) {
+  // One parallel loop over the samples of all lookups: one synchronisation per call.
+  const SampleSpace<T> space(lookups);
+  const std::vector<int64_t>& first_sample = space.first;
+  const int64_t cost = dim * (2 + space.uses() / std::max<int64_t>(space.samples(), 1)) * 4;
+  const int64_t ahead = PrefetchDistance(dim * sizeof(T));
+  std::atomic<bool> ok{true};
+  parallel_for(space.samples(), cost, [&](int64_t begin, int64_t end) {
+    // Rows are scattered over large tables, so pooling waits on memory. The rows' addresses
+    // are resolved first (one pass over the ids), so that the pooling can request rows
+    // well ahead without waiting on the position -> key -> row indirection.
+    ScratchVector<const T*> row_of_id;
+    size_t l = std::upper_bound(first_sample.begin(), first_sample.end(), begin) -
+               first_sample.begin() - 1;
+    for (int64_t g = begin; g < end; ++l) {
+      const PooledLookup<T>& lookup = lookups[l];
+      const int64_t first = g - first_sample[l];
+      const int64_t last = std::min(end, first_sample[l + 1]) - first_sample[l];
+      g = first_sample[l] + last;
+      const int64_t first_id = lookup.row_splits[first], last_id = lookup.row_splits[last];
+      row_of_id.resize(last_id - first_id);
+      for (int64_t i = first_id; i < last_id; ++i) {
+        const int32_t p = lookup.position[i];
+        if (p < 0 || p >= num_rows) {
+          ok = false;
+          return;
+        }
+        row_of_id[i - first_id] = rows(p);
+      }
+      for (int64_t k = 0; k < std::min(ahead, last_id - first_id); ++k) {
+        PrefetchRow(row_of_id[k], dim);
+      }
+      for (int64_t s = first; s < last; ++s) {
+        PoolSample(dim, lookup, s, row_of_id.data(), first_id, last_id, ahead,
+                   lookup.output + s * dim);
+      }
+    }
+  });
+  if (!ok) return CheckPositions(num_rows, lookups);
+  return Status::Ok();
+}
 
 // The uses of every row, grouped by row: the uses of row p are uses[first_use[p] ..
 // first_use[p + 1]). A counting sort, in parallel: the samples are cut into blocks of about
