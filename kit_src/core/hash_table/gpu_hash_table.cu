@@ -70,9 +70,13 @@ __global__ void ClaimSlots(GpuHashTable t, const int64_t* keys, int64_t n, int64
     }
     slots[i] = slot;
     inserted[i] = created;
-    if (created) {
-      atomicAdd(reinterpret_cast<unsigned long long*>(t.counters), 1ull);
-      atomicAdd(reinterpret_cast<unsigned long long*>(t.counters + 1), 1ull);
+    // One atomic per warp, not per new key: the two counters are single addresses that a
+    // million inserts would otherwise queue on.
+    const unsigned active = __activemask();
+    const unsigned creators = __ballot_sync(active, created);
+    if (creators != 0 && (threadIdx.x & 31) == __ffs(active) - 1) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(t.counters), __popc(creators));
+      atomicAdd(reinterpret_cast<unsigned long long*>(t.counters + 1), __popc(creators));
     }
   }
 }
