@@ -26,6 +26,18 @@ def load():
     return lib
 
 
+def torch_and_library():
+    """For a GPU test module: (torch, the loaded library), or a module-level skip saying what
+    is missing (PyTorch, a CUDA device, the built library)."""
+    import pytest
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device", allow_module_level=True)
+    if not os.path.exists(LIBRARY):
+        pytest.skip(f"{LIBRARY} is not built", allow_module_level=True)
+    return torch, load()
+
+
 def check(code):
     if code != 0:
         raise RuntimeError(f"CUDA error {code}")

@@ -7,15 +7,10 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device", allow_module_level=True)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import capi  # noqa: E402
 
-if not os.path.exists(capi.LIBRARY):
-    pytest.skip(f"{capi.LIBRARY} is not built", allow_module_level=True)
-LIB = capi.load()
+torch, LIB = capi.torch_and_library()
 EMPTY, ERASED = -(1 << 63), -(1 << 63) + 1
 CUDA_ERROR_INVALID_VALUE = 1
 
