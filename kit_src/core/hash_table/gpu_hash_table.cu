@@ -33,14 +33,33 @@ __device__ int64_t FindSlot(const GpuHashTable& t, int64_t key) {
   return -1;
 }
 
-__global__ void FindSlots(GpuHashTable t, const int64_t* keys, int64_t n, int64_t* slots,
-                          uint8_t* found) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t key = keys[i];
-    const int64_t slot = key == kEmptyKey || key == kErasedKey ? -1 : FindSlot(t, key);
-    slots[i] = slot;
-    if (found) found[i] = slot >= 0;
+// Find, fused: each warp takes 32 keys, every lane probes for one, then the warp copies the
+// 32 rows together (coalesced), the slots handed round by shuffles instead of through memory.
+template <typename V>
+__global__ void FindRows(GpuHashTable t, const int64_t* keys, int64_t n, int64_t width, V* out,
+                         uint8_t* found) {
+  const V* values = reinterpret_cast<const V*>(t.values);
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5;
+  const int64_t warps = (int64_t{gridDim.x} * blockDim.x) >> 5;
+  for (int64_t base = warp * 32; base < n; base += warps * 32) {
+    const int64_t i = base + lane;
+    int64_t slot = -1;
+    if (i < n) {
+      const int64_t key = keys[i];
+      if (key != kEmptyKey && key != kErasedKey) slot = FindSlot(t, key);
+      if (found) found[i] = slot >= 0;
+    }
+    const int64_t total = min(int64_t{32}, n - base) * width;
+    for (int64_t e0 = 0; e0 < total; e0 += 32) {
+      const int64_t e = e0 + lane;
+      const int r = static_cast<int>(min(e, total - 1) / width);
+      const int64_t row_slot = __shfl_sync(0xffffffffu, slot, r);
+      if (e < total) {
+        const int64_t column = e - r * width;
+        out[(base + r) * width + column] = row_slot < 0 ? V{} : values[row_slot * width + column];
+      }
+    }
   }
 }
 
@@ -171,12 +190,13 @@ cudaError_t Scratch(size_t count, cudaStream_t stream, T** out) {
 cudaError_t GpuTableFind(const GpuHashTable& table, const int64_t* keys, int64_t n, float* out,
                          uint8_t* found, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  int64_t* slots = nullptr;
-  cudaError_t status = Scratch(n, stream, &slots);
-  if (status != cudaSuccess) return status;
-  FindSlots<<<Blocks(n), kThreads, 0, stream>>>(table, keys, n, slots, found);
-  LaunchGather(table, slots, n, out, stream);
-  cudaFreeAsync(slots, stream);
+  const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 1 << 16));
+  if (table.dim % 4 == 0 && Aligned16(table.values) && Aligned16(out)) {
+    FindRows<<<blocks, kThreads, 0, stream>>>(table, keys, n, table.dim / 4,
+                                              reinterpret_cast<float4*>(out), found);
+  } else {
+    FindRows<<<blocks, kThreads, 0, stream>>>(table, keys, n, table.dim, out, found);
+  }
   return cudaGetLastError();
 }
 
