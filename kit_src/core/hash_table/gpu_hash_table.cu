@@ -1,5 +1,7 @@
 #include "kit_src/core/hash_table/gpu_hash_table.cuh"
 
+#include "kit_src/core/cuda_scratch.cuh"
+
 #include <algorithm>
 
 namespace sok {
@@ -7,7 +9,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-int Blocks(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 1 << 16)); }
+int Blocks(int64_t n) { return GridBlocks(n, kThreads); }
 
 __device__ __forceinline__ uint64_t Mix(uint64_t x) {  // splitmix64's finaliser
   x ^= x >> 30;
@@ -179,18 +181,12 @@ __global__ void EraseKeys(GpuHashTable t, const int64_t* keys, int64_t n) {
   }
 }
 
-template <typename T>
-cudaError_t Scratch(size_t count, cudaStream_t stream, T** out) {
-  return cudaMallocAsync(reinterpret_cast<void**>(out), std::max<size_t>(count * sizeof(T), 1),
-                         stream);
-}
-
 }  // namespace
 
 cudaError_t GpuTableFind(const GpuHashTable& table, const int64_t* keys, int64_t n, float* out,
                          uint8_t* found, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 1 << 16));
+  const int blocks = Blocks(n);
   if (table.dim % 4 == 0 && Aligned16(table.values) && Aligned16(out)) {
     FindRows<<<blocks, kThreads, 0, stream>>>(table, keys, n, table.dim / 4,
                                               reinterpret_cast<float4*>(out), found);
@@ -203,12 +199,13 @@ cudaError_t GpuTableFind(const GpuHashTable& table, const int64_t* keys, int64_t
 cudaError_t GpuTableUpsert(const GpuHashTable& table, const int64_t* keys, int64_t n,
                            const float* values_in, float* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
+  StreamScratch scratch(stream);
   int64_t* slots = nullptr;
   uint8_t* inserted = nullptr;
   int* bad = nullptr;
-  cudaError_t status = Scratch(n, stream, &slots);
-  if (status == cudaSuccess) status = Scratch(n, stream, &inserted);
-  if (status == cudaSuccess) status = Scratch(1, stream, &bad);
+  cudaError_t status = scratch.Get(n, &slots);
+  if (status == cudaSuccess) status = scratch.Get(n, &inserted);
+  if (status == cudaSuccess) status = scratch.Get(1, &bad);
   if (status != cudaSuccess) return status;
   cudaMemsetAsync(bad, 0, sizeof(int), stream);
   HasReservedKey<<<Blocks(n), kThreads, 0, stream>>>(keys, n, bad);
@@ -225,9 +222,6 @@ cudaError_t GpuTableUpsert(const GpuHashTable& table, const int64_t* keys, int64
     if (out != nullptr) LaunchGather(table, slots, n, out, stream);
     status = cudaGetLastError();
   }
-  cudaFreeAsync(slots, stream);
-  cudaFreeAsync(inserted, stream);
-  cudaFreeAsync(bad, stream);
   if (status != cudaSuccess) return status;
   return refuse ? cudaErrorInvalidValue : cudaSuccess;
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "kit_src/core/cuda_scratch.cuh"
 #include "kit_src/core/optimizers/rule_by_name.h"
 #include "kit_src/core/optimizers/update_rules.h"
 
@@ -86,49 +87,6 @@ __global__ void ApplyRuns(const int64_t* run_id, const int32_t* num_runs, const 
   }
 }
 
-// Device scratch for one call, freed in stream order.
-class Scratch {
- public:
-  explicit Scratch(cudaStream_t stream) : stream_(stream) {}
-  ~Scratch() {
-    for (void* p : blocks_) cudaFreeAsync(p, stream_);
-  }
-  template <typename T>
-  cudaError_t Get(size_t count, T** out) {
-    void* p = nullptr;
-    const cudaError_t status = cudaMallocAsync(&p, std::max<size_t>(count * sizeof(T), 1), stream_);
-    if (status != cudaSuccess) return status;
-    blocks_[used_++] = p;
-    *out = static_cast<T*>(p);
-    return cudaSuccess;
-  }
-
- private:
-  cudaStream_t stream_;
-  void* blocks_[16] = {};
-  int used_ = 0;
-};
-
-// The stream-ordered pool would hand freed scratch back to the driver at every
-// synchronisation (its default release threshold is 0): keep it for the next call instead.
-void KeepPoolMemory() {
-  static const bool done = [] {
-    int device = 0;
-    cudaMemPool_t pool;
-    if (cudaGetDevice(&device) == cudaSuccess &&
-        cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
-      uint64_t keep = UINT64_MAX;
-      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
-    }
-    return true;
-  }();
-  (void)done;
-}
-
-int Blocks(int64_t n, int threads) {
-  return static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 65536));
-}
-
 }  // namespace
 
 cudaError_t SparseApplyGpu(const std::string& rule, const float* hyper, int64_t hyper_count,
@@ -141,13 +99,12 @@ cudaError_t SparseApplyGpu(const std::string& rule, const float* hyper, int64_t 
   }
   const int64_t n = gradient.n;
   if (n == 0) return cudaSuccess;
-  KeepPoolMemory();
-  Scratch scratch(stream);
+  StreamScratch scratch(stream);
   int* bad = nullptr;
   cudaError_t status = scratch.Get(1, &bad);
   if (status != cudaSuccess) return status;
   cudaMemsetAsync(bad, 0, sizeof(int), stream);
-  CheckIds<<<Blocks(n, 256), 256, 0, stream>>>(gradient.ids, n, table.rows, bad);
+  CheckIds<<<GridBlocks(n, 256), 256, 0, stream>>>(gradient.ids, n, table.rows, bad);
   int host_bad = 0;
   cudaMemcpyAsync(&host_bad, bad, sizeof(int), cudaMemcpyDeviceToHost, stream);
   status = cudaStreamSynchronize(stream);
@@ -164,7 +121,7 @@ cudaError_t SparseApplyGpu(const std::string& rule, const float* hyper, int64_t 
                         scratch.Get(1, &num_runs), scratch.Get(n * table.dim, &summed)}) {
     if (s != cudaSuccess) return s;
   }
-  Iota<<<Blocks(n, 256), 256, 0, stream>>>(positions, n);
+  Iota<<<GridBlocks(n, 256), 256, 0, stream>>>(positions, n);
   int end_bit = 1;
   while (end_bit < 63 && (int64_t{1} << end_bit) < table.rows) ++end_bit;
   const int items = static_cast<int>(n);
@@ -181,16 +138,16 @@ cudaError_t SparseApplyGpu(const std::string& rule, const float* hyper, int64_t 
                                   items, 0, end_bit, stream);
   cub::DeviceRunLengthEncode::Encode(temp, encode_bytes, sorted_ids, run_id, run_length, num_runs,
                                      items, stream);
-  HeadFlags<<<Blocks(n, 256), 256, 0, stream>>>(sorted_ids, n, positions);  // reused
+  HeadFlags<<<GridBlocks(n, 256), 256, 0, stream>>>(sorted_ids, n, positions);  // reused
   cub::DeviceScan::InclusiveSum(temp, scan_bytes, positions, run_of, items, stream);
-  ZeroRuns<<<Blocks(n * table.dim, 256), 256, 0, stream>>>(summed, num_runs, table.dim);
+  ZeroRuns<<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(summed, num_runs, table.dim);
   const int threads = static_cast<int>(std::min<int64_t>(256, (table.dim + 31) / 32 * 32));
   const int64_t chunks = (n + kUsesPerChunk - 1) / kUsesPerChunk;
-  SumRuns<<<static_cast<int>(std::min<int64_t>(chunks, 1 << 16)), threads, 0, stream>>>(
+  SumRuns<<<GridBlocks(chunks, 1), threads, 0, stream>>>(
       order, run_of, gradient.values, n, table.dim, summed);
   const int sections = static_cast<int>(table.state_dim / table.dim);
   VisitRule(rule, hyper, hyper_count, nesterov, [&](const auto& h) {
-    ApplyRuns<<<Blocks(n * table.dim, 256), 256, 0, stream>>>(run_id, num_runs, summed, table,
+    ApplyRuns<<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(run_id, num_runs, summed, table,
                                                              sections, h);
   });
   return cudaGetLastError();

@@ -2,7 +2,8 @@
 // Each rule updates one row in place: `w` the value, `state` the optimizer state stored after
 // it, `g` the row's gradient (duplicates already summed), `dim` floats each. The formulas are
 // those of the Keras optimizers (tf.keras.optimizers.legacy and the new ones), applied to the
-// touched rows only.
+// touched rows only. Every rule is an ApplyRule overload on its hyper-parameter struct, so
+// code holding only the struct (the kernels, templated on it) picks the rule by type.
 #pragma once
 
 #include <cmath>
@@ -78,8 +79,8 @@ struct FtrlHyper {
 #define SOK_HOST_DEVICE
 #endif
 
-SOK_HOST_DEVICE inline void ApplySgd(float* w, float* state, const float* g, int64_t dim,
-                                     const SgdHyper& h) {
+SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
+                                          const SgdHyper& h) {
   if (h.momentum == 0.0f) {
     for (int64_t d = 0; d < dim; ++d) w[d] -= h.lr * g[d];
     return;
@@ -91,8 +92,8 @@ SOK_HOST_DEVICE inline void ApplySgd(float* w, float* state, const float* g, int
   }
 }
 
-SOK_HOST_DEVICE inline void ApplyAdagrad(float* w, float* state, const float* g, int64_t dim,
-                                         const AdagradHyper& h) {
+SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
+                                          const AdagradHyper& h) {
   for (int64_t d = 0; d < dim; ++d) {
     state[d] += g[d] * g[d];
     const float denominator = h.epsilon_inside_sqrt ? std::sqrt(state[d] + h.epsilon)
@@ -101,8 +102,8 @@ SOK_HOST_DEVICE inline void ApplyAdagrad(float* w, float* state, const float* g,
   }
 }
 
-SOK_HOST_DEVICE inline void ApplyAdam(float* w, float* state, const float* g, int64_t dim,
-                                      const AdamHyper& h) {
+SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
+                                          const AdamHyper& h) {
   float* m = state;
   float* v = state + dim;
   for (int64_t d = 0; d < dim; ++d) {
@@ -112,8 +113,8 @@ SOK_HOST_DEVICE inline void ApplyAdam(float* w, float* state, const float* g, in
   }
 }
 
-SOK_HOST_DEVICE inline void ApplyAdamax(float* w, float* state, const float* g, int64_t dim,
-                                        const AdamaxHyper& h) {
+SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
+                                          const AdamaxHyper& h) {
   float* m = state;
   float* u = state + dim;
   for (int64_t d = 0; d < dim; ++d) {
@@ -123,7 +124,7 @@ SOK_HOST_DEVICE inline void ApplyAdamax(float* w, float* state, const float* g, 
   }
 }
 
-SOK_HOST_DEVICE inline void ApplyAdadelta(float* w, float* state, const float* g, int64_t dim,
+SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
                                           const AdadeltaHyper& h) {
   float* accum = state;
   float* accum_update = state + dim;
@@ -139,8 +140,8 @@ SOK_HOST_DEVICE inline void ApplyAdadelta(float* w, float* state, const float* g
 // Keras' RMSprop forms, with s = ms (or ms - mg^2 when centered): without momentum
 // w -= lr g / (sqrt(s) + eps) (legacy) or lr g / sqrt(s + eps) (new Keras); with momentum
 // mom = momentum mom + lr g / sqrt(s + eps), w -= mom.
-SOK_HOST_DEVICE inline void ApplyRmsprop(float* w, float* state, const float* g, int64_t dim,
-                                         const RmspropHyper& h) {
+SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
+                                          const RmspropHyper& h) {
   float* ms = state;
   float* mom = state + dim;
   float* mg = state + 2 * dim;
@@ -162,8 +163,8 @@ SOK_HOST_DEVICE inline void ApplyRmsprop(float* w, float* state, const float* g,
   }
 }
 
-SOK_HOST_DEVICE inline void ApplyNadam(float* w, float* state, const float* g, int64_t dim,
-                                       const NadamHyper& h) {
+SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
+                                          const NadamHyper& h) {
   float* m = state;
   float* v = state + dim;
   for (int64_t d = 0; d < dim; ++d) {
@@ -176,8 +177,8 @@ SOK_HOST_DEVICE inline void ApplyNadam(float* w, float* state, const float* g, i
 }
 
 // TensorFlow's (sparse) FTRL-proximal, V2 when l2_shrinkage > 0.
-SOK_HOST_DEVICE inline void ApplyFtrl(float* w, float* state, const float* g, int64_t dim,
-                                      const FtrlHyper& h) {
+SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
+                                          const FtrlHyper& h) {
   float* accum = state;
   float* linear = state + dim;
   for (int64_t d = 0; d < dim; ++d) {
@@ -194,24 +195,5 @@ SOK_HOST_DEVICE inline void ApplyFtrl(float* w, float* state, const float* g, in
     accum[d] = new_accum;
   }
 }
-
-// The rule of a hyper-parameter type, for code that holds only the hyper-parameters (the GPU
-// kernels are templates on it).
-SOK_HOST_DEVICE inline void ApplyRule(float* w, float* s, const float* g, int64_t dim,
-                                      const SgdHyper& h) { ApplySgd(w, s, g, dim, h); }
-SOK_HOST_DEVICE inline void ApplyRule(float* w, float* s, const float* g, int64_t dim,
-                                      const AdagradHyper& h) { ApplyAdagrad(w, s, g, dim, h); }
-SOK_HOST_DEVICE inline void ApplyRule(float* w, float* s, const float* g, int64_t dim,
-                                      const AdamHyper& h) { ApplyAdam(w, s, g, dim, h); }
-SOK_HOST_DEVICE inline void ApplyRule(float* w, float* s, const float* g, int64_t dim,
-                                      const AdamaxHyper& h) { ApplyAdamax(w, s, g, dim, h); }
-SOK_HOST_DEVICE inline void ApplyRule(float* w, float* s, const float* g, int64_t dim,
-                                      const AdadeltaHyper& h) { ApplyAdadelta(w, s, g, dim, h); }
-SOK_HOST_DEVICE inline void ApplyRule(float* w, float* s, const float* g, int64_t dim,
-                                      const RmspropHyper& h) { ApplyRmsprop(w, s, g, dim, h); }
-SOK_HOST_DEVICE inline void ApplyRule(float* w, float* s, const float* g, int64_t dim,
-                                      const NadamHyper& h) { ApplyNadam(w, s, g, dim, h); }
-SOK_HOST_DEVICE inline void ApplyRule(float* w, float* s, const float* g, int64_t dim,
-                                      const FtrlHyper& h) { ApplyFtrl(w, s, g, dim, h); }
 
 }  // namespace sok
