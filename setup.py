@@ -1,6 +1,6 @@
 """`pip install .` builds the op library with CMake against the installed TensorFlow.
 
-TensorFlow must be installed first and the build run without isolation
+TensorFlow (2.15, or 2.16 with tf_keras; `tensorflow` or `tensorflow-cpu`) must be installed first and the build run without isolation
 (`pip install --no-build-isolation .`), so the library matches the TensorFlow it loads into.
 """
 import os
@@ -24,8 +24,10 @@ setup(
     version="0.1.0",
     description="Fused, distributed embedding lookups and dynamic tables for TensorFlow 2",
     packages=find_packages(include=["sparse_operation_kit", "sparse_operation_kit.*"]),
-    package_data={"sparse_operation_kit": ["lib/*.so"]},
+    package_data={"sparse_operation_kit": ["lib/*/*.so"]},
     python_requires=">=3.9",
-    install_requires=["tensorflow-cpu==2.15.1; platform_machine=='x86_64'", "numpy<2"],
+    # No TensorFlow requirement: the build needs the user's own TensorFlow (tensorflow or
+    # tensorflow-cpu, 2.15 or 2.16) installed first, and a pin here would replace a GPU one.
+    install_requires=["numpy<2"],
     cmdclass={"build_py": BuildWithCMake},
 )

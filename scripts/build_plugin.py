@@ -1,6 +1,10 @@
 """Builds the op library with CMake against the installed TensorFlow and puts it in the package.
 
-Incremental: a second run only re-runs make, which is a no-op when nothing changed.
+One build folder and one library per TensorFlow version (`build/tf2.15`, then
+`sparse_operation_kit/lib/tf2.15/libsok_ops.so`), so venvs of several versions share a source
+tree. With SOK_BUILD_CUDA=1 (nvcc on the PATH) the library also holds the GPU kernels
+(`build/tf2.16-cuda`; architectures SOK_CUDA_ARCHS, default "80;90").
+Incremental: a second run only re-runs the build tool, a no-op when nothing changed.
 """
 import os
 import shutil
@@ -10,28 +14,38 @@ import sys
 import tensorflow as tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.path.join(ROOT, "build")
-PACKAGE_LIB = os.path.join(ROOT, "sparse_operation_kit", "lib")
+TF_TAG = "tf" + ".".join(tf.__version__.split(".")[:2])
+PACKAGE_LIB = os.path.join(ROOT, "sparse_operation_kit", "lib", TF_TAG)
 
 
-def build(build_dir=BUILD, output_dir=PACKAGE_LIB):
+def build(cuda=None, build_dir=None, output_dir=PACKAGE_LIB):
+    if cuda is None:
+        cuda = os.environ.get("SOK_BUILD_CUDA", "0") == "1"
+    if build_dir is None:
+        build_dir = os.path.join(ROOT, "build", TF_TAG + ("-cuda" if cuda else ""))
     os.makedirs(build_dir, exist_ok=True)
     if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
-        subprocess.check_call([
+        command = [
             "cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
             "-DTF_COMPILE_FLAGS=" + ";".join(tf.sysconfig.get_compile_flags()),
             "-DTF_LINK_FLAGS=" + ";".join(tf.sysconfig.get_link_flags()),
             "-DSOK_OUTPUT_DIR=" + os.path.join(build_dir, "lib"),
-        ])
+        ]
+        if cuda:
+            command += ["-DSOK_BUILD_CUDA=ON",
+                        "-DCMAKE_CUDA_ARCHITECTURES=" + os.environ.get("SOK_CUDA_ARCHS", "80;90")]
+        subprocess.check_call(command)
     jobs = str(os.cpu_count() or 2)
     subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs])
     os.makedirs(output_dir, exist_ok=True)
     built = os.path.join(build_dir, "lib", "libsok_ops.so")
     target = os.path.join(output_dir, "libsok_ops.so")
     if not os.path.exists(target) or os.path.getmtime(built) > os.path.getmtime(target):
-        shutil.copy2(built, target)
+        shutil.copy2(built, target + ".tmp")
+        os.replace(target + ".tmp", target)
+    return target
 
 
 if __name__ == "__main__":
-    build()
+    print(build())
     sys.exit(0)

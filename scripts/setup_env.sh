@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# Creates .venv with pinned TensorFlow, Horovod (Gloo) and the plugin. Idempotent: each step
+# Creates a venv with pinned TensorFlow, Horovod (Gloo) and the plugin. Idempotent: each step
 # is skipped when what it produces is already there, so a second run takes seconds.
+#   SOK_TF=2.15 (default): .venv, tensorflow-cpu 2.15.1
+#   SOK_TF=2.16:           .venv-tf2.16, tensorflow-cpu 2.16.2 + tf_keras (Keras 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}
-VENV=.venv
+SOK_TF=${SOK_TF:-2.15}
+case "$SOK_TF" in
+  2.15) VENV=.venv; REQUIREMENTS=requirements.txt; HVD_CXXFLAGS="" ;;
+  # Horovod 0.28.1 misses standard includes that TF 2.16's headers no longer bring in.
+  2.16) VENV=.venv-tf2.16; REQUIREMENTS=requirements-tf2.16.txt
+        HVD_CXXFLAGS="-include string -include cstdint -include stdexcept" ;;
+  *) echo "SOK_TF must be 2.15 or 2.16, got '$SOK_TF'" >&2; exit 2 ;;
+esac
+export TF_USE_LEGACY_KERAS=1  # TF 2.16: tf.keras is Keras 2 (tf_keras); ignored by 2.15
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV"
@@ -14,21 +24,23 @@ PY="$VENV/bin/python"
 
 stamp_deps="$VENV/.deps-v1"
 if [ ! -f "$stamp_deps" ]; then
-  echo "[setup] installing pinned Python dependencies"
+  echo "[setup] installing pinned Python dependencies ($REQUIREMENTS)"
   "$PY" -m pip install -q --upgrade pip
-  "$PY" -m pip install -q -r requirements.txt
+  "$PY" -m pip install -q -r "$REQUIREMENTS"
   touch "$stamp_deps"
 fi
 
 if ! "$PY" -c "import horovod.tensorflow" 2>/dev/null; then
-  echo "[setup] building Horovod 0.28.1 with Gloo (about 3-5 minutes on 2 cores)"
+  echo "[setup] building Horovod 0.28.1 with Gloo against TF $SOK_TF (about 3-5 minutes on 2 cores)"
+  CXXFLAGS="$HVD_CXXFLAGS" CMAKE_POLICY_VERSION_MINIMUM=3.5 \
   HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
   HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO \
   MAKEFLAGS="-j$(nproc)" \
     "$PY" -m pip install -q --no-build-isolation --no-cache-dir horovod==0.28.1
 fi
 
-# The plugin: rebuilt by CMake incrementally; the editable install points the package at it.
+# The plugin: rebuilt by CMake incrementally (one build folder per TensorFlow version); the
+# editable install points the package at the source tree, which holds a library per version.
 echo "[setup] building the plugin"
 "$PY" scripts/build_plugin.py
 stamp_pkg="$VENV/.editable-v1"

@@ -8,7 +8,10 @@ import threading
 
 import tensorflow as tf
 
-_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib", "libsok_ops.so")
+# One library per TensorFlow version (major.minor): their C++ ABIs differ.
+_TF_TAG = "tf" + ".".join(tf.__version__.split(".")[:2])
+_LIBRARY = os.environ.get("SOK_OPS_LIBRARY") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "lib", _TF_TAG, "libsok_ops.so")
 _lock = threading.Lock()
 _module = None
 
@@ -19,7 +22,8 @@ def _load():
         if _module is None:
             if not os.path.exists(_LIBRARY):
                 raise ImportError(
-                    f"sparse_operation_kit's op library is missing at {_LIBRARY}; build it with "
+                    f"sparse_operation_kit's op library for TensorFlow {tf.__version__} is missing at "
+                    f"{_LIBRARY}; build it with "
                     "`make build` (or `pip install --no-build-isolation .`) in the source tree")
             try:
                 _module = tf.load_op_library(_LIBRARY)

@@ -17,6 +17,7 @@ Static tables deduplicate through a bitmap, so each table's keys are sorted and 
 reads the shard in increasing row order; pooling then reads the compact gathered rows.
 """
 import collections
+import contextlib
 
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
@@ -265,8 +266,11 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
     outputs = [None] * len(lookups)
     with tf.name_scope("sok_lookup_sparse"):
         for (dim, dynamic), members in _group_tables(lookups).items():
-            results = _lookup_group([lookups[i] for i in members], dim, dynamic, training,
-                                    use_low_frequency_filter, compress)
+            # Dynamic tables live in host memory (their GPU kernels are not built yet): their
+            # chain runs on the CPU wherever the caller placed the step.
+            with tf.device("/CPU:0") if dynamic else contextlib.nullcontext():
+                results = _lookup_group([lookups[i] for i in members], dim, dynamic, training,
+                                        use_low_frequency_filter, compress)
             for i, result in zip(members, results):
                 outputs[i] = result
     return outputs[0] if single else outputs

@@ -70,13 +70,32 @@ __global__ void BackwardKernel(const T* __restrict__ features, const T* __restri
   }
 }
 
+// Dynamic shared memory above the default 48 KiB must be asked for per kernel (Hopper gives up
+// to 227 KiB a block); more than the device has is refused before the launch.
+template <typename Kernel>
+cudaError_t AllowSharedMemory(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  int device = 0, limit = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status == cudaSuccess) {
+    status = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  if (status != cudaSuccess) return status;
+  if (bytes > static_cast<size_t>(limit)) return cudaErrorInvalidValue;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
+}
+
 }  // namespace
 
 template <typename T>
 cudaError_t DotInteractionForwardGpu(const InteractionShape& shape, const T* features, T* output,
                                      cudaStream_t stream) {
+  if (shape.num_features < 1 || shape.dim < 0) return cudaErrorInvalidValue;
   if (shape.batch == 0) return cudaSuccess;
   const size_t shared = shape.num_features * shape.dim * sizeof(float);
+  const cudaError_t allowed = AllowSharedMemory(ForwardKernel<T>, shared);
+  if (allowed != cudaSuccess) return allowed;
   ForwardKernel<T><<<shape.batch, kThreads, shared, stream>>>(
       features, output, static_cast<int>(shape.num_features), static_cast<int>(shape.dim));
   return cudaGetLastError();
@@ -86,9 +105,12 @@ template <typename T>
 cudaError_t DotInteractionBackwardGpu(const InteractionShape& shape, const T* features,
                                       const T* output_grad, T* features_grad,
                                       cudaStream_t stream) {
+  if (shape.num_features < 1 || shape.dim < 0) return cudaErrorInvalidValue;
   if (shape.batch == 0) return cudaSuccess;
   const size_t shared =
       (shape.num_features * shape.dim + shape.num_features * shape.num_features) * sizeof(float);
+  const cudaError_t allowed = AllowSharedMemory(BackwardKernel<T>, shared);
+  if (allowed != cudaSuccess) return allowed;
   BackwardKernel<T><<<shape.batch, kThreads, shared, stream>>>(
       features, output_grad, features_grad, static_cast<int>(shape.num_features),
       static_cast<int>(shape.dim));

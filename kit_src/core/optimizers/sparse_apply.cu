@@ -13,11 +13,19 @@ namespace {
 
 constexpr int kMaxSections = 3;  // state floats per element: RMSprop centered keeps three
 
-__global__ void CheckIds(const int64_t* ids, int64_t n, int64_t rows, int* bad) {
+__global__ void CheckIds(const int64_t* ids, int64_t n, int64_t rows, LookupCheck* check) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    if (ids[i] < 0 || ids[i] >= rows) *bad = 1;
+    if (ids[i] < 0 || ids[i] >= rows) atomicMin(&check->first_bad, EncodeBad(0, BadKind::kBadId, i));
   }
+}
+
+__global__ void DescribeBadRow(const int64_t* ids, LookupCheck* check) {
+  if (check->first_bad != kNoError) check->value_a = ids[check->first_bad & ((1ull << 40) - 1)];
+}
+
+__device__ __forceinline__ bool Failed(const LookupCheck* check) {
+  return *static_cast<const volatile unsigned long long*>(&check->first_bad) != kNoError;
 }
 
 __global__ void Iota(int32_t* out, int64_t n) {
@@ -35,7 +43,9 @@ __global__ void HeadFlags(const int64_t* sorted_ids, int64_t n, int32_t* head) {
   }
 }
 
-__global__ void ZeroRuns(float* summed, const int32_t* num_runs, int64_t dim) {
+__global__ void ZeroRuns(float* summed, const int32_t* num_runs, int64_t dim,
+                         const LookupCheck* check) {
+  if (Failed(check)) return;
   const int64_t total = *num_runs * dim;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -49,7 +59,8 @@ __global__ void ZeroRuns(float* summed, const int32_t* num_runs, int64_t dim) {
 constexpr int64_t kUsesPerChunk = 32;
 
 __global__ void SumRuns(const int32_t* order, const int32_t* run_of, const float* grads,
-                        int64_t n, int64_t dim, float* summed) {
+                        int64_t n, int64_t dim, float* summed, const LookupCheck* check) {
+  if (Failed(check)) return;
   const int64_t chunks = (n + kUsesPerChunk - 1) / kUsesPerChunk;
   for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     const int64_t first = chunk * kUsesPerChunk;
@@ -71,7 +82,9 @@ __global__ void SumRuns(const int32_t* order, const int32_t* run_of, const float
 // sections of length 1).
 template <typename Hyper>
 __global__ void ApplyRuns(const int64_t* run_id, const int32_t* num_runs, const float* summed,
-                          SparseApplyTable table, int sections, Hyper hyper) {
+                          SparseApplyTable table, int sections, Hyper hyper,
+                          const LookupCheck* check) {
+  if (Failed(check)) return;
   const int64_t dim = table.dim, total = *num_runs * dim;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -79,47 +92,59 @@ __global__ void ApplyRuns(const int64_t* run_id, const int32_t* num_runs, const 
     float g = summed[i];
     float w = table.values[row * dim + d];
     float state[kMaxSections];
-    float* state_row = table.state + row * table.state_dim + d;
-    for (int s = 0; s < sections; ++s) state[s] = state_row[s * dim];
+    float* section[kMaxSections];
+    for (int s = 0; s < sections; ++s) {
+      section[s] = table.num_slots > 0 ? table.slots[s] + row * dim + d
+                                       : table.state + row * table.state_dim + s * dim + d;
+      state[s] = *section[s];
+    }
     ApplyRule(&w, state, &g, 1, hyper);
     table.values[row * dim + d] = w;
-    for (int s = 0; s < sections; ++s) state_row[s * dim] = state[s];
+    for (int s = 0; s < sections; ++s) *section[s] = state[s];
   }
 }
 
 }  // namespace
 
-cudaError_t SparseApplyGpu(const std::string& rule, const float* hyper, int64_t hyper_count,
-                           bool nesterov, const SparseApplyTable& table,
-                           const SparseGradient& gradient, cudaStream_t stream) {
+cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper, int64_t hyper_count,
+                                bool nesterov, const SparseApplyTable& table,
+                                const SparseGradient& gradient, const DeviceAllocate& allocate,
+                                LookupCheck* check, cudaStream_t stream) {
+  const int sections = table.num_slots > 0 ? table.num_slots
+                                           : static_cast<int>(table.state_dim / std::max<int64_t>(table.dim, 1));
   if (RuleHyperCount(rule) != hyper_count || table.dim <= 0 ||
       table.state_dim % table.dim != 0 || table.state_dim / table.dim > kMaxSections ||
-      (table.state_dim > 0 && table.state == nullptr) || gradient.n >= (int64_t{1} << 31)) {
+      table.num_slots > kMaxSections ||
+      (table.num_slots > 0 && table.num_slots * table.dim != table.state_dim) ||
+      (table.state_dim > 0 && table.state == nullptr && table.num_slots == 0) ||
+      gradient.n >= (int64_t{1} << 31)) {
     return cudaErrorInvalidValue;
   }
+  // The rule must find the state it expects: a state_dim that does not fit it is refused
+  // before anything runs (it would read state that is not there).
+  bool fits = true;
+  const Status visited = VisitRule(rule, hyper, hyper_count, nesterov, [&](const auto& h) {
+    fits = RuleStateFloats(h, table.dim) <= table.state_dim;
+  });
+  if (!visited.ok() || !fits) return cudaErrorInvalidValue;
   const int64_t n = gradient.n;
   if (n == 0) return cudaSuccess;
-  StreamScratch scratch(stream);
-  int* bad = nullptr;
-  cudaError_t status = scratch.Get(1, &bad);
-  if (status != cudaSuccess) return status;
-  cudaMemsetAsync(bad, 0, sizeof(int), stream);
-  CheckIds<<<GridBlocks(n, 256), 256, 0, stream>>>(gradient.ids, n, table.rows, bad);
-  int host_bad = 0;
-  cudaMemcpyAsync(&host_bad, bad, sizeof(int), cudaMemcpyDeviceToHost, stream);
-  status = cudaStreamSynchronize(stream);
-  if (status != cudaSuccess) return status;
-  if (host_bad) return cudaErrorInvalidValue;
+  CheckIds<<<GridBlocks(n, 256), 256, 0, stream>>>(gradient.ids, n, table.rows, check);
+  DescribeBadRow<<<1, 1, 0, stream>>>(gradient.ids, check);
 
   int64_t *sorted_ids = nullptr, *run_id = nullptr;
   int32_t *positions = nullptr, *order = nullptr, *run_length = nullptr, *run_of = nullptr,
           *num_runs = nullptr;
   float* summed = nullptr;
-  for (cudaError_t s : {scratch.Get(n, &sorted_ids), scratch.Get(n, &run_id),
-                        scratch.Get(n, &positions), scratch.Get(n, &order),
-                        scratch.Get(n, &run_length), scratch.Get(n, &run_of),
-                        scratch.Get(1, &num_runs), scratch.Get(n * table.dim, &summed)}) {
-    if (s != cudaSuccess) return s;
+  auto get = [&](auto** out, size_t count) {
+    *out = static_cast<std::remove_reference_t<decltype(**out)>*>(
+        allocate(std::max<size_t>(count * sizeof(**out), 1)));
+    return *out != nullptr;
+  };
+  if (!(get(&sorted_ids, n) && get(&run_id, n) && get(&positions, n) && get(&order, n) &&
+        get(&run_length, n) && get(&run_of, n) && get(&num_runs, 1) &&
+        get(&summed, n * table.dim))) {
+    return cudaErrorMemoryAllocation;
   }
   Iota<<<GridBlocks(n, 256), 256, 0, stream>>>(positions, n);
   int end_bit = 1;
@@ -132,25 +157,48 @@ cudaError_t SparseApplyGpu(const std::string& rule, const float* hyper, int64_t 
                                      num_runs, items, stream);
   cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, positions, run_of, items, stream);
   char* temp = nullptr;
-  status = scratch.Get(std::max({sort_bytes, encode_bytes, scan_bytes}), &temp);
-  if (status != cudaSuccess) return status;
+  if (!get(&temp, std::max({sort_bytes, encode_bytes, scan_bytes}))) return cudaErrorMemoryAllocation;
+  // Out-of-range ids sort wrongly (end_bit covers the valid rows only); harmless, as the
+  // kernels that write skip all work when the check found one.
   cub::DeviceRadixSort::SortPairs(temp, sort_bytes, gradient.ids, sorted_ids, positions, order,
                                   items, 0, end_bit, stream);
   cub::DeviceRunLengthEncode::Encode(temp, encode_bytes, sorted_ids, run_id, run_length, num_runs,
                                      items, stream);
   HeadFlags<<<GridBlocks(n, 256), 256, 0, stream>>>(sorted_ids, n, positions);  // reused
   cub::DeviceScan::InclusiveSum(temp, scan_bytes, positions, run_of, items, stream);
-  ZeroRuns<<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(summed, num_runs, table.dim);
+  ZeroRuns<<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(summed, num_runs, table.dim, check);
   const int threads = static_cast<int>(std::min<int64_t>(256, (table.dim + 31) / 32 * 32));
   const int64_t chunks = (n + kUsesPerChunk - 1) / kUsesPerChunk;
   SumRuns<<<GridBlocks(chunks, 1), threads, 0, stream>>>(
-      order, run_of, gradient.values, n, table.dim, summed);
-  const int sections = static_cast<int>(table.state_dim / table.dim);
+      order, run_of, gradient.values, n, table.dim, summed, check);
   VisitRule(rule, hyper, hyper_count, nesterov, [&](const auto& h) {
     ApplyRuns<<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(run_id, num_runs, summed, table,
-                                                             sections, h);
+                                                             sections, h, check);
   });
   return cudaGetLastError();
+}
+
+cudaError_t SparseApplyGpu(const std::string& rule, const float* hyper, int64_t hyper_count,
+                           bool nesterov, const SparseApplyTable& table,
+                           const SparseGradient& gradient, cudaStream_t stream) {
+  StreamScratch scratch(stream);
+  LookupCheck* check = nullptr;
+  cudaError_t status = scratch.Get(1, &check);
+  if (status != cudaSuccess) return status;
+  status = ResetLookupCheck(check, stream);
+  if (status != cudaSuccess) return status;
+  status = SparseApplyGpuAsync(rule, hyper, hyper_count, nesterov, table, gradient,
+                               [&](size_t bytes) -> void* {
+                                 char* p = nullptr;
+                                 return scratch.Get(bytes, &p) == cudaSuccess ? p : nullptr;
+                               },
+                               check, stream);
+  if (status != cudaSuccess) return status;
+  LookupCheck host;
+  status = cudaMemcpyAsync(&host, check, sizeof(host), cudaMemcpyDeviceToHost, stream);
+  if (status == cudaSuccess) status = cudaStreamSynchronize(stream);
+  if (status != cudaSuccess) return status;
+  return host.first_bad == kNoError ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 }  // namespace sok

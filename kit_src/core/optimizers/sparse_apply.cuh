@@ -7,7 +7,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
+
+#include "kit_src/core/embedding/lookup_gpu.cuh"
 
 namespace sok {
 
@@ -17,7 +20,14 @@ struct SparseApplyTable {
   int64_t rows = 0;
   int64_t dim = 0;
   int64_t state_dim = 0;    // 0, dim, 2 dim or 3 dim floats per row, as the rule needs
+  // Instead of `state`, the state as separate [rows, dim] arrays (a static table's Keras slot
+  // variables), section after section as the rule reads them; num_slots * dim = state_dim.
+  float* slots[3] = {nullptr, nullptr, nullptr};
+  int num_slots = 0;
 };
+
+// Device scratch of `bytes` bytes for one call, or null when out of memory.
+using DeviceAllocate = std::function<void*(size_t bytes)>;
 
 struct SparseGradient {
   const int64_t* ids = nullptr;  // [n] rows, duplicates allowed
@@ -32,5 +42,18 @@ struct SparseGradient {
 cudaError_t SparseApplyGpu(const std::string& rule, const float* hyper, int64_t hyper_count,
                            bool nesterov, const SparseApplyTable& table,
                            const SparseGradient& gradient, cudaStream_t stream);
+
+}  // namespace sok
+
+namespace sok {
+
+// SparseApplyGpu without synchronising, for TensorFlow's kernels: the ids are checked on the
+// device, the first bad one is recorded in `check` (kBadId, item = its index, value_a = the
+// id) and then nothing is written. Host-side argument errors return cudaErrorInvalidValue
+// before anything is enqueued.
+cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper, int64_t hyper_count,
+                                bool nesterov, const SparseApplyTable& table,
+                                const SparseGradient& gradient, const DeviceAllocate& allocate,
+                                LookupCheck* check, cudaStream_t stream);
 
 }  // namespace sok

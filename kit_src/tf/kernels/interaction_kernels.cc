@@ -1,5 +1,6 @@
-// CPU kernels of the fused dot interaction: validate, allocate, call the core.
-#include "kit_src/tf/kernels/core_bridge.h"
+// The fused dot interaction's OpKernels, one per op for both devices: validate and allocate
+// here, the device work in interaction_functor.h (CPU) / interaction_kernels_gpu.cu.cc (GPU).
+#include "kit_src/tf/kernels/interaction_functor.h"
 #include "kit_src/tf/kernels/interaction_kernels.h"
 #include "kit_src/tf/kernels/pooled_output.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -8,7 +9,19 @@ namespace sok {
 
 namespace tf = ::tensorflow;
 
-template <typename T>
+namespace {
+
+// Large CPU outputs come from the block pool; GPU ones from TensorFlow's GPU allocator.
+template <typename Device>
+tf::Status AllocateOutput(tf::OpKernelContext* ctx, const tf::TensorShape& shape,
+                          tf::Tensor** out) {
+  if (std::is_same<Device, CpuDevice>::value) return AllocatePooledOutput(ctx, 0, shape, out);
+  return ctx->allocate_output(0, shape, out);
+}
+
+}  // namespace
+
+template <typename Device, typename T>
 class DotInteractionOp : public tf::OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -17,14 +30,14 @@ class DotInteractionOp : public tf::OpKernel {
     InteractionShape shape;
     OP_REQUIRES_OK(ctx, ReadInteractionShape(features, &shape));
     tf::Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, AllocatePooledOutput(
-                            ctx, 0, tf::TensorShape({shape.batch, shape.output_width()}), &output));
-    DotInteractionForward(shape, features.flat<T>().data(), output->flat<T>().data(),
-                          CpuParallelFor(ctx));
+    OP_REQUIRES_OK(ctx, AllocateOutput<Device>(
+                            ctx, tf::TensorShape({shape.batch, shape.output_width()}), &output));
+    OP_REQUIRES_OK(ctx, (functor::DotInteractionFwd<Device, T>()(
+                            ctx, shape, features.flat<T>().data(), output->flat<T>().data())));
   }
 };
 
-template <typename T>
+template <typename Device, typename T>
 class DotInteractionGradOp : public tf::OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -35,21 +48,26 @@ class DotInteractionGradOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, ReadInteractionShape(features, &shape));
     OP_REQUIRES_OK(ctx, CheckInteractionGrad(grad, shape));
     tf::Tensor* features_grad = nullptr;
-    OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, 0, features.shape(), &features_grad));
-    DotInteractionBackward(shape, features.flat<T>().data(), grad.flat<T>().data(),
-                           features_grad->flat<T>().data(), CpuParallelFor(ctx));
+    OP_REQUIRES_OK(ctx, AllocateOutput<Device>(ctx, features.shape(), &features_grad));
+    OP_REQUIRES_OK(ctx, (functor::DotInteractionBwd<Device, T>()(
+                            ctx, shape, features.flat<T>().data(), grad.flat<T>().data(),
+                            features_grad->flat<T>().data())));
   }
 };
 
-#define REGISTER_INTERACTION(T)                                                              \
+#define REGISTER_INTERACTION(DEVICE_NAME, Tag, T)                                            \
   REGISTER_KERNEL_BUILDER(                                                                  \
-      Name("Sok>DotInteraction").Device(tf::DEVICE_CPU).TypeConstraint<T>("T"),             \
-      DotInteractionOp<T>);                                                                 \
+      Name("Sok>DotInteraction").Device(tf::DEVICE_NAME).TypeConstraint<T>("T"),            \
+      DotInteractionOp<Tag, T>);                                                            \
   REGISTER_KERNEL_BUILDER(                                                                  \
-      Name("Sok>DotInteractionGrad").Device(tf::DEVICE_CPU).TypeConstraint<T>("T"),         \
-      DotInteractionGradOp<T>)
-REGISTER_INTERACTION(float);
-REGISTER_INTERACTION(Eigen::half);
+      Name("Sok>DotInteractionGrad").Device(tf::DEVICE_NAME).TypeConstraint<T>("T"),        \
+      DotInteractionGradOp<Tag, T>)
+REGISTER_INTERACTION(DEVICE_CPU, CpuDevice, float);
+REGISTER_INTERACTION(DEVICE_CPU, CpuDevice, Eigen::half);
+#if GOOGLE_CUDA
+REGISTER_INTERACTION(DEVICE_GPU, GpuDevice, float);
+REGISTER_INTERACTION(DEVICE_GPU, GpuDevice, Eigen::half);
+#endif
 #undef REGISTER_INTERACTION
 
 }  // namespace sok

@@ -13,6 +13,11 @@ inline ::tensorflow::Status ReadInteractionShape(const ::tensorflow::Tensor& fea
     return ::tensorflow::errors::InvalidArgument("features must be [batch, features, dim], got ",
                                                  features.shape().DebugString());
   }
+  if (features.dim_size(1) < 1) {
+    return ::tensorflow::errors::InvalidArgument(
+        "features must hold at least one vector per sample (the bottom MLP's output), got ",
+        features.shape().DebugString());
+  }
   *shape = InteractionShape{features.dim_size(0), features.dim_size(1), features.dim_size(2)};
   return ::tensorflow::Status();
 }

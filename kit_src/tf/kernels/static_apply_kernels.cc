@@ -93,6 +93,15 @@ class StaticApplyOp : public tf::OpKernel {
                                             "values [n, ", dim, "] expected, got ",
                                             indices.shape().DebugString(), " and ",
                                             grads.shape().DebugString()));
+    // The rule must find its state in the slots given (it would read past them otherwise).
+    bool fits = true;
+    SOK_OP_REQUIRES_OK(ctx, VisitRule(rule_, hyper.flat<float>().data(), hyper.NumElements(),
+                                      nesterov_, [&](const auto& rule) {
+      fits = RuleStateFloats(rule, dim) <= num_slots_ * dim;
+    }));
+    OP_REQUIRES(ctx, fits, tf::errors::InvalidArgument(rule_, " of table ", table_name_,
+                                                       " needs more optimizer state than its ",
+                                                       num_slots_, " slots hold"));
     const int64_t* index = indices.flat<int64_t>().data();
     for (int64_t i = 0; i < n; ++i) {  // before anything is written
       if (index[i] < 0 || index[i] >= rows) {

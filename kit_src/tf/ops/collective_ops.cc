@@ -23,5 +23,8 @@ class UnfoldableOp : public ::tensorflow::OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("Sok>Unfoldable").Device(::tensorflow::DEVICE_CPU), UnfoldableOp);
+#if GOOGLE_CUDA
+REGISTER_KERNEL_BUILDER(Name("Sok>Unfoldable").Device(::tensorflow::DEVICE_GPU), UnfoldableOp);
+#endif
 
 }  // namespace sok

@@ -1,0 +1,222 @@
+"""TF on the GPU (BENCHMARKS.md, "TF on the GPU"): the plugin's GPU OpKernels inside
+TensorFlow against plain TensorFlow in the same process, on the same GPU and the same ids.
+
+T1  26 Criteo tables (vocabularies capped at 4M rows), dim 128, batch 65,536, one id per
+    sample (Zipf(1.2) modulo each vocabulary), forward and forward + backward + SGD.
+    sok is measured on the ids as a pipeline gives them: a RaggedTensor of row length 1
+    (`from_row_lengths`, the general fused chain) and the one-id form (`from_tensor(ids[:,
+    None])`, uniform row length 1, Sok>GatherSingleIds).
+T2  T1 with 1..10 ids per sample, mean.
+T3  one 8Mi x 128 table, batch 65,536, one id per sample: sok vs tf.nn.embedding_lookup.
+G5  the dot interaction forward + backward, batch 65,536, 27 x 128, against TF ops.
+Each step is a tf.function; a measurement runs `iters` steps back to back and waits for the
+last, both sides interleaved in rounds, medians reported. Writes tf_gpu.json to $OUT.
+"""
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+
+CRITEO_TB = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346,
+             10, 2208, 11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108,
+             36]
+BATCH, DIM = 65536, 128
+COPY_GBPS = 3000.0  # H100 device copy bandwidth, GB/s (BENCHMARKS.md)
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def zipf_ids(rng, vocab, count):
+    return (rng.zipf(1.2, size=count) - 1) % vocab
+
+
+def timed(fn, iters):
+    fn().numpy()
+    start = time.perf_counter()
+    for _ in range(iters):
+        result = fn()
+    result.numpy()
+    return (time.perf_counter() - start) / iters * 1e3
+
+
+def interleaved(fns, rounds=5, iters=10, warmup=3):
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn().numpy()
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(timed(fn, iters))
+    return {name: float(np.median(v)) for name, v in samples.items()}
+
+
+def tables_pair(vocabs, seed):
+    """sok.Variables and tf.Variables with equal initial rows, on the GPU."""
+    sok_tables, tf_tables = [], []
+    for i, vocab in enumerate(vocabs):
+        init = tf.random.stateless_uniform([vocab, DIM], [seed, i], -0.05, 0.05)
+        sok_tables.append(sok.Variable(init, name=f"sok_t{i}"))
+        tf_tables.append(tf.Variable(init, name=f"tf_t{i}"))
+        del init
+    return sok_tables, tf_tables
+
+
+def multi_table(name, hotness_max, combiner):
+    rng = np.random.default_rng(12)
+    vocabs = [min(v, 4_000_000) for v in CRITEO_TB]
+    sok_tables, tf_tables = tables_pair(vocabs, 1)
+    lengths = (np.ones(BATCH, np.int64) if hotness_max == 1
+               else rng.integers(1, hotness_max + 1, size=BATCH))
+    nnz = int(lengths.sum())
+    ids = [tf.constant(zipf_ids(rng, v, nnz), tf.int64) for v in vocabs]
+    row_lengths = tf.constant(lengths)
+    sok_opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.01))
+    tf_opt = tf.keras.optimizers.legacy.SGD(0.01)
+
+    def sok_forward(one_id):
+        if one_id:
+            return sok.lookup_sparse(sok_tables, [tf.RaggedTensor.from_tensor(i[:, None])
+                                                  for i in ids], combiners=[combiner] * 26)
+        return sok.lookup_sparse(sok_tables, [tf.RaggedTensor.from_row_lengths(i, row_lengths)
+                                              for i in ids], combiners=[combiner] * 26)
+
+    def tf_forward():
+        return [tf.nn.safe_embedding_lookup_sparse(
+            t, tf.RaggedTensor.from_row_lengths(i, row_lengths).to_sparse(), combiner=combiner)
+            for t, i in zip(tf_tables, ids)]
+
+    def loss_of(outs):
+        return tf.add_n([tf.reduce_sum(o) for o in outs])
+
+    def train(forward, tables, optimizer):
+        def step():
+            with tf.GradientTape() as tape:
+                loss = loss_of(forward())
+            optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
+            return loss
+        return tf.function(step)
+
+    fns = {
+        "sok_fwd_ms": tf.function(lambda: loss_of(sok_forward(False))),
+        "tf_fwd_ms": tf.function(lambda: loss_of(tf_forward())),
+        "sok_train_ms": train(lambda: sok_forward(False), sok_tables, sok_opt),
+        "tf_train_ms": train(tf_forward, tf_tables, tf_opt),
+    }
+    if hotness_max == 1:
+        fns["sok_one_id_fwd_ms"] = tf.function(lambda: loss_of(sok_forward(True)))
+        fns["sok_one_id_train_ms"] = train(lambda: sok_forward(True), sok_tables, sok_opt)
+    result = interleaved(fns, iters=5 if hotness_max > 1 else 10)
+    # Correctness on the way: after the same steps both sides hold the same tables.
+    out_sok = sok_forward(False)[3].numpy()
+    out_tf = tf_forward()[3].numpy()
+    result["max_abs_diff_after_training"] = float(np.abs(out_sok - out_tf).max())
+    unique = sum(int(tf.size(tf.unique(i)[0])) for i in ids)
+    fwd_bytes = 8 * 26 * nnz + 4 * DIM * (unique + 26 * BATCH)
+    train_bytes = fwd_bytes + 8 * 26 * nnz + 4 * DIM * (26 * BATCH + 2 * unique)
+    result["floor_fwd_ms"] = fwd_bytes / COPY_GBPS / 1e6
+    result["floor_train_ms"] = train_bytes / COPY_GBPS / 1e6
+    result["unique_ids"] = unique
+    del sok_tables, tf_tables
+    log(name, json.dumps(result))
+    return result
+
+
+def single_table():
+    rng = np.random.default_rng(3)
+    vocab = 8 << 20
+    sok_tables, tf_tables = tables_pair([vocab], 3)
+    ids = tf.constant(rng.integers(0, vocab, size=BATCH), tf.int64)
+    sok_opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.01))
+    tf_opt = tf.keras.optimizers.legacy.SGD(0.01)
+
+    def sok_forward():
+        return sok.lookup_sparse(sok_tables, [tf.RaggedTensor.from_tensor(ids[:, None])],
+                                 combiners=["sum"])[0]
+
+    def tf_forward():
+        return tf.nn.embedding_lookup(tf_tables[0], ids)
+
+    def train(forward, tables, optimizer):
+        def step():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(forward())
+            optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
+            return loss
+        return tf.function(step)
+
+    result = interleaved({
+        "sok_fwd_ms": tf.function(lambda: tf.reduce_sum(sok_forward())),
+        "tf_fwd_ms": tf.function(lambda: tf.reduce_sum(tf_forward())),
+        "sok_train_ms": train(sok_forward, sok_tables, sok_opt),
+        "tf_train_ms": train(tf_forward, tf_tables, tf_opt),
+    }, iters=50)
+    result["max_abs_diff_after_training"] = float(
+        np.abs(sok_forward().numpy() - tf_forward().numpy()).max())
+    result["floor_fwd_ms"] = (8 * BATCH + 2 * 4 * DIM * BATCH) / COPY_GBPS / 1e6
+    result["floor_train_ms"] = (16 * BATCH + 5 * 4 * DIM * BATCH) / COPY_GBPS / 1e6
+    log("T3", json.dumps(result))
+    return result
+
+
+def interaction():
+    rng = np.random.default_rng(5)
+    features, dim = 27, 128
+    x = tf.constant(rng.normal(size=[BATCH, features, dim]).astype(np.float32))
+    lower = tf.constant(np.tril(np.ones([features, features]), -1).astype(bool))
+
+    def reference(v):
+        dots = tf.matmul(v, v, transpose_b=True)
+        return tf.concat([v[:, 0], tf.boolean_mask(dots, lower, axis=1)], 1)
+
+    def step(fn):
+        def run():
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = tf.reduce_sum(fn(x))
+            return tf.reduce_sum(tape.gradient(loss, x))
+        return tf.function(run)
+
+    result = interleaved({"sok_ms": step(sok.dot_interaction), "tf_ms": step(reference)},
+                         iters=20)
+    width = dim + features * (features - 1) // 2
+    result["floor_ms"] = 4 * BATCH * (2 * features * dim + 2 * width) / COPY_GBPS / 1e6
+    log("G5", json.dumps(result))
+    return result
+
+
+def main():
+    out_dir = os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "..", "results"))
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        sys.exit("no GPU visible to TensorFlow")
+    sok.init(comm_tool="single")
+    details = tf.config.experimental.get_device_details(gpus[0])
+    payload = {"device": details.get("device_name", "GPU"), "tensorflow": tf.__version__,
+               "copy_gbps_assumed": COPY_GBPS, "batch": BATCH, "dim": DIM}
+    with tf.device("GPU:0"):
+        payload["G5"] = interaction()
+        payload["T3"] = single_table()
+        payload["T1"] = multi_table("T1", 1, "sum")
+        payload["T2"] = multi_table("T2", 10, "mean")
+    for key in ("T1", "T2", "T3", "G5"):
+        entry = payload[key]
+        if "sok_train_ms" in entry:
+            entry["speedup_train"] = entry["tf_train_ms"] / entry["sok_train_ms"]
+            entry["fraction_of_floor_train"] = entry["floor_train_ms"] / entry["sok_train_ms"]
+        else:
+            entry["speedup"] = entry["tf_ms"] / entry["sok_ms"]
+            entry["fraction_of_floor"] = entry["floor_ms"] / entry["sok_ms"]
+    with open(os.path.join(out_dir, "tf_gpu.json"), "w") as f:
+        json.dump(payload, f, indent=1)
+    log(json.dumps(payload, indent=1))
+
+
+if __name__ == "__main__":
+    main()

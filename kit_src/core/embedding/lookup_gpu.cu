@@ -1,0 +1,592 @@
+#include "kit_src/core/embedding/lookup_gpu.cuh"
+
+#include "kit_src/core/cuda_scratch.cuh"
+#include "kit_src/core/embedding/packed_key.h"
+
+namespace sok {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ int64_t GlobalThread() {
+  return blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+}
+__device__ __forceinline__ int64_t GridThreads() { return int64_t{gridDim.x} * blockDim.x; }
+
+__device__ __forceinline__ void RecordBad(LookupCheck* check, unsigned long long code) {
+  atomicMin(&check->first_bad, code);
+}
+__device__ __forceinline__ bool CheckFailed(const LookupCheck* check) {
+  return *static_cast<const volatile unsigned long long*>(&check->first_bad) != kNoError;
+}
+
+__device__ __forceinline__ int64_t ReadId(const void* ids, bool ids64, int64_t i) {
+  return ids64 ? static_cast<const int64_t*>(ids)[i]
+               : static_cast<int64_t>(static_cast<const int32_t*>(ids)[i]);
+}
+
+// The item among `count` descriptors whose `first` field is the last at or below i.
+template <typename Lookup>
+__device__ __forceinline__ int32_t FindLookup(const Lookup* lookups, int32_t count, int64_t i) {
+  int32_t lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi + 1) / 2;
+    if (lookups[mid].first <= i) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+__device__ __forceinline__ int32_t FindSampleLookup(const GpuPooledLookup* lookups, int32_t count,
+                                                    int64_t g) {
+  int32_t lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi + 1) / 2;
+    if (lookups[mid].first_sample <= g) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Rows are copied by groups of `group` lanes (a power of two up to 32), float4 where dim allows.
+int RowGroup(int64_t dim, int vector) {
+  int group = 1;
+  while (group < 32 && group * vector < dim) group *= 2;
+  return group;
+}
+
+template <int kVec>
+struct Vec;
+template <>
+struct Vec<1> {
+  using type = float;
+  __device__ static float Zero() { return 0.0f; }
+  __device__ static void Fma(float& acc, float s, float x) { acc += s * x; }
+  __device__ static float Scale(float s, float x) { return s * x; }
+};
+template <>
+struct Vec<4> {
+  using type = float4;
+  __device__ static float4 Zero() { return make_float4(0, 0, 0, 0); }
+  __device__ static void Fma(float4& acc, float s, float4 x) {
+    acc.x += s * x.x; acc.y += s * x.y; acc.z += s * x.z; acc.w += s * x.w;
+  }
+  __device__ static float4 Scale(float s, float4 x) {
+    return make_float4(s * x.x, s * x.y, s * x.z, s * x.w);
+  }
+};
+
+template <int kVec>
+__device__ __forceinline__ void CopyRow(const float* from, float* to, int64_t dim, int lane,
+                                        int group) {
+  using V = typename Vec<kVec>::type;
+  for (int64_t d = lane * kVec; d < dim; d += group * kVec) {
+    *reinterpret_cast<V*>(to + d) = __ldg(reinterpret_cast<const V*>(from + d));
+  }
+}
+template <int kVec>
+__device__ __forceinline__ void ZeroRow(float* to, int64_t dim, int lane, int group) {
+  using V = typename Vec<kVec>::type;
+  for (int64_t d = lane * kVec; d < dim; d += group * kVec) {
+    *reinterpret_cast<V*>(to + d) = Vec<kVec>::Zero();
+  }
+}
+
+// ---------------------------------------------------------------- partition
+
+__global__ void PartitionSortKeysKernel(const GpuPartitionLookup* lookups, int32_t num_lookups,
+                                        bool ids64, int64_t total, int32_t num_workers,
+                                        int table_bits, int row_bits, uint64_t* sort_keys,
+                                        int32_t* order, LookupCheck* check) {
+  for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
+    const int32_t l = FindLookup(lookups, num_lookups, i);
+    const GpuPartitionLookup& lookup = lookups[l];
+    const int64_t id = ReadId(lookup.ids, ids64, i - lookup.first);
+    order[i] = static_cast<int32_t>(i);
+    if (id < 0 || id >= lookup.rows) {
+      RecordBad(check, EncodeBad(l, BadKind::kBadId, i - lookup.first));
+      sort_keys[i] = ~0ull;
+      continue;
+    }
+    const uint64_t worker = lookup.owner >= 0 ? lookup.owner : id % num_workers;
+    const uint64_t row = lookup.owner >= 0 ? id : id / num_workers;
+    sort_keys[i] = (worker << (table_bits + row_bits)) |
+                   (static_cast<uint64_t>(lookup.table) << row_bits) | row;
+  }
+}
+
+__global__ void MarkUniqueKernel(const uint64_t* sorted, int64_t total, bool dedup,
+                                 int worker_shift, int32_t num_workers, int32_t* head,
+                                 int64_t* worker_counts) {
+  extern __shared__ unsigned long long local_counts[];
+  for (int w = threadIdx.x; w < num_workers; w += blockDim.x) local_counts[w] = 0;
+  __syncthreads();
+  for (int64_t k = GlobalThread(); k < total; k += GridThreads()) {
+    const bool is_head = !dedup || k == 0 || sorted[k] != sorted[k - 1];
+    head[k] = is_head;
+    if (is_head) atomicAdd(&local_counts[sorted[k] >> worker_shift], 1ull);
+  }
+  __syncthreads();
+  for (int w = threadIdx.x; w < num_workers; w += blockDim.x) {
+    if (local_counts[w]) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(&worker_counts[w]), local_counts[w]);
+    }
+  }
+}
+
+__global__ void ScatterPartitionKernel(const uint64_t* sorted, const int32_t* order,
+                                       const int32_t* slot, int64_t total, int row_bits,
+                                       int table_bits, int64_t* send_keys, int32_t* position) {
+  const uint64_t row_mask = (uint64_t{1} << row_bits) - 1;
+  const uint64_t table_mask = (uint64_t{1} << table_bits) - 1;
+  for (int64_t k = GlobalThread(); k < total; k += GridThreads()) {
+    const int32_t unique = slot[k] - 1;
+    position[order[k]] = unique;
+    if (k == 0 || slot[k] != slot[k - 1]) {
+      const uint64_t key = sorted[k];
+      send_keys[unique] = (static_cast<int64_t>((key >> row_bits) & table_mask) << kPackedRowBits) |
+                          static_cast<int64_t>(key & row_mask);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- owner side
+
+__device__ __forceinline__ const float* ShardRow(const GpuShard* shards, int32_t num_tables,
+                                                 int64_t key, int64_t dim) {
+  const int64_t t = key >> kPackedRowBits, row = key & kPackedRowMask;
+  if (key < 0 || t >= num_tables || row >= shards[t].rows) return nullptr;
+  return shards[t].data + row * dim;
+}
+
+template <int kVec>
+__global__ void GatherShardRowsKernel(const GpuShard* shards, int32_t num_tables, int64_t dim,
+                                      const int64_t* keys, int64_t n, float* out, int group,
+                                      LookupCheck* check) {
+  const int lane = threadIdx.x % group;
+  for (int64_t i = GlobalThread() / group; i < n; i += GridThreads() / group) {
+    const float* row = ShardRow(shards, num_tables, keys[i], dim);
+    if (row == nullptr) {
+      if (lane == 0) RecordBad(check, EncodeBad(0, BadKind::kBadKey, i));
+      ZeroRow<kVec>(out + i * dim, dim, lane, group);
+    } else {
+      CopyRow<kVec>(row, out + i * dim, dim, lane, group);
+    }
+  }
+}
+
+template <int kVec>
+__global__ void GatherSingleIdsKernel(const GpuSingleIdLookup* lookups, int32_t num_lookups,
+                                      bool ids64, int64_t total, int64_t dim, int group,
+                                      LookupCheck* check) {
+  const int lane = threadIdx.x % group;
+  for (int64_t i = GlobalThread() / group; i < total; i += GridThreads() / group) {
+    const int32_t l = FindLookup(lookups, num_lookups, i);
+    const GpuSingleIdLookup& lookup = lookups[l];
+    const int64_t j = i - lookup.first;
+    const int64_t id = ReadId(lookup.ids, ids64, j);
+    float* out = lookup.output + j * dim;
+    if (id < 0 || id >= lookup.table.rows) {
+      if (lane == 0) RecordBad(check, EncodeBad(l, BadKind::kBadId, j));
+      ZeroRow<kVec>(out, dim, lane, group);
+    } else {
+      CopyRow<kVec>(lookup.table.data + id * dim, out, dim, lane, group);
+    }
+  }
+}
+
+__global__ void DescribeBadIdKernel(const GpuPartitionLookup* partition_lookups,
+                                    const GpuSingleIdLookup* single_lookups, bool ids64,
+                                    LookupCheck* check) {
+  const unsigned long long code = check->first_bad;
+  if (code == kNoError || static_cast<BadKind>((code >> 40) & 15) != BadKind::kBadId) return;
+  const int64_t l = static_cast<int64_t>(code >> 44);
+  const int64_t j = static_cast<int64_t>(code & ((1ull << 40) - 1));
+  const void* ids = partition_lookups ? partition_lookups[l].ids : single_lookups[l].ids;
+  check->value_a = ReadId(ids, ids64, j);
+}
+
+__global__ void CountKeysKernel(const int64_t* keys, int64_t n, int32_t num_tables,
+                                int64_t* counts, int32_t* grouped, LookupCheck* check) {
+  extern __shared__ unsigned long long table_counts[];
+  for (int t = threadIdx.x; t < num_tables; t += blockDim.x) table_counts[t] = 0;
+  __syncthreads();
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    const int64_t key = keys[i], t = key >> kPackedRowBits;
+    if (key < 0 || t >= num_tables) {
+      RecordBad(check, EncodeBad(0, BadKind::kBadKey, i));
+      continue;
+    }
+    atomicAdd(&table_counts[t], 1ull);
+    if (i > 0 && (keys[i - 1] >> kPackedRowBits) > t) *grouped = 0;
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < num_tables; t += blockDim.x) {
+    if (table_counts[t]) atomicAdd(reinterpret_cast<unsigned long long*>(&counts[t]), table_counts[t]);
+  }
+}
+
+__global__ void TableSortKeysKernel(const int64_t* keys, int64_t n, int32_t* table_of,
+                                    int32_t* order) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    table_of[i] = static_cast<int32_t>(keys[i] >> kPackedRowBits);
+    order[i] = static_cast<int32_t>(i);
+  }
+}
+
+template <int kVec>
+__global__ void GatherGradientRowsKernel(const int64_t* keys, const int32_t* order, int64_t n,
+                                         int64_t dim, const float* grad, int64_t* indices,
+                                         float* values, int group) {
+  const int lane = threadIdx.x % group;
+  for (int64_t k = GlobalThread() / group; k < n; k += GridThreads() / group) {
+    const int64_t from = order ? order[k] : k;
+    if (lane == 0) indices[k] = keys[from] & kPackedRowMask;
+    CopyRow<kVec>(grad + from * dim, values + k * dim, dim, lane, group);
+  }
+}
+
+// ---------------------------------------------------------------- combine
+
+__global__ void CheckLookupHeaders(const GpuPooledLookup* lookups, int32_t num_lookups,
+                                   int64_t positions, int64_t* use_first, LookupCheck* check) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  int64_t offset = 0;
+  use_first[0] = 0;
+  for (int32_t l = 0; l < num_lookups; ++l) {
+    const GpuPooledLookup& lookup = lookups[l];
+    const int64_t nnz = lookup.row_splits[lookup.batch];
+    if (nnz < 0 || offset + nnz > positions) {
+      RecordBad(check, EncodeBad(l, BadKind::kPositionsLeft, 0));
+    } else if (lookup.row_splits[0] != 0) {
+      RecordBad(check, EncodeBad(l, BadKind::kRowSplitsEnds, 0));
+    } else if (lookup.weights != nullptr && lookup.weights_count != nnz) {
+      RecordBad(check, EncodeBad(l, BadKind::kWeightsCount, 0));
+    }
+    offset += nnz > 0 ? nnz : 0;
+    use_first[l + 1] = offset;
+  }
+  if (offset != positions) RecordBad(check, EncodeBad(num_lookups, BadKind::kPositionsLeft, 0));
+}
+
+__global__ void CheckRowSplitsKernel(const GpuPooledLookup* lookups, int32_t num_lookups,
+                                     int64_t samples, LookupCheck* check) {
+  for (int64_t g = GlobalThread(); g < samples; g += GridThreads()) {
+    const int32_t l = FindSampleLookup(lookups, num_lookups, g);
+    const int64_t s = g - lookups[l].first_sample;
+    const int64_t* splits = lookups[l].row_splits;
+    if (splits[s + 1] < splits[s]) RecordBad(check, EncodeBad(l, BadKind::kRowSplitsDecrease, s));
+  }
+}
+
+__device__ __forceinline__ float Denominator(const GpuPooledLookup& lookup, int64_t begin,
+                                             int64_t end) {
+  if (lookup.combiner == 0) return 1.0f;
+  if (lookup.weights == nullptr) {
+    const float n = static_cast<float>(end - begin);
+    return lookup.combiner == 1 ? n : sqrtf(n);
+  }
+  float total = 0.0f;
+  for (int64_t i = begin; i < end; ++i) {
+    const float w = lookup.weights[i];
+    total += lookup.combiner == 1 ? w : w * w;
+  }
+  return lookup.combiner == 1 ? total : sqrtf(total);
+}
+
+// The row position p names, or null (recorded) when p or its packed key names no row.
+__device__ __forceinline__ const float* SourceRow(const GpuRowSource& source, int64_t num_rows,
+                                                  int32_t p, int64_t dim, int32_t l, int64_t use,
+                                                  LookupCheck* check) {
+  if (p < 0 || p >= num_rows) {
+    RecordBad(check, EncodeBad(l, BadKind::kBadPosition, use));
+    return nullptr;
+  }
+  if (source.keys == nullptr) return source.rows + int64_t{p} * dim;
+  const float* row = ShardRow(source.shards, source.num_tables, source.keys[p], dim);
+  if (row == nullptr) RecordBad(check, EncodeBad(0, BadKind::kBadKey, p));
+  return row;
+}
+
+template <int kVec>
+__global__ void PoolKernel(const GpuPooledLookup* lookups, int32_t num_lookups, int64_t samples,
+                           const int64_t* use_first, const int32_t* position,
+                           GpuRowSource source, int64_t num_rows, int64_t dim, int group,
+                           LookupCheck* check) {
+  if (CheckFailed(check)) return;
+  using V = typename Vec<kVec>::type;
+  const int lane = threadIdx.x % group;
+  for (int64_t g = GlobalThread() / group; g < samples; g += GridThreads() / group) {
+    const int32_t l = FindSampleLookup(lookups, num_lookups, g);
+    const GpuPooledLookup& lookup = lookups[l];
+    const int64_t s = g - lookup.first_sample;
+    const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];
+    const int32_t* pos = position + use_first[l];
+    const float denominator = Denominator(lookup, begin, end);
+    float* out = lookup.output + s * dim;
+    for (int64_t d = lane * kVec; d < dim; d += group * kVec) {
+      V acc = Vec<kVec>::Zero();
+      if (denominator != 0.0f) {
+        for (int64_t i = begin; i < end; ++i) {
+          const float* row = SourceRow(source, num_rows, pos[i], dim, l, i, check);
+          if (row == nullptr) continue;
+          const float scale = (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
+          Vec<kVec>::Fma(acc, scale, __ldg(reinterpret_cast<const V*>(row + d)));
+        }
+      }
+      *reinterpret_cast<V*>(out + d) = acc;
+    }
+  }
+}
+
+__device__ __forceinline__ void AtomicAddVec(float* to, float x) { atomicAdd(to, x); }
+__device__ __forceinline__ void AtomicAddVec(float* to, float4 x) {
+#if __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4*>(to), x);
+#else
+  atomicAdd(to, x.x); atomicAdd(to + 1, x.y); atomicAdd(to + 2, x.z); atomicAdd(to + 3, x.w);
+#endif
+}
+
+template <int kVec>
+__global__ void ScatterGradKernel(const GpuPooledLookup* lookups, int32_t num_lookups,
+                                  int64_t samples, const int64_t* use_first,
+                                  const int32_t* position, int64_t num_rows, int64_t dim,
+                                  float* rows_grad, int group, LookupCheck* check) {
+  if (CheckFailed(check)) return;
+  using V = typename Vec<kVec>::type;
+  const int lane = threadIdx.x % group;
+  for (int64_t g = GlobalThread() / group; g < samples; g += GridThreads() / group) {
+    const int32_t l = FindSampleLookup(lookups, num_lookups, g);
+    const GpuPooledLookup& lookup = lookups[l];
+    const int64_t s = g - lookup.first_sample;
+    const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];
+    const float denominator = Denominator(lookup, begin, end);
+    if (begin == end || denominator == 0.0f) continue;
+    const int32_t* pos = position + use_first[l];
+    for (int64_t d = lane * kVec; d < dim; d += group * kVec) {
+      const V grad = __ldg(reinterpret_cast<const V*>(lookup.output_grad + s * dim + d));
+      for (int64_t i = begin; i < end; ++i) {
+        const int32_t p = pos[i];
+        if (p < 0 || p >= num_rows) {
+          RecordBad(check, EncodeBad(l, BadKind::kBadPosition, i));
+          continue;
+        }
+        const float scale = (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
+        AtomicAddVec(rows_grad + int64_t{p} * dim + d, Vec<kVec>::Scale(scale, grad));
+      }
+    }
+  }
+}
+
+__global__ void DescribePooledErrorKernel(const GpuPooledLookup* lookups, const int64_t* use_first,
+                                          const int32_t* position, int64_t positions,
+                                          GpuRowSource source, LookupCheck* check) {
+  const unsigned long long code = check->first_bad;
+  if (code == kNoError) return;
+  const int64_t l = static_cast<int64_t>(code >> 44);
+  const int64_t item = static_cast<int64_t>(code & ((1ull << 40) - 1));
+  switch (static_cast<BadKind>((code >> 40) & 15)) {
+    case BadKind::kPositionsLeft:
+      if (lookups == nullptr) break;
+      check->value_a = use_first[l];  // for the total mismatch (l = num_lookups)
+      check->value_b = positions;
+      break;
+    case BadKind::kRowSplitsEnds:
+      check->value_a = lookups[l].row_splits[0];
+      check->value_b = lookups[l].row_splits[lookups[l].batch];
+      break;
+    case BadKind::kWeightsCount:
+      check->value_a = lookups[l].row_splits[lookups[l].batch];
+      break;
+    case BadKind::kBadPosition:
+      check->value_a = position[use_first[l] + item];
+      break;
+    case BadKind::kBadKey:
+      check->value_a = source.keys ? source.keys[item] : 0;
+      break;
+    default:
+      break;
+  }
+}
+
+// The per-lookup figures the positions-left message needs: nnz and positions left.
+__global__ void DescribePositionsLeft(const GpuPooledLookup* lookups, int32_t num_lookups,
+                                      const int64_t* use_first, int64_t positions,
+                                      LookupCheck* check) {
+  const unsigned long long code = check->first_bad;
+  if (code == kNoError || static_cast<BadKind>((code >> 40) & 15) != BadKind::kPositionsLeft) {
+    return;
+  }
+  const int64_t l = static_cast<int64_t>(code >> 44);
+  if (l >= num_lookups) return;  // the total mismatch, described above
+  check->value_a = lookups[l].row_splits[lookups[l].batch];
+  check->value_b = positions - use_first[l];
+}
+
+// Kernel-side resets, so no host buffer has to outlive the call.
+__global__ void ResetCheckKernel(LookupCheck* check, int32_t* flag) {
+  if (check) *check = LookupCheck{kNoError, 0, 0};
+  if (flag) *flag = 1;
+}
+
+template <typename Launch>
+cudaError_t LaunchByVector(int64_t dim, Launch launch) {
+  if (dim % 4 == 0) {
+    launch(std::integral_constant<int, 4>());
+  } else {
+    launch(std::integral_constant<int, 1>());
+  }
+  return cudaGetLastError();
+}
+
+int GridFor(int64_t items, int group) {
+  return GridBlocks(items * group, kThreads);
+}
+
+}  // namespace
+
+cudaError_t ResetLookupCheck(LookupCheck* check, cudaStream_t stream) {
+  ResetCheckKernel<<<1, 1, 0, stream>>>(check, nullptr);
+  return cudaGetLastError();
+}
+
+cudaError_t BuildPartitionSortKeys(const GpuPartitionLookup* lookups_device, int32_t num_lookups,
+                                   bool ids64, int64_t total, int32_t num_workers,
+                                   int table_bits, int row_bits, uint64_t* sort_keys,
+                                   int32_t* order, LookupCheck* check, cudaStream_t stream) {
+  if (total == 0) return cudaSuccess;
+  PartitionSortKeysKernel<<<GridBlocks(total, kThreads), kThreads, 0, stream>>>(
+      lookups_device, num_lookups, ids64, total, num_workers, table_bits, row_bits, sort_keys,
+      order, check);
+  return cudaGetLastError();
+}
+
+cudaError_t MarkUniqueKeys(const uint64_t* sorted, int64_t total, bool dedup, int row_bits,
+                           int table_bits, int32_t num_workers, int32_t* head,
+                           int64_t* worker_counts, cudaStream_t stream) {
+  cudaError_t status = cudaMemsetAsync(worker_counts, 0, num_workers * sizeof(int64_t), stream);
+  if (status != cudaSuccess || total == 0) return status;
+  MarkUniqueKernel<<<GridBlocks(total, kThreads), kThreads,
+                     num_workers * sizeof(unsigned long long), stream>>>(
+      sorted, total, dedup, row_bits + table_bits, num_workers, head, worker_counts);
+  return cudaGetLastError();
+}
+
+cudaError_t ScatterPartition(const uint64_t* sorted, const int32_t* order, const int32_t* slot,
+                             int64_t total, int row_bits, int table_bits, int64_t* send_keys,
+                             int32_t* position, cudaStream_t stream) {
+  if (total == 0) return cudaSuccess;
+  ScatterPartitionKernel<<<GridBlocks(total, kThreads), kThreads, 0, stream>>>(
+      sorted, order, slot, total, row_bits, table_bits, send_keys, position);
+  return cudaGetLastError();
+}
+
+cudaError_t GatherShardRowsGpu(const GpuShard* shards_device, int32_t num_tables, int64_t dim,
+                               const int64_t* keys, int64_t n, float* out, LookupCheck* check,
+                               cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return LaunchByVector(dim, [&](auto vec) {
+    const int group = RowGroup(dim, vec.value);
+    GatherShardRowsKernel<vec.value><<<GridFor(n, group), kThreads, 0, stream>>>(
+        shards_device, num_tables, dim, keys, n, out, group, check);
+  });
+}
+
+cudaError_t GatherSingleIdsGpu(const GpuSingleIdLookup* lookups_device, int32_t num_lookups,
+                               bool ids64, int64_t total, int64_t dim, LookupCheck* check,
+                               cudaStream_t stream) {
+  if (total == 0) return cudaSuccess;
+  return LaunchByVector(dim, [&](auto vec) {
+    const int group = RowGroup(dim, vec.value);
+    GatherSingleIdsKernel<vec.value><<<GridFor(total, group), kThreads, 0, stream>>>(
+        lookups_device, num_lookups, ids64, total, dim, group, check);
+  });
+}
+
+cudaError_t DescribeBadId(const GpuPartitionLookup* partition_lookups,
+                          const GpuSingleIdLookup* single_lookups, bool ids64,
+                          LookupCheck* check, cudaStream_t stream) {
+  DescribeBadIdKernel<<<1, 1, 0, stream>>>(partition_lookups, single_lookups, ids64, check);
+  return cudaGetLastError();
+}
+
+cudaError_t CountKeysPerTableGpu(const int64_t* keys, int64_t n, int32_t num_tables,
+                                 int64_t* counts, int32_t* grouped, LookupCheck* check,
+                                 cudaStream_t stream) {
+  cudaError_t status = cudaMemsetAsync(counts, 0, num_tables * sizeof(int64_t), stream);
+  if (status != cudaSuccess) return status;
+  ResetCheckKernel<<<1, 1, 0, stream>>>(nullptr, grouped);
+  if (n == 0) return cudaGetLastError();
+  CountKeysKernel<<<GridBlocks(n, kThreads), kThreads, num_tables * sizeof(unsigned long long),
+                    stream>>>(keys, n, num_tables, counts, grouped, check);
+  return cudaGetLastError();
+}
+
+cudaError_t TableSortKeys(const int64_t* keys, int64_t n, int32_t* table_of, int32_t* order,
+                          cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  TableSortKeysKernel<<<GridBlocks(n, kThreads), kThreads, 0, stream>>>(keys, n, table_of, order);
+  return cudaGetLastError();
+}
+
+cudaError_t GatherGradientRows(const int64_t* keys, const int32_t* order, int64_t n, int64_t dim,
+                               const float* grad, int64_t* indices, float* values,
+                               cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return LaunchByVector(dim, [&](auto vec) {
+    const int group = RowGroup(dim, vec.value);
+    GatherGradientRowsKernel<vec.value><<<GridFor(n, group), kThreads, 0, stream>>>(
+        keys, order, n, dim, grad, indices, values, group);
+  });
+}
+
+cudaError_t CheckPooledLookups(const GpuPooledLookup* lookups_device, int32_t num_lookups,
+                               int64_t samples, const int32_t* position, int64_t positions,
+                               int64_t num_rows, const GpuRowSource& source, int64_t* use_first,
+                               LookupCheck* check, cudaStream_t stream) {
+  CheckLookupHeaders<<<1, 1, 0, stream>>>(lookups_device, num_lookups, positions, use_first,
+                                          check);
+  if (samples > 0) {
+    CheckRowSplitsKernel<<<GridBlocks(samples, kThreads), kThreads, 0, stream>>>(
+        lookups_device, num_lookups, samples, check);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t CombineForwardGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
+                              int64_t samples, const int64_t* use_first, const int32_t* position,
+                              const GpuRowSource& source, int64_t num_rows, int64_t dim,
+                              LookupCheck* check, cudaStream_t stream) {
+  if (samples == 0) return cudaSuccess;
+  return LaunchByVector(dim, [&](auto vec) {
+    const int group = RowGroup(dim, vec.value);
+    PoolKernel<vec.value><<<GridFor(samples, group), kThreads, 0, stream>>>(
+        lookups_device, num_lookups, samples, use_first, position, source, num_rows, dim, group,
+        check);
+  });
+}
+
+cudaError_t CombineBackwardGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
+                               int64_t samples, const int64_t* use_first, const int32_t* position,
+                               int64_t num_rows, int64_t dim, float* rows_grad,
+                               LookupCheck* check, cudaStream_t stream) {
+  cudaError_t status = cudaMemsetAsync(rows_grad, 0, num_rows * dim * sizeof(float), stream);
+  if (status != cudaSuccess || samples == 0) return status;
+  return LaunchByVector(dim, [&](auto vec) {
+    const int group = RowGroup(dim, vec.value);
+    ScatterGradKernel<vec.value><<<GridFor(samples, group), kThreads, 0, stream>>>(
+        lookups_device, num_lookups, samples, use_first, position, num_rows, dim, rows_grad,
+        group, check);
+  });
+}
+
+cudaError_t DescribePooledError(const GpuPooledLookup* lookups_device, int32_t num_lookups,
+                                const int64_t* use_first, const int32_t* position,
+                                int64_t positions, const GpuRowSource& source,
+                                LookupCheck* check, cudaStream_t stream) {
+  DescribePooledErrorKernel<<<1, 1, 0, stream>>>(lookups_device, use_first, position, positions,
+                                                  source, check);
+  DescribePositionsLeft<<<1, 1, 0, stream>>>(lookups_device, num_lookups, use_first, positions,
+                                             check);
+  return cudaGetLastError();
+}
+
+}  // namespace sok

@@ -1,0 +1,184 @@
+// CUDA twins of the fused lookup's core (key_partition.h, shard_rows.h, combine.h): the same
+// layouts and results on device pointers and a stream. No function here synchronises; bad
+// input is recorded in a device-side LookupCheck (the first bad item wins), every kernel after
+// the check skips its work when one is recorded, and the caller reads the record once the
+// stream has passed (TensorFlow's kernels turn it into the CPU kernels' error messages).
+// Scratch memory comes from the caller (TensorFlow's allocator in the op library).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace sok {
+
+// What went wrong first, as the kernels found it. Device memory; `first_bad` starts at
+// kNoError and takes the smallest encoded item (EncodeBad) any check found bad.
+struct LookupCheck {
+  unsigned long long first_bad;
+  int64_t value_a;  // described after the checks: the bad id, position or row_splits entry
+  int64_t value_b;  // and a second value where the message needs one
+};
+constexpr unsigned long long kNoError = ~0ull;
+
+// What a check found, in the order the CPU kernels check it.
+enum class BadKind : int {
+  kPositionsLeft = 0,   // more ids than positions left: value_a = nnz, value_b = positions left
+                        // (group = num_lookups: the ids' total, value_a, is not the positions')
+  kRowSplitsEnds,       // row_splits[0] != 0: value_a = row_splits[0], value_b = row_splits[batch]
+  kRowSplitsDecrease,   // row_splits[s + 1] < row_splits[s]: item = s
+  kWeightsCount,        // weights of another length than the ids: value_a = nnz
+  kBadPosition,         // a position outside [0, num_rows): item = use, value_a = position
+  kBadKey,              // a packed key naming no row: item = key index, value_a = key
+  kBadId,               // an id outside its table: item = id index, value_a = id
+};
+// (group, kind, item) in one comparable word: the group (a lookup or table) first.
+__host__ __device__ inline unsigned long long EncodeBad(int64_t group, BadKind kind, int64_t item) {
+  return (static_cast<unsigned long long>(group) << 44) |
+         (static_cast<unsigned long long>(kind) << 40) | static_cast<unsigned long long>(item);
+}
+inline int64_t BadGroup(unsigned long long code) { return static_cast<int64_t>(code >> 44); }
+inline BadKind BadKindOf(unsigned long long code) { return static_cast<BadKind>((code >> 40) & 15); }
+inline int64_t BadItem(unsigned long long code) {
+  return static_cast<int64_t>(code & ((1ull << 40) - 1));
+}
+
+// Resets a check record (stream-ordered).
+cudaError_t ResetLookupCheck(LookupCheck* check, cudaStream_t stream);
+
+// One table's rows on the device: [rows, dim] row-major.
+struct GpuShard {
+  const float* data = nullptr;
+  int64_t rows = 0;
+};
+
+// ---- Input distribution (Sok>PartitionKeys) ----
+
+// One lookup's ids (device) and its table's placement.
+struct GpuPartitionLookup {
+  const void* ids = nullptr;  // [count] int32 or int64
+  int64_t count = 0;
+  int64_t first = 0;          // where its ids start among all lookups' ids
+  int32_t table = 0;
+  int32_t owner = -1;         // -1 distributed, >= 0 localized on that worker
+  int64_t rows = 0;           // global rows of the table
+};
+
+// Phase 1 of the partition: every id (all lookups laid end to end, `total` of them) becomes a
+// sort key (worker, table, local row) packed in `key_bits` bits; bad ids are recorded in
+// `check` (group = lookup). ids64: the lookups' ids are int64 (else int32).
+// `sort_keys` and `order` are [total]; `order` is filled with 0..total-1.
+cudaError_t BuildPartitionSortKeys(const GpuPartitionLookup* lookups_device, int32_t num_lookups,
+                                   bool ids64, int64_t total, int32_t num_workers,
+                                   int table_bits, int row_bits, uint64_t* sort_keys,
+                                   int32_t* order, LookupCheck* check, cudaStream_t stream);
+
+// Phase 2, after the sort: head[k] is 1 where sorted key k starts a new unique key (every key
+// with !dedup); per-worker counts are added to worker_counts ([num_workers], zeroed here).
+cudaError_t MarkUniqueKeys(const uint64_t* sorted, int64_t total, bool dedup, int row_bits,
+                           int table_bits, int32_t num_workers, int32_t* head,
+                           int64_t* worker_counts, cudaStream_t stream);
+
+// Phase 3, after an inclusive scan of head into slot (slot[k] - 1 is the unique index of
+// sorted key k): position[order[k]] = slot[k] - 1 and send_keys[slot[k] - 1] = PackKey(table,
+// local row) at the heads.
+cudaError_t ScatterPartition(const uint64_t* sorted, const int32_t* order, const int32_t* slot,
+                             int64_t total, int row_bits, int table_bits, int64_t* send_keys,
+                             int32_t* position, cudaStream_t stream);
+
+// ---- Owner side (Sok>GatherShardRows, Sok>GatherSingleIds, Sok>SplitGradientByTable) ----
+
+// out[i] = row PackedRow(keys[i]) of shard PackedTable(keys[i]); bad keys give zero rows and
+// are recorded (group 0, kBadKey).
+cudaError_t GatherShardRowsGpu(const GpuShard* shards_device, int32_t num_tables, int64_t dim,
+                               const int64_t* keys, int64_t n, float* out, LookupCheck* check,
+                               cudaStream_t stream);
+
+// One lookup of the one-id path: output row i = table row ids[i].
+struct GpuSingleIdLookup {
+  const void* ids = nullptr;  // [count] int32 or int64
+  int64_t count = 0;
+  int64_t first = 0;          // where its ids start among all lookups' ids
+  GpuShard table;
+  float* output = nullptr;    // [count, dim]
+};
+
+cudaError_t GatherSingleIdsGpu(const GpuSingleIdLookup* lookups_device, int32_t num_lookups,
+                               bool ids64, int64_t total, int64_t dim, LookupCheck* check,
+                               cudaStream_t stream);
+
+// Fills value_a of a kBadId record with the id (ids of lookup = group, at item - first).
+cudaError_t DescribeBadId(const GpuPartitionLookup* partition_lookups,
+                          const GpuSingleIdLookup* single_lookups, bool ids64,
+                          LookupCheck* check, cudaStream_t stream);
+
+// counts[t] ([num_tables], zeroed here) = keys naming table t; a key naming no table is
+// recorded (kBadKey); grouped[0] = 1 when the keys are laid out table by table.
+cudaError_t CountKeysPerTableGpu(const int64_t* keys, int64_t n, int32_t num_tables,
+                                 int64_t* counts, int32_t* grouped, LookupCheck* check,
+                                 cudaStream_t stream);
+
+// table_of[i] = PackedTable(keys[i]) as a sort key, and iota into order.
+cudaError_t TableSortKeys(const int64_t* keys, int64_t n, int32_t* table_of, int32_t* order,
+                          cudaStream_t stream);
+
+// For keys ordered by `order` (n of them, grouped by table), indices[k] = PackedRow(keys[order[k]])
+// and values row k = grad row order[k] (order may be null: the identity).
+cudaError_t GatherGradientRows(const int64_t* keys, const int32_t* order, int64_t n, int64_t dim,
+                               const float* grad, int64_t* indices, float* values,
+                               cudaStream_t stream);
+
+// ---- Combine (Sok>CombineForward / CombineFromShards / CombineBackward) ----
+
+// One pooled lookup on the device.
+struct GpuPooledLookup {
+  const int64_t* row_splits = nullptr;  // [batch + 1]
+  int64_t batch = 0;
+  int64_t first_sample = 0;             // among all lookups' samples
+  const float* weights = nullptr;       // [weights_count], or null for all ones
+  int64_t weights_count = 0;
+  int32_t combiner = 0;                 // Combiner: 0 sum, 1 mean, 2 sqrtn
+  float* output = nullptr;              // forward: [batch, dim]
+  const float* output_grad = nullptr;   // backward: [batch, dim]
+};
+
+// Where the rows a position names live: a dense [num_rows, dim] matrix, or (keys non-null)
+// the shards' rows that packed keys[p] names.
+struct GpuRowSource {
+  const float* rows = nullptr;
+  const int64_t* keys = nullptr;
+  const GpuShard* shards = nullptr;  // device array of num_tables
+  int32_t num_tables = 0;
+};
+
+// Checks the lookups against the positions (row_splits start at 0 and never decrease, ids
+// fit the positions left, weights match the ids, positions inside [0, num_rows), packed keys
+// name rows of their shards) and writes use_first ([num_lookups + 1], device) where each
+// lookup's positions start. samples = all lookups' samples.
+cudaError_t CheckPooledLookups(const GpuPooledLookup* lookups_device, int32_t num_lookups,
+                               int64_t samples, const int32_t* position, int64_t positions,
+                               int64_t num_rows, const GpuRowSource& source, int64_t* use_first,
+                               LookupCheck* check, cudaStream_t stream);
+
+// output[s] = combine of the weighted rows of sample s (nothing is done if check recorded an
+// error).
+cudaError_t CombineForwardGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
+                              int64_t samples, const int64_t* use_first, const int32_t* position,
+                              const GpuRowSource& source, int64_t num_rows, int64_t dim,
+                              LookupCheck* check, cudaStream_t stream);
+
+// rows_grad ([num_rows, dim], overwritten) = sum over the uses of each row of their share of
+// the output gradients (atomics).
+cudaError_t CombineBackwardGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
+                               int64_t samples, const int64_t* use_first, const int32_t* position,
+                               int64_t num_rows, int64_t dim, float* rows_grad,
+                               LookupCheck* check, cudaStream_t stream);
+
+// Fills value_a / value_b of the record the combine checks left.
+cudaError_t DescribePooledError(const GpuPooledLookup* lookups_device, int32_t num_lookups,
+                                const int64_t* use_first,
+                                const int32_t* position, int64_t positions,
+                                const GpuRowSource& source, LookupCheck* check,
+                                cudaStream_t stream);
+
+}  // namespace sok

@@ -1,0 +1,11 @@
+// Device tags for the kernels' functors: the OpKernel is written once, templated on the tag,
+// and each device's work is a functor specialisation (TensorFlow uses Eigen's device types;
+// tags keep the CPU build free of Eigen's GPU headers).
+#pragma once
+
+namespace sok {
+
+struct CpuDevice {};
+struct GpuDevice {};
+
+}  // namespace sok

@@ -1,0 +1,785 @@
+// GPU kernels of the fused lookup chain (the CPU ones are in embedding_kernels.cc): the same
+// inputs, outputs and error messages, the work in kit_src/core/embedding/lookup_gpu.cu on
+// TensorFlow's stream. Bad input is found by the device kernels; the ops are asynchronous and
+// report it once the stream has passed (no host thread waits), except the two whose output
+// sizes depend on the data, Sok>PartitionKeys and Sok>SplitGradientByTable, which synchronise
+// once (documented at each).
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU  // before any Eigen header: the GPU device
+#include <cub/cub.cuh>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kit_src/core/embedding/combine.h"
+#include "kit_src/core/embedding/key_partition.h"
+#include "kit_src/core/embedding/packed_key.h"
+#include "kit_src/tf/kernels/core_bridge.h"
+#include "kit_src/tf/kernels/gpu_op_util.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+
+namespace sok {
+
+namespace tf = ::tensorflow;
+
+namespace {
+
+int BitsFor(uint64_t values) {  // bits to hold 0 .. values - 1
+  int bits = 0;
+  while (bits < 64 && (uint64_t{1} << bits) < values) ++bits;
+  return bits;
+}
+
+// Variables read by a GPU op, locked shared while its work is enqueued (as TF's own GPU ops
+// hold them), each looked up once even when several inputs share it.
+class GpuTables {
+ public:
+  tf::Status Lock(tf::OpKernelContext* ctx, int first_input, int count, int64_t dim,
+                  const std::vector<std::string>* names) {
+    vars_.resize(count);
+    for (int t = 0; t < count; ++t) {
+      TF_RETURN_IF_ERROR(tf::LookupResource(ctx, tf::HandleFromInput(ctx, first_input + t),
+                                            &vars_[t]));
+      bool seen = false;
+      for (int k = 0; k < t; ++k) seen = seen || vars_[k].get() == vars_[t].get();
+      if (!seen) locks_.push_back(std::make_unique<tf::tf_shared_lock>(*vars_[t]->mu()));
+      const tf::Tensor& table = *vars_[t]->tensor();
+      if (table.dtype() != tf::DT_FLOAT || table.dims() != 2 || table.dim_size(1) != dim) {
+        const std::string name = names ? "'" + (*names)[t] + "'" : std::to_string(t);
+        return tf::errors::InvalidArgument("table ", name, " must be float32 [rows, ", dim,
+                                           "], got ", tf::DataTypeString(table.dtype()), " ",
+                                           table.shape().DebugString());
+      }
+      shards_.push_back(GpuShard{table.flat<float>().data(), table.dim_size(0)});
+    }
+    return tf::Status();
+  }
+  const std::vector<GpuShard>& shards() const { return shards_; }
+
+ private:
+  std::vector<tf::core::RefCountPtr<tf::Var>> vars_;
+  std::vector<std::unique_ptr<tf::tf_shared_lock>> locks_;
+  std::vector<GpuShard> shards_;
+};
+
+tf::Status ReadCombinerAttrs(tf::OpKernelConstruction* ctx, std::vector<int32_t>* combiners) {
+  std::vector<std::string> names;
+  int64_t n = 0;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("combiners", &names));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("N", &n));
+  if (static_cast<int64_t>(names.size()) != n) {
+    return tf::errors::InvalidArgument("combiners has ", names.size(), " entries for ", n,
+                                       " lookups");
+  }
+  for (const std::string& name : names) {
+    Combiner combiner;
+    TF_RETURN_IF_ERROR(ToTfStatus(ParseCombiner(name, &combiner)));
+    combiners->push_back(static_cast<int32_t>(combiner));
+  }
+  return tf::Status();
+}
+
+// The pooled lookups of a combine op, described on the host from the input shapes (device
+// pointers; the values are checked on the device).
+tf::Status DescribePooled(tf::OpKernelContext* ctx, int first_splits,
+                          const std::vector<int32_t>& combiners,
+                          std::vector<GpuPooledLookup>* lookups, int64_t* samples) {
+  const int n = static_cast<int>(combiners.size());
+  *samples = 0;
+  for (int l = 0; l < n; ++l) {
+    const tf::Tensor& splits = ctx->input(first_splits + l);
+    const tf::Tensor& weights = ctx->input(first_splits + n + l);
+    if (!tf::TensorShapeUtils::IsVector(splits.shape()) || splits.NumElements() < 1) {
+      return tf::errors::InvalidArgument("row_splits of lookup ", l,
+                                         " must be a non-empty vector, got shape ",
+                                         splits.shape().DebugString());
+    }
+    GpuPooledLookup lookup;
+    lookup.row_splits = splits.flat<int64_t>().data();
+    lookup.batch = splits.NumElements() - 1;
+    lookup.first_sample = *samples;
+    lookup.weights = weights.NumElements() > 0 ? weights.flat<float>().data() : nullptr;
+    lookup.weights_count = weights.NumElements();
+    lookup.combiner = combiners[l];
+    lookups->push_back(lookup);
+    *samples += lookup.batch;
+  }
+  return tf::Status();
+}
+
+// The CPU kernels' message for what the combine checks recorded.
+tf::Status PooledError(const LookupCheck& check, int64_t num_rows, int32_t num_tables) {
+  if (check.first_bad == kNoError) return tf::Status();
+  const int64_t l = BadGroup(check.first_bad), item = BadItem(check.first_bad);
+  const std::string what = "lookup " + std::to_string(l);
+  switch (BadKindOf(check.first_bad)) {
+    case BadKind::kPositionsLeft:
+      return tf::errors::InvalidArgument(
+          "lookup ", l, " has ", check.value_a, " ids but only ", check.value_b,
+          " positions are left");
+    case BadKind::kRowSplitsEnds:
+      return ToTfStatus(Status::InvalidArgument(
+          what + ": row_splits must start at 0 and end at the " + std::to_string(check.value_b) +
+          " ids, got [" + std::to_string(check.value_a) + ", ..., " +
+          std::to_string(check.value_b) + "]"));
+    case BadKind::kRowSplitsDecrease:
+      return tf::errors::InvalidArgument(what, ": row_splits decrease at sample ", item);
+    case BadKind::kWeightsCount:
+      break;
+    case BadKind::kBadPosition:
+      return tf::errors::InvalidArgument("row position ", check.value_a, " is out of range [0, ",
+                                         num_rows, ")");
+    case BadKind::kBadKey:
+      return tf::errors::InvalidArgument(
+          "key ", check.value_a, " (table ", PackedTable(check.value_a), ", local row ",
+          PackedRow(check.value_a), ") names no row of the ", num_tables, " local shards");
+    default:
+      break;
+  }
+  return tf::errors::InvalidArgument("bad input (", what, ", item ", item, ")");
+}
+
+// Pools (forward) or scatters (backward) after the device checks, then reports.
+class CombineGpuBase : public tf::AsyncOpKernel {
+ public:
+  explicit CombineGpuBase(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadCombinerAttrs(ctx, &combiners_));
+  }
+
+ protected:
+  // Uploads the lookups, runs the checks; `run` launches the pooling or scatter.
+  void Run(tf::OpKernelContext* ctx, DoneCallback done, std::vector<GpuPooledLookup> lookups,
+           int64_t samples, const tf::Tensor& position, int64_t num_rows,
+           GpuRowSource source, const std::vector<GpuShard>& shards, int64_t weights_first,
+           const std::function<cudaError_t(const GpuPooledLookup*, const int64_t*,
+                                           const GpuRowSource&, LookupCheck*)>& run) {
+    auto memory = std::make_shared<GpuCallMemory>();
+    const cudaStream_t stream = GpuStream(ctx);
+    const int32_t n = static_cast<int32_t>(lookups.size());
+    // A weights count of another length than the ids' is known on the host only after the
+    // check; the CPU message names it, so keep each lookup's count.
+    std::vector<int64_t> weight_counts;
+    for (const GpuPooledLookup& lookup : lookups) weight_counts.push_back(lookup.weights_count);
+    GpuPooledLookup* lookups_device = nullptr;
+    GpuShard* shards_device = nullptr;
+    int64_t* use_first = nullptr;
+    GpuCheck check;
+    OP_REQUIRES_OK_ASYNC(ctx, memory->Upload(ctx, lookups, &lookups_device), done);
+    if (!shards.empty()) {
+      OP_REQUIRES_OK_ASYNC(ctx, memory->Upload(ctx, shards, &shards_device), done);
+      source.shards = shards_device;
+    }
+    OP_REQUIRES_OK_ASYNC(ctx, memory->Device(ctx, n + 1, &use_first), done);
+    OP_REQUIRES_OK_ASYNC(ctx, check.Init(ctx, memory.get()), done);
+    const int32_t* positions = position.flat<int32_t>().data();
+    const int64_t num_positions = position.NumElements();
+    OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(CheckPooledLookups(lookups_device, n, samples, positions,
+                                                          num_positions, num_rows, source,
+                                                          use_first, check.device, stream),
+                                       "combine check"),
+                         done);
+    OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(run(lookups_device, use_first, source, check.device),
+                                       "combine"),
+                         done);
+    OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(DescribePooledError(lookups_device, n, use_first,
+                                                           positions, num_positions, source,
+                                                           check.device, stream),
+                                       "describe"),
+                         done);
+    OP_REQUIRES_OK_ASYNC(ctx, check.CopyToHost(ctx), done);
+    const LookupCheck* host = check.host;
+    const int32_t num_tables = static_cast<int32_t>(shards.size());
+    FinishAfterStream(ctx, done, memory, [host, num_rows, num_tables, weight_counts]() {
+      if (host->first_bad != kNoError && BadKindOf(host->first_bad) == BadKind::kWeightsCount) {
+        const int64_t l = BadGroup(host->first_bad);
+        return tf::errors::InvalidArgument("weights of lookup ", l, " have ", weight_counts[l],
+                                           " values but its ids have ", host->value_a,
+                                           "; weights must match the ids one to one");
+      }
+      if (host->first_bad != kNoError && BadKindOf(host->first_bad) == BadKind::kPositionsLeft &&
+          BadGroup(host->first_bad) == static_cast<int64_t>(weight_counts.size())) {
+        return tf::errors::InvalidArgument("the lookups have ", host->value_a,
+                                           " ids but position has ", host->value_b);
+      }
+      return PooledError(*host, num_rows, num_tables);
+    });
+  }
+
+  std::vector<int32_t> combiners_;
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------ Sok>GatherSingleIds
+
+class GatherSingleIdsGpuOp : public tf::AsyncOpKernel {
+ public:
+  explicit GatherSingleIdsGpuOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
+    OP_REQUIRES(ctx, static_cast<int>(table_names_.size()) * 3 == ctx->num_inputs(),
+                tf::errors::InvalidArgument("table_names needs one entry per lookup"));
+  }
+
+  void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+    const int n = ctx->num_inputs() / 3;
+    GpuTables tables;
+    OP_REQUIRES_OK_ASYNC(ctx, tables.Lock(ctx, 0, n, dim_, &table_names_), done);
+    std::vector<GpuSingleIdLookup> lookups(n);
+    int64_t total = 0;
+    for (int l = 0; l < n; ++l) {
+      const tf::Tensor& ids = ctx->input(n + l);
+      const tf::Tensor& splits = ctx->input(2 * n + l);
+      OP_REQUIRES_ASYNC(ctx, tf::TensorShapeUtils::IsVector(ids.shape()) &&
+                                 splits.NumElements() == ids.NumElements() + 1,
+                        tf::errors::InvalidArgument("lookup ", l, " must hold one id per sample: ",
+                                                    ids.NumElements(), " ids for ",
+                                                    splits.NumElements() - 1, " samples"),
+                        done);
+      tf::Tensor* out = nullptr;
+      OP_REQUIRES_OK_ASYNC(
+          ctx, ctx->allocate_output(l, tf::TensorShape({ids.NumElements(), dim_}), &out), done);
+      lookups[l] = GpuSingleIdLookup{ids.data(), ids.NumElements(), total, tables.shards()[l],
+                                     out->flat<float>().data()};
+      total += ids.NumElements();
+    }
+    const bool ids64 = ctx->input(n).dtype() == tf::DT_INT64;
+    auto memory = std::make_shared<GpuCallMemory>();
+    GpuSingleIdLookup* lookups_device = nullptr;
+    GpuCheck check;
+    OP_REQUIRES_OK_ASYNC(ctx, memory->Upload(ctx, lookups, &lookups_device), done);
+    OP_REQUIRES_OK_ASYNC(ctx, check.Init(ctx, memory.get()), done);
+    const cudaStream_t stream = GpuStream(ctx);
+    OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(GatherSingleIdsGpu(lookups_device, n, ids64, total, dim_,
+                                                          check.device, stream),
+                                       "gather single ids"),
+                         done);
+    OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(DescribeBadId(nullptr, lookups_device, ids64,
+                                                     check.device, stream),
+                                       "describe"),
+                         done);
+    OP_REQUIRES_OK_ASYNC(ctx, check.CopyToHost(ctx), done);
+    const LookupCheck* host = check.host;
+    std::vector<int64_t> rows;
+    for (const GpuShard& shard : tables.shards()) rows.push_back(shard.rows);
+    const std::vector<std::string> names = table_names_;
+    FinishAfterStream(ctx, done, memory, [host, rows, names]() {
+      if (host->first_bad == kNoError) return tf::Status();
+      const int64_t l = BadGroup(host->first_bad);
+      return ToTfStatus(IdOutOfRange(names[l], host->value_a, rows[l]));
+    });
+  }
+
+ private:
+  int64_t dim_ = 0;
+  std::vector<std::string> table_names_;
+};
+
+#define REGISTER_SINGLE_IDS_GPU(Tindex)                                                      \
+  REGISTER_KERNEL_BUILDER(Name("Sok>GatherSingleIds")                                       \
+                              .Device(tf::DEVICE_GPU)                                       \
+                              .TypeConstraint<Tindex>("Tindex")                             \
+                              .TypeConstraint<float>("dtype"),                              \
+                          GatherSingleIdsGpuOp)
+REGISTER_SINGLE_IDS_GPU(int32_t);
+REGISTER_SINGLE_IDS_GPU(int64_t);
+#undef REGISTER_SINGLE_IDS_GPU
+
+// ------------------------------------------------------------------ Sok>PartitionKeys
+
+// Sorts every id by (owner worker, table, local row) with CUB's radix sort, marks the first of
+// each run of equal keys (every key without dedup), and scans the marks into each id's
+// position. Synchronises once: the number of unique keys sizes send_keys. splits is an output
+// in host memory (Horovod's all-to-all reads it there).
+class PartitionKeysGpuOp : public tf::OpKernel {
+ public:
+  explicit PartitionKeysGpuOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::vector<int64_t> rows, owners;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("lookup_table", &lookup_table_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_rows", &rows));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_owner", &owners));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &names_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_workers", &num_workers_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dedup", &dedup_));
+    bool pair_keys = false;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("pair_keys", &pair_keys));
+    OP_REQUIRES(ctx, !pair_keys,
+                tf::errors::Unimplemented("Sok>PartitionKeys with pair_keys (dynamic tables) has "
+                                          "no GPU kernel yet; place it on the CPU"));
+    OP_REQUIRES(ctx, rows.size() == owners.size() && rows.size() == names_.size(),
+                tf::errors::InvalidArgument("table_rows, table_owner and table_names must have "
+                                            "one entry per table"));
+    OP_REQUIRES(ctx, static_cast<int>(lookup_table_.size()) == ctx->num_inputs(),
+                tf::errors::InvalidArgument("lookup_table needs one entry per ids input, got ",
+                                            lookup_table_.size(), " for ", ctx->num_inputs()));
+    uint64_t max_local_rows = 1;
+    for (size_t t = 0; t < rows.size(); ++t) {
+      OP_REQUIRES(ctx, owners[t] < num_workers_,
+                  tf::errors::InvalidArgument("table '", names_[t], "' is placed on worker ",
+                                              owners[t], " but there are ", num_workers_));
+      const int64_t local = owners[t] >= 0 ? rows[t] : (rows[t] + num_workers_ - 1) / num_workers_;
+      max_local_rows = std::max<uint64_t>(max_local_rows, local);
+      rows_.push_back(rows[t]);
+      owners_.push_back(static_cast<int32_t>(owners[t]));
+    }
+    for (int64_t table : lookup_table_) {
+      OP_REQUIRES(ctx, table >= 0 && table < static_cast<int64_t>(rows.size()),
+                  tf::errors::InvalidArgument("lookup_table names table ", table, " of ",
+                                              rows.size()));
+    }
+    row_bits_ = BitsFor(max_local_rows);
+    table_bits_ = BitsFor(rows.size());
+    const int worker_bits = BitsFor(num_workers_);
+    OP_REQUIRES(ctx, row_bits_ <= kPackedRowBits && row_bits_ + table_bits_ + worker_bits <= 64,
+                tf::errors::InvalidArgument("tables of ", max_local_rows, " local rows, ",
+                                            rows.size(), " tables and ", num_workers_,
+                                            " workers do not fit a 64-bit sort key"));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const int n = ctx->num_inputs();
+    std::vector<GpuPartitionLookup> lookups(n);
+    int64_t total = 0;
+    for (int l = 0; l < n; ++l) {
+      const tf::Tensor& ids = ctx->input(l);
+      OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(ids.shape()),
+                  tf::errors::InvalidArgument("ids of lookup ", l, " must be a vector, got shape ",
+                                              ids.shape().DebugString()));
+      const int32_t t = static_cast<int32_t>(lookup_table_[l]);
+      lookups[l] = GpuPartitionLookup{ids.data(), ids.NumElements(), total, t, owners_[t],
+                                      rows_[t]};
+      total += ids.NumElements();
+    }
+    OP_REQUIRES(ctx, total <= INT32_MAX,
+                tf::errors::InvalidArgument("more than 2^31 ids in one lookup call"));
+    const bool ids64 = n > 0 && ctx->input(0).dtype() == tf::DT_INT64;
+    const cudaStream_t stream = GpuStream(ctx);
+    GpuCallMemory memory;
+    GpuPartitionLookup* lookups_device = nullptr;
+    uint64_t *keys = nullptr, *sorted = nullptr;
+    int32_t *order = nullptr, *sorted_order = nullptr, *head = nullptr, *slot = nullptr;
+    int64_t* worker_counts = nullptr;
+    struct HostView {
+      LookupCheck check;
+      int32_t unique;
+      int32_t pad;
+      int64_t counts[1];  // [num_workers]
+    };
+    HostView* host = nullptr;
+    GpuCheck check;
+    OP_REQUIRES_OK(ctx, memory.Upload(ctx, lookups, &lookups_device));
+    for (tf::Status s : {memory.Device(ctx, total, &keys), memory.Device(ctx, total, &sorted),
+                         memory.Device(ctx, total, &order), memory.Device(ctx, total, &sorted_order),
+                         memory.Device(ctx, total, &head), memory.Device(ctx, total, &slot),
+                         memory.Device(ctx, num_workers_, &worker_counts),
+                         memory.Pinned(ctx, sizeof(HostView) + 8 * num_workers_, 
+                                       reinterpret_cast<char**>(&host))}) {
+      OP_REQUIRES_OK(ctx, s);
+    }
+    OP_REQUIRES_OK(ctx, check.Init(ctx, &memory));
+    const int key_bits = row_bits_ + table_bits_ + BitsFor(num_workers_);
+    OP_REQUIRES_OK(ctx, CudaToTf(BuildPartitionSortKeys(lookups_device, n, ids64, total,
+                                                        static_cast<int32_t>(num_workers_),
+                                                        table_bits_, row_bits_, keys, order,
+                                                        check.device, stream),
+                                 "partition keys"));
+    if (total > 0) {
+      size_t sort_bytes = 0, scan_bytes = 0;
+      cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, sorted, order, sorted_order,
+                                      static_cast<int>(total), 0, std::max(key_bits, 1), stream);
+      cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, head, slot, static_cast<int>(total),
+                                    stream);
+      char* temp = nullptr;
+      OP_REQUIRES_OK(ctx, memory.Device(ctx, std::max(sort_bytes, scan_bytes), &temp));
+      cub::DeviceRadixSort::SortPairs(temp, sort_bytes, keys, sorted, order, sorted_order,
+                                      static_cast<int>(total), 0, std::max(key_bits, 1), stream);
+    }
+    OP_REQUIRES_OK(ctx, CudaToTf(MarkUniqueKeys(sorted, total, dedup_, row_bits_, table_bits_,
+                                                static_cast<int32_t>(num_workers_), head,
+                                                worker_counts, stream),
+                                 "mark unique keys"));
+    host->unique = 0;
+    if (total > 0) {
+      size_t scan_bytes = 0;
+      cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, head, slot, static_cast<int>(total),
+                                    stream);
+      char* temp = nullptr;
+      OP_REQUIRES_OK(ctx, memory.Device(ctx, scan_bytes, &temp));
+      cub::DeviceScan::InclusiveSum(temp, scan_bytes, head, slot, static_cast<int>(total), stream);
+      cudaMemcpyAsync(&host->unique, slot + total - 1, sizeof(int32_t), cudaMemcpyDeviceToHost,
+                      stream);
+    }
+    OP_REQUIRES_OK(ctx, CudaToTf(DescribeBadId(lookups_device, nullptr, ids64, check.device,
+                                               stream),
+                                 "describe"));
+    cudaMemcpyAsync(&host->check, check.device, sizeof(LookupCheck), cudaMemcpyDeviceToHost,
+                    stream);
+    cudaMemcpyAsync(host->counts, worker_counts, num_workers_ * sizeof(int64_t),
+                    cudaMemcpyDeviceToHost, stream);
+    // The one synchronisation: the unique count sizes send_keys.
+    OP_REQUIRES_OK(ctx, CudaToTf(cudaStreamSynchronize(stream), "partition keys"));
+    if (host->check.first_bad != kNoError) {
+      const int64_t l = BadGroup(host->check.first_bad);
+      const int32_t t = static_cast<int32_t>(lookup_table_[l]);
+      SOK_OP_REQUIRES_OK(ctx, IdOutOfRange(names_[t], host->check.value_a, rows_[t]));
+    }
+    tf::Tensor *send_keys = nullptr, *splits = nullptr, *position = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({host->unique}), &send_keys));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tf::TensorShape({num_workers_}), &splits));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({total}), &position));
+    for (int64_t w = 0; w < num_workers_; ++w) {
+      splits->flat<int32_t>()(w) = static_cast<int32_t>(host->counts[w]);
+    }
+    OP_REQUIRES_OK(ctx, CudaToTf(ScatterPartition(sorted, sorted_order, slot, total, row_bits_,
+                                                  table_bits_, send_keys->flat<int64_t>().data(),
+                                                  position->flat<int32_t>().data(), stream),
+                                 "scatter partition"));
+  }
+
+ private:
+  std::vector<int64_t> lookup_table_;
+  std::vector<std::string> names_;
+  std::vector<int64_t> rows_;
+  std::vector<int32_t> owners_;
+  int64_t num_workers_ = 1;
+  bool dedup_ = true;
+  int row_bits_ = 0, table_bits_ = 0;
+};
+
+#define REGISTER_PARTITION_GPU(Tindex)                                                        \
+  REGISTER_KERNEL_BUILDER(Name("Sok>PartitionKeys")                                          \
+                              .Device(tf::DEVICE_GPU)                                        \
+                              .TypeConstraint<Tindex>("Tindex")                              \
+                              .HostMemory("splits"),                                         \
+                          PartitionKeysGpuOp)
+REGISTER_PARTITION_GPU(int32_t);
+REGISTER_PARTITION_GPU(int64_t);
+#undef REGISTER_PARTITION_GPU
+
+// ------------------------------------------------------------------ Sok>GatherShardRows
+
+class GatherShardRowsGpuOp : public tf::AsyncOpKernel {
+ public:
+  explicit GatherShardRowsGpuOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+  }
+
+  void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+    const int num_tables = ctx->num_inputs() - 1;
+    const tf::Tensor& keys = ctx->input(num_tables);
+    OP_REQUIRES_ASYNC(ctx, tf::TensorShapeUtils::IsVector(keys.shape()),
+                      tf::errors::InvalidArgument("keys must be a vector, got shape ",
+                                                  keys.shape().DebugString()),
+                      done);
+    GpuTables tables;
+    OP_REQUIRES_OK_ASYNC(ctx, tables.Lock(ctx, 0, num_tables, dim_, nullptr), done);
+    tf::Tensor* rows = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, tf::TensorShape({keys.NumElements(), dim_}),
+                                                   &rows),
+                         done);
+    auto memory = std::make_shared<GpuCallMemory>();
+    GpuShard* shards = nullptr;
+    GpuCheck check;
+    OP_REQUIRES_OK_ASYNC(ctx, memory->Upload(ctx, tables.shards(), &shards), done);
+    OP_REQUIRES_OK_ASYNC(ctx, check.Init(ctx, memory.get()), done);
+    const cudaStream_t stream = GpuStream(ctx);
+    OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(GatherShardRowsGpu(shards, num_tables, dim_,
+                                                          keys.flat<int64_t>().data(),
+                                                          keys.NumElements(),
+                                                          rows->flat<float>().data(),
+                                                          check.device, stream),
+                                       "gather shard rows"),
+                         done);
+    GpuRowSource source;
+    source.keys = keys.flat<int64_t>().data();
+    OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(DescribePooledError(nullptr, 0, nullptr, nullptr, 0,
+                                                           source, check.device, stream),
+                                       "describe"),
+                         done);
+    OP_REQUIRES_OK_ASYNC(ctx, check.CopyToHost(ctx), done);
+    const LookupCheck* host = check.host;
+    FinishAfterStream(ctx, done, memory, [host, num_tables]() {
+      return PooledError(*host, 0, num_tables);
+    });
+  }
+
+ private:
+  int64_t dim_ = 0;
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("Sok>GatherShardRows").Device(tf::DEVICE_GPU).TypeConstraint<float>("dtype"),
+    GatherShardRowsGpuOp);
+
+// ------------------------------------------------------------------ Sok>SplitGradientByTable
+
+// Counts the keys of each table on the device and synchronises once (the counts size the
+// outputs). Keys grouped by table (one worker's own keys) hand out blocks of the gradient
+// without a copy where aligned; otherwise a stable radix sort by table orders them.
+class SplitGradientByTableGpuOp : public tf::OpKernel {
+ public:
+  explicit SplitGradientByTableGpuOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const tf::Tensor& keys = ctx->input(0);
+    const tf::Tensor& grad = ctx->input(1);
+    OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(keys.shape()) && grad.dims() == 2 &&
+                         grad.dim_size(0) == keys.NumElements(),
+                tf::errors::InvalidArgument("grad must be [keys, dim], got keys ",
+                                            keys.shape().DebugString(), " and grad ",
+                                            grad.shape().DebugString()));
+    const int64_t n = keys.NumElements(), dim = grad.dim_size(1);
+    const int64_t* key_data = keys.flat<int64_t>().data();
+    const cudaStream_t stream = GpuStream(ctx);
+    GpuCallMemory memory;
+    int64_t* counts = nullptr;
+    int32_t* grouped = nullptr;
+    struct HostView {
+      LookupCheck check;
+      int32_t grouped;
+      int32_t pad;
+      int64_t counts[1];
+    };
+    HostView* host = nullptr;
+    GpuCheck check;
+    OP_REQUIRES_OK(ctx, memory.Device(ctx, num_tables_, &counts));
+    OP_REQUIRES_OK(ctx, memory.Device(ctx, 1, &grouped));
+    OP_REQUIRES_OK(ctx, memory.Pinned(ctx, sizeof(HostView) + 8 * num_tables_,
+                                      reinterpret_cast<char**>(&host)));
+    OP_REQUIRES_OK(ctx, check.Init(ctx, &memory));
+    OP_REQUIRES_OK(ctx, CudaToTf(CountKeysPerTableGpu(key_data, n,
+                                                      static_cast<int32_t>(num_tables_), counts,
+                                                      grouped, check.device, stream),
+                                 "count keys"));
+    GpuRowSource source;
+    source.keys = key_data;
+    OP_REQUIRES_OK(ctx, CudaToTf(DescribePooledError(nullptr, 0, nullptr, nullptr, 0, source,
+                                                     check.device, stream),
+                                 "describe"));
+    cudaMemcpyAsync(&host->check, check.device, sizeof(LookupCheck), cudaMemcpyDeviceToHost,
+                    stream);
+    cudaMemcpyAsync(&host->grouped, grouped, sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
+    cudaMemcpyAsync(host->counts, counts, num_tables_ * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                    stream);
+    // The one synchronisation: the counts size the outputs.
+    OP_REQUIRES_OK(ctx, CudaToTf(cudaStreamSynchronize(stream), "split gradient"));
+    if (host->check.first_bad != kNoError) {
+      const int64_t key = host->check.value_a;
+      OP_REQUIRES(ctx, false, tf::errors::InvalidArgument("key ", key, " names table ",
+                                                          PackedTable(key), " of ", num_tables_));
+    }
+    int32_t* order = nullptr;
+    if (!host->grouped) {
+      int32_t *table_of = nullptr, *sorted_tables = nullptr, *iota = nullptr;
+      OP_REQUIRES_OK(ctx, memory.Device(ctx, n, &table_of));
+      OP_REQUIRES_OK(ctx, memory.Device(ctx, n, &sorted_tables));
+      OP_REQUIRES_OK(ctx, memory.Device(ctx, n, &iota));
+      OP_REQUIRES_OK(ctx, memory.Device(ctx, n, &order));
+      OP_REQUIRES_OK(ctx, CudaToTf(TableSortKeys(key_data, n, table_of, iota, stream), "sort"));
+      size_t sort_bytes = 0;
+      const int bits = std::max(BitsFor(num_tables_), 1);
+      cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, table_of, sorted_tables, iota, order,
+                                      static_cast<int>(n), 0, bits, stream);
+      char* temp = nullptr;
+      OP_REQUIRES_OK(ctx, memory.Device(ctx, sort_bytes, &temp));
+      cub::DeviceRadixSort::SortPairs(temp, sort_bytes, table_of, sorted_tables, iota, order,
+                                      static_cast<int>(n), 0, bits, stream);
+    }
+    int64_t first = 0;
+    for (int64_t t = 0; t < num_tables_; ++t) {
+      const int64_t count = host->counts[t];
+      tf::Tensor* index_out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(t, tf::TensorShape({count}), &index_out));
+      float* values = nullptr;
+      if (order == nullptr) {
+        tf::Tensor block = grad.Slice(first, first + count);
+        if (block.IsAligned()) {
+          ctx->set_output(num_tables_ + t, block);
+        } else {
+          tf::Tensor* value_out = nullptr;
+          OP_REQUIRES_OK(ctx, ctx->allocate_output(num_tables_ + t, block.shape(), &value_out));
+          values = value_out->flat<float>().data();
+        }
+      } else {
+        tf::Tensor* value_out = nullptr;
+        OP_REQUIRES_OK(ctx, ctx->allocate_output(num_tables_ + t, tf::TensorShape({count, dim}),
+                                                 &value_out));
+        values = value_out->flat<float>().data();
+      }
+      OP_REQUIRES_OK(ctx, CudaToTf(GatherGradientRows(order ? key_data : key_data + first,
+                                                      order ? order + first : nullptr, count,
+                                                      dim,
+                                                      order ? grad.flat<float>().data()
+                                                            : grad.flat<float>().data() + first * dim,
+                                                      index_out->flat<int64_t>().data(), values,
+                                                      stream),
+                                   "split gradient"));
+      first += count;
+    }
+  }
+
+ private:
+  int64_t num_tables_ = 0;
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("Sok>SplitGradientByTable").Device(tf::DEVICE_GPU).TypeConstraint<float>("dtype"),
+    SplitGradientByTableGpuOp);
+
+// ------------------------------------------------------------------ combine ops
+
+class CombineForwardGpuOp : public CombineGpuBase {
+ public:
+  using CombineGpuBase::CombineGpuBase;
+  void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+    const tf::Tensor& rows = ctx->input(0);
+    OP_REQUIRES_ASYNC(ctx, rows.dims() == 2,
+                      tf::errors::InvalidArgument("rows must be a matrix, got ",
+                                                  rows.shape().DebugString()),
+                      done);
+    const tf::Tensor& position = ctx->input(1);
+    OP_REQUIRES_ASYNC(ctx, tf::TensorShapeUtils::IsVector(position.shape()),
+                      tf::errors::InvalidArgument("position must be a vector, got ",
+                                                  position.shape().DebugString()),
+                      done);
+    std::vector<GpuPooledLookup> lookups;
+    int64_t samples = 0;
+    OP_REQUIRES_OK_ASYNC(ctx, DescribePooled(ctx, 2, combiners_, &lookups, &samples), done);
+    const int64_t dim = rows.dim_size(1), num_rows = rows.dim_size(0);
+    for (size_t l = 0; l < lookups.size(); ++l) {
+      tf::Tensor* out = nullptr;
+      OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(static_cast<int>(l),
+                                                     tf::TensorShape({lookups[l].batch, dim}), &out),
+                           done);
+      lookups[l].output = out->flat<float>().data();
+    }
+    GpuRowSource source;
+    source.rows = rows.flat<float>().data();
+    const int32_t n = static_cast<int32_t>(lookups.size());
+    const cudaStream_t stream = GpuStream(ctx);
+    Run(ctx, done, lookups, samples, position, num_rows, source, {}, 0,
+        [&](const GpuPooledLookup* device, const int64_t* use_first, const GpuRowSource& src,
+            LookupCheck* check) {
+          return CombineForwardGpu(device, n, samples, use_first,
+                                   position.flat<int32_t>().data(), src, num_rows, dim, check,
+                                   stream);
+        });
+  }
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("Sok>CombineForward").Device(tf::DEVICE_GPU).TypeConstraint<float>("dtype"),
+    CombineForwardGpuOp);
+
+class CombineFromShardsGpuOp : public CombineGpuBase {
+ public:
+  explicit CombineFromShardsGpuOp(tf::OpKernelConstruction* ctx) : CombineGpuBase(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+  }
+  void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+    const int num_tables = static_cast<int>(num_tables_);
+    const tf::Tensor& keys = ctx->input(num_tables);
+    const tf::Tensor& position = ctx->input(num_tables + 1);
+    OP_REQUIRES_ASYNC(ctx, tf::TensorShapeUtils::IsVector(keys.shape()) &&
+                               tf::TensorShapeUtils::IsVector(position.shape()),
+                      tf::errors::InvalidArgument("keys and position must be vectors, got ",
+                                                  keys.shape().DebugString(), " and ",
+                                                  position.shape().DebugString()),
+                      done);
+    GpuTables tables;
+    OP_REQUIRES_OK_ASYNC(ctx, tables.Lock(ctx, 0, num_tables, dim_, nullptr), done);
+    std::vector<GpuPooledLookup> lookups;
+    int64_t samples = 0;
+    OP_REQUIRES_OK_ASYNC(ctx, DescribePooled(ctx, num_tables + 2, combiners_, &lookups, &samples),
+                         done);
+    for (size_t l = 0; l < lookups.size(); ++l) {
+      tf::Tensor* out = nullptr;
+      OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(static_cast<int>(l),
+                                                     tf::TensorShape({lookups[l].batch, dim_}),
+                                                     &out),
+                           done);
+      lookups[l].output = out->flat<float>().data();
+    }
+    GpuRowSource source;
+    source.keys = keys.flat<int64_t>().data();
+    source.num_tables = num_tables;
+    const int32_t n = static_cast<int32_t>(lookups.size());
+    const int64_t num_rows = keys.NumElements(), dim = dim_;
+    const cudaStream_t stream = GpuStream(ctx);
+    Run(ctx, done, lookups, samples, position, num_rows, source, tables.shards(), 0,
+        [&](const GpuPooledLookup* device, const int64_t* use_first, const GpuRowSource& src,
+            LookupCheck* check) {
+          return CombineForwardGpu(device, n, samples, use_first,
+                                   position.flat<int32_t>().data(), src, num_rows, dim, check,
+                                   stream);
+        });
+  }
+
+ private:
+  int64_t num_tables_ = 0;
+  int64_t dim_ = 0;
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("Sok>CombineFromShards").Device(tf::DEVICE_GPU).TypeConstraint<float>("dtype"),
+    CombineFromShardsGpuOp);
+
+class CombineBackwardGpuOp : public CombineGpuBase {
+ public:
+  using CombineGpuBase::CombineGpuBase;
+  void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+    const int n = static_cast<int>(combiners_.size());
+    const tf::Tensor& position = ctx->input(n);
+    OP_REQUIRES_ASYNC(ctx, tf::TensorShapeUtils::IsVector(position.shape()),
+                      tf::errors::InvalidArgument("position must be a vector, got ",
+                                                  position.shape().DebugString()),
+                      done);
+    std::vector<GpuPooledLookup> lookups;
+    int64_t samples = 0;
+    OP_REQUIRES_OK_ASYNC(ctx, DescribePooled(ctx, n + 1, combiners_, &lookups, &samples), done);
+    const tf::Tensor& num_rows_tensor = ctx->input(3 * n + 1);
+    OP_REQUIRES_ASYNC(ctx, tf::TensorShapeUtils::IsScalar(num_rows_tensor.shape()),
+                      tf::errors::InvalidArgument("num_rows must be a scalar"), done);
+    const int64_t num_rows = num_rows_tensor.scalar<int64_t>()();
+    OP_REQUIRES_ASYNC(ctx, num_rows >= 0,
+                      tf::errors::InvalidArgument("num_rows is negative: ", num_rows), done);
+    const int64_t dim = ctx->input(0).dims() == 2 ? ctx->input(0).dim_size(1) : 0;
+    for (int l = 0; l < n; ++l) {
+      const tf::Tensor& grad = ctx->input(l);
+      OP_REQUIRES_ASYNC(ctx, grad.dims() == 2 && grad.dim_size(0) == lookups[l].batch &&
+                                 grad.dim_size(1) == dim,
+                        tf::errors::InvalidArgument("gradient of lookup ", l, " must be [",
+                                                    lookups[l].batch, ", ", dim, "], got ",
+                                                    grad.shape().DebugString()),
+                        done);
+      lookups[l].output_grad = grad.flat<float>().data();
+    }
+    tf::Tensor* rows_grad = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, tf::TensorShape({num_rows, dim}), &rows_grad),
+                         done);
+    float* out = rows_grad->flat<float>().data();
+    const cudaStream_t stream = GpuStream(ctx);
+    Run(ctx, done, lookups, samples, position, num_rows, GpuRowSource(), {}, 0,
+        [&](const GpuPooledLookup* device, const int64_t* use_first, const GpuRowSource&,
+            LookupCheck* check) {
+          return CombineBackwardGpu(device, n, samples, use_first,
+                                    position.flat<int32_t>().data(), num_rows, dim, out, check,
+                                    stream);
+        });
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>CombineBackward")
+                            .Device(tf::DEVICE_GPU)
+                            .TypeConstraint<float>("dtype")
+                            .HostMemory("num_rows"),
+                        CombineBackwardGpuOp);
+
+}  // namespace sok
+#endif  // GOOGLE_CUDA

@@ -1,0 +1,113 @@
+// What the GPU OpKernels share: TF's stream, device scratch and small host arrays uploaded
+// through pinned memory (both from TensorFlow's allocators), and finishing an op once the
+// stream has passed its checks (EventMgr: no host thread waits on the GPU). Compiled by nvcc.
+#pragma once
+#if GOOGLE_CUDA
+#ifndef EIGEN_USE_GPU
+#error "define EIGEN_USE_GPU before any include"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "kit_src/core/embedding/lookup_gpu.cuh"
+#include "tensorflow/core/common_runtime/device/device_event_mgr.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace sok {
+
+inline cudaStream_t GpuStream(::tensorflow::OpKernelContext* ctx) {
+  return ctx->eigen_gpu_device().stream();
+}
+
+inline ::tensorflow::Status CudaToTf(cudaError_t error, const char* what) {
+  return error == cudaSuccess ? ::tensorflow::Status()
+                              : ::tensorflow::errors::Internal("CUDA error in ", what, ": ",
+                                                               cudaGetErrorString(error));
+}
+
+// Per-call memory of one GPU op: device scratch and pinned host buffers, held (and so kept
+// from reuse) until the op finishes, after the stream has passed the work that uses them.
+class GpuCallMemory {
+ public:
+  template <typename T>
+  ::tensorflow::Status Device(::tensorflow::OpKernelContext* ctx, int64_t count, T** out) {
+    return Allocate(ctx, count * sizeof(T), ::tensorflow::AllocatorAttributes(),
+                    reinterpret_cast<void**>(out));
+  }
+  template <typename T>
+  ::tensorflow::Status Pinned(::tensorflow::OpKernelContext* ctx, int64_t count, T** out) {
+    ::tensorflow::AllocatorAttributes attr;
+    attr.set_on_host(true);
+    attr.set_gpu_compatible(true);
+    return Allocate(ctx, count * sizeof(T), attr, reinterpret_cast<void**>(out));
+  }
+  // A device copy of a host array, staged through pinned memory (asynchronous).
+  template <typename T>
+  ::tensorflow::Status Upload(::tensorflow::OpKernelContext* ctx, const std::vector<T>& host,
+                              T** device) {
+    T* staged = nullptr;
+    TF_RETURN_IF_ERROR(Pinned(ctx, host.size(), &staged));
+    TF_RETURN_IF_ERROR(Device(ctx, host.size(), device));
+    if (host.empty()) return ::tensorflow::Status();
+    std::memcpy(staged, host.data(), host.size() * sizeof(T));
+    return CudaToTf(cudaMemcpyAsync(*device, staged, host.size() * sizeof(T),
+                                    cudaMemcpyHostToDevice, GpuStream(ctx)),
+                    "upload");
+  }
+
+ private:
+  ::tensorflow::Status Allocate(::tensorflow::OpKernelContext* ctx, int64_t bytes,
+                                ::tensorflow::AllocatorAttributes attr, void** out) {
+    buffers_.emplace_back();
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT8,
+                                          ::tensorflow::TensorShape({std::max<int64_t>(bytes, 1)}),
+                                          &buffers_.back(), attr));
+    *out = buffers_.back().flat<int8_t>().data();
+    return ::tensorflow::Status();
+  }
+  std::vector<::tensorflow::Tensor> buffers_;
+};
+
+// A LookupCheck on the device and its pinned host copy.
+struct GpuCheck {
+  LookupCheck* device = nullptr;
+  LookupCheck* host = nullptr;
+  ::tensorflow::Status Init(::tensorflow::OpKernelContext* ctx, GpuCallMemory* memory) {
+    TF_RETURN_IF_ERROR(memory->Device(ctx, 1, &device));
+    TF_RETURN_IF_ERROR(memory->Pinned(ctx, 1, &host));
+    return CudaToTf(ResetLookupCheck(device, GpuStream(ctx)), "reset check");
+  }
+  ::tensorflow::Status CopyToHost(::tensorflow::OpKernelContext* ctx) {
+    return CudaToTf(cudaMemcpyAsync(host, device, sizeof(LookupCheck), cudaMemcpyDeviceToHost,
+                                    GpuStream(ctx)),
+                    "check copy");
+  }
+};
+
+// Finishes an async GPU op once the stream has passed what was enqueued: `verdict` (run on a
+// TF thread, reading pinned host copies) says whether the op failed; `memory` lives until then.
+inline void FinishAfterStream(::tensorflow::OpKernelContext* ctx,
+                              ::tensorflow::AsyncOpKernel::DoneCallback done,
+                              std::shared_ptr<GpuCallMemory> memory,
+                              std::function<::tensorflow::Status()> verdict) {
+  const cudaError_t launched = cudaGetLastError();
+  if (launched != cudaSuccess) {
+    ctx->SetStatus(CudaToTf(launched, ctx->op_kernel().name().c_str()));
+    done();
+    return;
+  }
+  auto* info = ctx->device()->tensorflow_accelerator_device_info();
+  info->event_mgr->ThenExecute(ctx->op_device_context()->stream(),
+                               [ctx, done, memory, verdict]() {
+                                 ctx->SetStatus(verdict());
+                                 done();
+                               });
+}
+
+}  // namespace sok
+
+#endif  // GOOGLE_CUDA

@@ -1,0 +1,414 @@
+"""The static-table op chain and the interaction on every device TensorFlow has here.
+
+On the CPU machine (CI) the device list is ["CPU"]; on the GPU machine ["CPU", "GPU"], and
+every test then also runs with the ops placed on the GPU, checked against the same
+references (TensorFlow's own ops, NumPy) and against the CPU kernels. GPU memory is filled
+with NaN before each run, so an output element a kernel forgets to write shows up.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+from sparse_operation_kit import raw_ops
+
+DEVICES = ["CPU"] + (["GPU"] if tf.config.list_physical_devices("GPU") else [])
+COMBINERS = ["sum", "mean", "sqrtn"]
+PACKED_ROW_BITS = 48
+
+
+def poison(device):
+    """Leaves NaN in the memory TensorFlow's allocator hands out next on `device`."""
+    if device == "GPU":
+        with tf.device("GPU:0"):
+            block = tf.fill([16 << 20], float("nan"))
+            block.numpy()
+            del block
+
+
+def on(device, fn, *args):
+    poison(device)
+    with tf.device(f"{device}:0"):
+        return fn(*args)
+
+
+def ragged_batch(rng, batch, vocab, max_len, id_dtype=tf.int64, empty_rows=True):
+    lengths = rng.integers(0 if empty_rows else 1, max_len + 1, size=batch)
+    if empty_rows and batch > 1:
+        lengths[1] = 0
+    ids = rng.integers(0, vocab, size=lengths.sum())
+    weights = rng.uniform(0.5, 2.0, size=lengths.sum()).astype(np.float32)
+    row_lengths = tf.constant(lengths, tf.int64)
+    return (tf.RaggedTensor.from_row_lengths(tf.constant(ids, id_dtype), row_lengths),
+            tf.RaggedTensor.from_row_lengths(tf.constant(weights), row_lengths))
+
+
+def dense_grad(grad):
+    return tf.convert_to_tensor(grad).numpy()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("dim, id_dtype", [(1, tf.int64), (3, tf.int32), (16, tf.int64),
+                                           (130, tf.int32)])
+def test_lookup_matches_tf(device, mode, combiner, weighted, dim, id_dtype):
+    rng = np.random.default_rng(dim * 7 + len(combiner))
+    vocabs, batch = [50, 7, 300], 37
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
+    tables = [sok.Variable(init) for init in inits]
+    refs = [tf.Variable(init) for init in inits]
+    batches = [ragged_batch(rng, batch, v, 5, id_dtype) for v in vocabs]
+    weights = [w if weighted else None for _, w in batches]
+    cotangents = [tf.constant(rng.normal(size=[batch, dim]).astype(np.float32)) for _ in vocabs]
+
+    def step():
+        with tf.GradientTape(persistent=True) as tape:
+            outs = sok.lookup_sparse(tables, [ids for ids, _ in batches], weights,
+                                     [combiner] * len(tables))
+            loss = sum(tf.reduce_sum(o * c) for o, c in zip(outs, cotangents))
+        return outs, tape.gradient(loss, tables)
+
+    outs, grads = on(device, step if mode == "eager" else tf.function(step))
+    with tf.device("CPU:0"):
+        with tf.GradientTape() as tape:
+            ref_outs = [tf.nn.safe_embedding_lookup_sparse(
+                r, ids.to_sparse(), None if w is None else w.to_sparse(), combiner=combiner)
+                for r, (ids, _), w in zip(refs, batches, weights)]
+            ref_loss = sum(tf.reduce_sum(o * c) for o, c in zip(ref_outs, cotangents))
+        ref_grads = tape.gradient(ref_loss, refs)
+    for out, ref, grad, ref_grad in zip(outs, ref_outs, grads, ref_grads):
+        assert device in out.device
+        np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+        assert isinstance(grad, tf.IndexedSlices)
+        np.testing.assert_allclose(dense_grad(grad), dense_grad(ref_grad), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("dim", [2, 32, 128])
+def test_one_id_path_matches_gather(device, id_dtype, dim):
+    rng = np.random.default_rng(dim)
+    vocabs, batch = [1000, 3], 4099
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
+    tables = [sok.Variable(init) for init in inits]
+    ids = [tf.constant(rng.integers(0, v, size=batch), id_dtype) for v in vocabs]
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            outs = sok.lookup_sparse(tables, [tf.RaggedTensor.from_tensor(i[:, None]) for i in ids],
+                                     combiners=["sum", "mean"])
+            loss = sum(tf.reduce_sum(o * o) for o in outs)
+        return outs, tape.gradient(loss, tables)
+
+    outs, grads = on(device, step)
+    for out, init, i, grad in zip(outs, inits, ids, grads):
+        expected = init[i.numpy()]
+        np.testing.assert_array_equal(out.numpy(), expected)
+        dense = np.zeros_like(init)
+        np.add.at(dense, i.numpy(), 2 * expected)
+        np.testing.assert_allclose(dense_grad(grad), dense, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_workers, owners, dedup", [(1, [-1, -1], True), (3, [-1, 1], True),
+                                                        (2, [-1, 0], False)])
+def test_partition_keys_routes_every_id(device, num_workers, owners, dedup):
+    rng = np.random.default_rng(num_workers)
+    rows = [1000, 17]
+    ids = [rng.integers(0, rows[0], size=3000), rng.integers(0, rows[1], size=500),
+           rng.integers(0, rows[0], size=7)]
+    lookup_table = [0, 1, 0]
+
+    def partition():
+        return raw_ops.sok_partition_keys(
+            ids=[tf.constant(i, tf.int64) for i in ids], lookup_table=lookup_table,
+            table_rows=rows, table_owner=owners, table_names=["a", "b"],
+            num_workers=num_workers, dedup=dedup)
+
+    send_keys, splits, position = [t.numpy() for t in on(device, partition)]
+    assert splits.sum() == len(send_keys)
+    flat = np.concatenate(ids)
+    tables = np.concatenate([[t] * len(i) for t, i in zip(lookup_table, ids)])
+    owner = np.where(np.array(owners)[tables] >= 0, np.array(owners)[tables], flat % num_workers)
+    local = np.where(np.array(owners)[tables] >= 0, flat, flat // num_workers)
+    # Every id's position names its (table, local row) key, in its owner's block.
+    np.testing.assert_array_equal(send_keys[position], (tables << PACKED_ROW_BITS) | local)
+    starts = np.concatenate([[0], np.cumsum(splits)])
+    assert np.all((starts[owner] <= position) & (position < starts[owner + 1]))
+    pairs = set(zip(tables.tolist(), flat.tolist()))
+    assert len(send_keys) == (len(pairs) if dedup else len(flat))
+    # Within a worker's block the keys are grouped by table.
+    for w in range(num_workers):
+        block = send_keys[starts[w]:starts[w + 1]] >> PACKED_ROW_BITS
+        assert np.all(np.diff(block) >= 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("grouped", [True, False])
+def test_gather_rows_and_split_gradient(device, grouped):
+    rng = np.random.default_rng(5)
+    dim = 12
+    inits = [rng.normal(size=[r, dim]).astype(np.float32) for r in (30, 5, 9)]
+    shards = [tf.Variable(init) for init in inits]
+    tables = rng.integers(0, 3, size=200)
+    tables = np.sort(tables) if grouped else tables
+    local = np.array([rng.integers(0, len(inits[t])) for t in tables])
+    keys = tf.constant((tables << PACKED_ROW_BITS) | local, tf.int64)
+    grad = tf.constant(rng.normal(size=[len(tables), dim]).astype(np.float32))
+
+    def run():
+        rows = raw_ops.sok_gather_shard_rows(shards=[s.handle for s in shards], keys=keys,
+                                             dtype=tf.float32, dim=dim)
+        indices, values = raw_ops.sok_split_gradient_by_table(keys=keys, grad=grad, num_tables=3)
+        return rows, indices, values
+
+    rows, indices, values = on(device, run)
+    np.testing.assert_array_equal(rows.numpy(), np.stack([inits[t][r] for t, r in zip(tables, local)]))
+    for t in range(3):
+        mine = np.nonzero(tables == t)[0]
+        np.testing.assert_array_equal(indices[t].numpy(), local[mine])
+        np.testing.assert_array_equal(values[t].numpy(), grad.numpy()[mine])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dim", [1, 8, 33])
+def test_combine_forward_and_backward_raw(device, dim):
+    """The exchange path's combine: pooling rows by position, and its gradient."""
+    rng = np.random.default_rng(dim)
+    num_rows, batch = 40, 23
+    rows = rng.normal(size=[num_rows, dim]).astype(np.float32)
+    ids, weights = ragged_batch(rng, batch, num_rows, 6)
+    position = ids.values.numpy().astype(np.int32)
+    splits = ids.row_splits.numpy()
+    w = weights.values.numpy()
+    grad = rng.normal(size=[batch, dim]).astype(np.float32)
+    combiners = ["sum", "mean", "sqrtn"]
+
+    def run():
+        outs = raw_ops.sok_combine_forward(
+            rows=rows, position=np.concatenate([position] * 3),
+            row_splits=[splits] * 3, weights=[w, np.zeros([0], np.float32), w],
+            combiners=combiners)
+        back = raw_ops.sok_combine_backward(
+            output_grads=[grad] * 3, position=np.concatenate([position] * 3),
+            row_splits=[splits] * 3, weights=[w, np.zeros([0], np.float32), w],
+            num_rows=np.int64(num_rows), combiners=combiners)
+        return outs, back
+
+    outs, back = on(device, run)
+    expected_back = np.zeros_like(rows)
+    for c, (combiner, weighted) in enumerate(zip(combiners, [True, False, True])):
+        expected = np.zeros([batch, dim], np.float32)
+        for s in range(batch):
+            use = slice(splits[s], splits[s + 1])
+            ww = w[use] if weighted else np.ones(splits[s + 1] - splits[s], np.float32)
+            denominator = {"sum": 1.0, "mean": ww.sum(), "sqrtn": np.sqrt((ww * ww).sum())}[combiner]
+            if len(ww) == 0 or denominator == 0:
+                continue
+            expected[s] = (ww[:, None] * rows[position[use]]).sum(0) / denominator
+            np.add.at(expected_back, position[use], ww[:, None] * grad[s] / denominator)
+        np.testing.assert_allclose(outs[c].numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(back.numpy(), expected_back, rtol=1e-4, atol=1e-5)
+
+
+RULES = {  # rule: (hyper, slots)
+    "sgd": ([0.1, 0.9], 1),
+    "adagrad": ([0.1, 1e-7, 0.0], 1),
+    "adam": ([0.01, 0.9, 0.999, 1e-7], 2),
+    "adamax": ([0.01, 0.9, 0.999, 1e-7], 2),
+    "adadelta": ([1.0, 0.95, 1e-7], 2),
+    "rmsprop": ([0.01, 0.9, 0.5, 1e-7, 1.0, 0.0], 3),
+    "ftrl": ([0.1, -0.5, 0.01, 0.02, 0.0], 2),
+    "nadam": ([0.01, 0.9, 0.999, 1e-7, 0.95, 0.96, 0.9, 0.85, 0.1], 2),
+}
+
+
+def static_apply(device, rule, init, slot_inits, indices, grads):
+    hyper, _ = RULES[rule]
+    with tf.device(f"{device}:0"):
+        table = tf.Variable(init)
+        slots = [tf.Variable(s) for s in slot_inits]
+    on(device, lambda: raw_ops.sok_static_apply(
+        table=table.handle, slots=[s.handle for s in slots], indices=indices, grads=grads,
+        hyper=tf.constant(hyper, tf.float32), rule=rule, nesterov=rule == "sgd",
+        table_name="t"))
+    return table.numpy(), [s.numpy() for s in slots]
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_static_apply_equal_on_every_device(rule):
+    rng = np.random.default_rng(len(rule))
+    rows, dim = 50, 6
+    init = rng.normal(size=[rows, dim]).astype(np.float32)
+    slot_inits = [rng.uniform(0.1, 1.0, size=[rows, dim]).astype(np.float32)
+                  for _ in range(RULES[rule][1])]
+    indices = tf.constant(rng.integers(0, rows, size=120), tf.int64)  # duplicates
+    grads = tf.constant(rng.normal(size=[120, dim]).astype(np.float32))
+    results = [static_apply(device, rule, init, slot_inits, indices, grads) for device in DEVICES]
+    touched = np.unique(indices.numpy())
+    untouched = np.setdiff1d(np.arange(rows), touched)
+    for table, slots in results:
+        np.testing.assert_array_equal(table[untouched], init[untouched])
+        assert not np.allclose(table[touched], init[touched])
+        for slot, slot_init in zip(slots, slot_inits):
+            np.testing.assert_array_equal(slot[untouched], slot_init[untouched])
+    for table, slots in results[1:]:
+        np.testing.assert_allclose(table, results[0][0], rtol=2e-5, atol=2e-6)
+        for slot, ref in zip(slots, results[0][1]):
+            np.testing.assert_allclose(slot, ref, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_adam_through_the_wrapper_matches_numpy(device):
+    """Legacy Adam on a sok.Variable: Sok>StaticApply, lazy, equal to NumPy's lazy Adam."""
+    rng = np.random.default_rng(3)
+    init = rng.normal(size=[20, 4]).astype(np.float32)
+    with tf.device(f"{device}:0"):
+        table = sok.Variable(init)
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.1))
+    ids = tf.ragged.constant([[1, 3, 3], [], [7]], dtype=tf.int64)
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse([table], [ids], combiners=["sum"])[0])
+        optimizer.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+
+    on(device, step)
+    m = np.zeros_like(init)
+    v = np.zeros_like(init)
+    g = np.zeros_like(init)
+    np.add.at(g, [1, 3, 3, 7], 1.0)
+    rows = [1, 3, 7]
+    m[rows] = 0.1 * g[rows]
+    v[rows] = 0.001 * g[rows] ** 2
+    lr = 0.1 * np.sqrt(1 - 0.999) / (1 - 0.9)
+    expected = init.copy()
+    expected[rows] -= lr * m[rows] / (np.sqrt(v[rows]) + 1e-7)
+    np.testing.assert_allclose(table.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16])
+@pytest.mark.parametrize("batch, features, dim", [(5, 3, 4), (64, 27, 128), (3, 27, 512),
+                                                  (0, 4, 8), (4, 1, 6)])
+def test_interaction_matches_tf_ops(device, dtype, batch, features, dim):
+    rng = np.random.default_rng(features)
+    x = tf.constant(rng.normal(size=[batch, features, dim]), dtype)
+
+    def run():
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = sok.dot_interaction(x)
+            loss = tf.reduce_sum(tf.cast(out, tf.float32) ** 2)
+        return out, tape.gradient(loss, x)
+
+    out, grad = on(device, run)
+    x32 = tf.cast(x, tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(x32)
+        dots = tf.matmul(x32, x32, transpose_b=True)
+        lower = tf.constant(np.tril(np.ones([features, features]), -1).astype(bool))
+        ref = tf.concat([x32[:, 0], tf.boolean_mask(dots, lower, axis=1)], 1)
+        ref_loss = tf.reduce_sum(ref ** 2)
+    ref_grad = tape.gradient(ref_loss, x32)
+    tol = 1e-4 if dtype == tf.float32 else 3e-2
+    np.testing.assert_allclose(tf.cast(out, tf.float32).numpy(), ref.numpy(), rtol=tol, atol=tol * 10)
+    np.testing.assert_allclose(tf.cast(grad, tf.float32).numpy(), ref_grad.numpy(), rtol=tol,
+                               atol=tol * 100)
+
+
+# ---- bad input: the same errors on every device, nothing written
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("one_id", [False, True])
+@pytest.mark.parametrize("bad_id", [10, -1, 1 << 40])
+def test_out_of_range_id(device, one_id, bad_id):
+    table = sok.Variable(tf.zeros([10, 4]), name="users")
+    values = tf.constant([1, bad_id, 2], tf.int64)
+    ids = (tf.RaggedTensor.from_tensor(values[:, None]) if one_id
+           else tf.RaggedTensor.from_row_lengths(values, [2, 1]))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"id {bad_id} of table 'users:0' is out of range \[0, 10\)"):
+        on(device, lambda: sok.lookup_sparse([table], [ids])[0].numpy())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_static_apply_bad_row_writes_nothing(device):
+    init = np.arange(12, dtype=np.float32).reshape(4, 3)
+    with tf.device(f"{device}:0"):
+        table = tf.Variable(init)
+        slot = tf.Variable(np.ones_like(init))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"id 4 of table 'emb' is out of range \[0, 4\)"):
+        on(device, lambda: raw_ops.sok_static_apply(
+            table=table.handle, slots=[slot.handle], indices=tf.constant([0, 4, 1], tf.int64),
+            grads=tf.ones([3, 3]), hyper=tf.constant([0.1, 0.9]), rule="sgd", table_name="emb"))
+    np.testing.assert_array_equal(table.numpy(), init)
+    np.testing.assert_array_equal(slot.numpy(), np.ones_like(init))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_static_apply_refuses_state_the_rule_lacks(device):
+    with tf.device(f"{device}:0"):
+        table = tf.Variable(tf.zeros([4, 3]))
+        slot = tf.Variable(tf.zeros([4, 3]))
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        on(device, lambda: raw_ops.sok_static_apply(
+            table=table.handle, slots=[slot.handle], indices=tf.constant([0], tf.int64),
+            grads=tf.ones([1, 3]), hyper=tf.constant([0.1, 0.9, 0.99, 1e-7]), rule="adam",
+            table_name="emb"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_weights_that_do_not_match_ids(device):
+    rows = tf.zeros([5, 2])
+
+    def run():
+        return raw_ops.sok_combine_forward(rows=rows, position=tf.constant([0, 1, 2], tf.int32),
+                                           row_splits=[tf.constant([0, 2, 3], tf.int64)],
+                                           weights=[tf.constant([1.0, 2.0])],
+                                           combiners=["sum"])[0].numpy()
+
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="weights of lookup 0 have 2 values but its ids have 3"):
+        on(device, run)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("splits, message", [
+    ([0, 2, 1, 3], "row_splits decrease at sample 1"),
+    ([1, 2, 3], "row_splits must start at 0"),
+    ([0, 2, 5], "has 5 ids but only 3 positions are left"),
+])
+def test_bad_row_splits(device, splits, message):
+    def run():
+        return raw_ops.sok_combine_forward(rows=tf.zeros([5, 2]),
+                                           position=tf.constant([0, 1, 2], tf.int32),
+                                           row_splits=[tf.constant(splits, tf.int64)],
+                                           weights=[tf.zeros([0])], combiners=["sum"])[0].numpy()
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        on(device, run)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_position_out_of_range(device):
+    def run():
+        return raw_ops.sok_combine_forward(rows=tf.zeros([5, 2]),
+                                           position=tf.constant([0, 7, 2], tf.int32),
+                                           row_splits=[tf.constant([0, 2, 3], tf.int64)],
+                                           weights=[tf.zeros([0])], combiners=["sum"])[0].numpy()
+
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"row position 7 is out of range \[0, 5\)"):
+        on(device, run)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_interaction_without_features_is_refused(device):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="at least one vector"):
+        on(device, lambda: sok.dot_interaction(tf.zeros([4, 0, 8])).numpy())
