@@ -1,16 +1,25 @@
 # The README's commands. Each one does its own set-up (idempotent, seconds the second time).
 PY := .venv/bin/python
 
-.PHONY: setup build test bench dlrm clean
+.PHONY: setup setup-tf2.16 build test test-tf2.15 test-tf2.16 bench dlrm clean
 
 setup:
 	bash scripts/setup_env.sh
 
 build: setup
 
-# The whole suite, multi-worker tests (horovodrun -np 2 --gloo) included.
-test: setup
+setup-tf2.16:
+	SOK_TF=2.16 bash scripts/setup_env.sh
+
+# The whole suite, multi-worker tests (horovodrun -np 2 --gloo) included, under TensorFlow
+# 2.15.1 and again under 2.16.2 with tf_keras (what the GPU machines run).
+test: test-tf2.15 test-tf2.16
+
+test-tf2.15: setup
 	$(PY) -m pytest -q tests
+
+test-tf2.16: setup-tf2.16
+	TF_USE_LEGACY_KERAS=1 .venv-tf2.16/bin/python -m pytest -q tests
 
 # The main job: DLRM on a generated Criteo-format dataset, 2 Horovod workers on CPU.
 dlrm: setup
@@ -29,4 +38,4 @@ bench: setup
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf build sparse_operation_kit/lib
+	rm -rf build build-gpu sparse_operation_kit/lib

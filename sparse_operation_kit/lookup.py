@@ -152,9 +152,8 @@ def _fused_group(lookups, dim, dynamic=False, training=True, low_frequency_filte
     for table in tables:  # so GradientTape and tf.function see the tables being read
         resource_variable_ops.variable_accessed(table)
     placements = [_placement_attrs(table) for table in tables]
-    ids = [lookup.ids for lookup in lookups]
-    if len({t.dtype for t in ids}) > 1:
-        ids = [tf.cast(t, tf.int64) for t in ids]
+    # int64 ids: TensorFlow keeps int32 tensors of GPU kernels in host memory.
+    ids = [tf.cast(lookup.ids, tf.int64) for lookup in lookups]
 
     # Input distribution.
     send_keys, splits, position = raw_ops.sok_partition_keys(
@@ -209,9 +208,7 @@ def _single_id_group(lookups, dim):
     tables = [lookup.table for lookup in lookups]
     for table in {id(t): t for t in tables}.values():
         resource_variable_ops.variable_accessed(table)
-    ids = [lookup.ids for lookup in lookups]
-    if len({t.dtype for t in ids}) > 1:
-        ids = [tf.cast(t, tf.int64) for t in ids]
+    ids = [tf.cast(lookup.ids, tf.int64) for lookup in lookups]  # int64: as _fused_group
     return raw_ops.sok_gather_single_ids(
         tables=[t.handle for t in tables], ids=ids,
         row_splits=[lookup.row_splits for lookup in lookups], dtype=tf.float32, dim=dim,

@@ -109,12 +109,12 @@ def test_raw_op_rejects_bad_row_splits():
     rows = tf.ones([3, 2])
     with pytest.raises(tf.errors.InvalidArgumentError, match="row_splits decrease at sample 1"):
         sok.raw_ops.sok_combine_forward(
-            rows=rows, position=tf.constant([0, 1, 2], tf.int32),
+            rows=rows, position=tf.constant([0, 1, 2], tf.uint32),
             row_splits=[tf.constant([0, 2, 1, 3], tf.int64)], weights=[tf.zeros([0])],
             combiners=["sum"])
     with pytest.raises(tf.errors.InvalidArgumentError, match="row position 7 is out of range"):
         sok.raw_ops.sok_combine_forward(
-            rows=rows, position=tf.constant([0, 7], tf.int32),
+            rows=rows, position=tf.constant([0, 7], tf.uint32),
             row_splits=[tf.constant([0, 2], tf.int64)], weights=[tf.zeros([0])],
             combiners=["sum"])
 
@@ -122,6 +122,6 @@ def test_raw_op_rejects_bad_row_splits():
 def test_raw_op_rejects_unknown_combiner():
     with pytest.raises(tf.errors.InvalidArgumentError, match="unknown combiner 'max'"):
         sok.raw_ops.sok_combine_forward(
-            rows=tf.ones([1, 2]), position=tf.constant([0], tf.int32),
+            rows=tf.ones([1, 2]), position=tf.constant([0], tf.uint32),
             row_splits=[tf.constant([0, 1], tf.int64)], weights=[tf.zeros([0])],
             combiners=["max"])

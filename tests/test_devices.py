@@ -57,8 +57,10 @@ def test_lookup_matches_tf(device, mode, combiner, weighted, dim, id_dtype):
     rng = np.random.default_rng(dim * 7 + len(combiner))
     vocabs, batch = [50, 7, 300], 37
     inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
-    tables = [sok.Variable(init) for init in inits]
-    refs = [tf.Variable(init) for init in inits]
+    with tf.device(f"{device}:0"):  # ops on a resource run where it lives
+        tables = [sok.Variable(init) for init in inits]
+    with tf.device("CPU:0"):
+        refs = [tf.Variable(init) for init in inits]
     batches = [ragged_batch(rng, batch, v, 5, id_dtype) for v in vocabs]
     weights = [w if weighted else None for _, w in batches]
     cotangents = [tf.constant(rng.normal(size=[batch, dim]).astype(np.float32)) for _ in vocabs]
@@ -92,7 +94,8 @@ def test_one_id_path_matches_gather(device, id_dtype, dim):
     rng = np.random.default_rng(dim)
     vocabs, batch = [1000, 3], 4099
     inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
-    tables = [sok.Variable(init) for init in inits]
+    with tf.device(f"{device}:0"):
+        tables = [sok.Variable(init) for init in inits]
     ids = [tf.constant(rng.integers(0, v, size=batch), id_dtype) for v in vocabs]
 
     @tf.function
@@ -152,7 +155,8 @@ def test_gather_rows_and_split_gradient(device, grouped):
     rng = np.random.default_rng(5)
     dim = 12
     inits = [rng.normal(size=[r, dim]).astype(np.float32) for r in (30, 5, 9)]
-    shards = [tf.Variable(init) for init in inits]
+    with tf.device(f"{device}:0"):
+        shards = [tf.Variable(init) for init in inits]
     tables = rng.integers(0, 3, size=200)
     tables = np.sort(tables) if grouped else tables
     local = np.array([rng.integers(0, len(inits[t])) for t in tables])
@@ -181,7 +185,7 @@ def test_combine_forward_and_backward_raw(device, dim):
     num_rows, batch = 40, 23
     rows = rng.normal(size=[num_rows, dim]).astype(np.float32)
     ids, weights = ragged_batch(rng, batch, num_rows, 6)
-    position = ids.values.numpy().astype(np.int32)
+    position = ids.values.numpy().astype(np.uint32)
     splits = ids.row_splits.numpy()
     w = weights.values.numpy()
     grad = rng.normal(size=[batch, dim]).astype(np.float32)
@@ -307,7 +311,7 @@ def test_interaction_matches_tf_ops(device, dtype, batch, features, dim):
 
     out, grad = on(device, run)
     x32 = tf.cast(x, tf.float32)
-    with tf.GradientTape() as tape:
+    with tf.device("CPU:0"), tf.GradientTape() as tape:  # float32 matmuls (not TF32)
         tape.watch(x32)
         dots = tf.matmul(x32, x32, transpose_b=True)
         lower = tf.constant(np.tril(np.ones([features, features]), -1).astype(bool))
@@ -327,7 +331,8 @@ def test_interaction_matches_tf_ops(device, dtype, batch, features, dim):
 @pytest.mark.parametrize("one_id", [False, True])
 @pytest.mark.parametrize("bad_id", [10, -1, 1 << 40])
 def test_out_of_range_id(device, one_id, bad_id):
-    table = sok.Variable(tf.zeros([10, 4]), name="users")
+    with tf.device(f"{device}:0"):
+        table = sok.Variable(tf.zeros([10, 4]), name="users")
     values = tf.constant([1, bad_id, 2], tf.int64)
     ids = (tf.RaggedTensor.from_tensor(values[:, None]) if one_id
            else tf.RaggedTensor.from_row_lengths(values, [2, 1]))
@@ -368,7 +373,7 @@ def test_weights_that_do_not_match_ids(device):
     rows = tf.zeros([5, 2])
 
     def run():
-        return raw_ops.sok_combine_forward(rows=rows, position=tf.constant([0, 1, 2], tf.int32),
+        return raw_ops.sok_combine_forward(rows=rows, position=tf.constant([0, 1, 2], tf.uint32),
                                            row_splits=[tf.constant([0, 2, 3], tf.int64)],
                                            weights=[tf.constant([1.0, 2.0])],
                                            combiners=["sum"])[0].numpy()
@@ -387,7 +392,7 @@ def test_weights_that_do_not_match_ids(device):
 def test_bad_row_splits(device, splits, message):
     def run():
         return raw_ops.sok_combine_forward(rows=tf.zeros([5, 2]),
-                                           position=tf.constant([0, 1, 2], tf.int32),
+                                           position=tf.constant([0, 1, 2], tf.uint32),
                                            row_splits=[tf.constant(splits, tf.int64)],
                                            weights=[tf.zeros([0])], combiners=["sum"])[0].numpy()
 
@@ -399,7 +404,7 @@ def test_bad_row_splits(device, splits, message):
 def test_position_out_of_range(device):
     def run():
         return raw_ops.sok_combine_forward(rows=tf.zeros([5, 2]),
-                                           position=tf.constant([0, 7, 2], tf.int32),
+                                           position=tf.constant([0, 7, 2], tf.uint32),
                                            row_splits=[tf.constant([0, 2, 3], tf.int64)],
                                            weights=[tf.zeros([0])], combiners=["sum"])[0].numpy()
 

@@ -8,6 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-benchmarks/results} PYTHONUNBUFFERED=1
 source .ferry/bin/env.sh
+export PYTHONPATH=$PWD:$PYTHONPATH
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/tf_gpu_device.txt"
 SOK_BUILD_CUDA=1 SOK_CUDA_ARCHS=90 python3 scripts/build_plugin.py > "$OUT/tf_gpu_build.log" 2>&1 \
   || { tail -40 "$OUT/tf_gpu_build.log"; exit 1; }

@@ -239,7 +239,7 @@ __global__ void GatherGradientRowsKernel(const int64_t* keys, const int32_t* ord
   for (int64_t k = GlobalThread() / group; k < n; k += GridThreads() / group) {
     const int64_t from = order ? order[k] : k;
     if (lane == 0) indices[k] = keys[from] & kPackedRowMask;
-    CopyRow<kVec>(grad + from * dim, values + k * dim, dim, lane, group);
+    if (values != nullptr) CopyRow<kVec>(grad + from * dim, values + k * dim, dim, lane, group);
   }
 }
 

@@ -123,7 +123,8 @@ cudaError_t TableSortKeys(const int64_t* keys, int64_t n, int32_t* table_of, int
                           cudaStream_t stream);
 
 // For keys ordered by `order` (n of them, grouped by table), indices[k] = PackedRow(keys[order[k]])
-// and values row k = grad row order[k] (order may be null: the identity).
+// and values row k = grad row order[k] (order may be null: the identity; values may be null:
+// indices only, the caller hands out a block of grad itself).
 cudaError_t GatherGradientRows(const int64_t* keys, const int32_t* order, int64_t n, int64_t dim,
                                const float* grad, int64_t* indices, float* values,
                                cudaStream_t stream);

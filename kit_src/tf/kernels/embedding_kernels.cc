@@ -76,7 +76,10 @@ class PartitionKeysOp : public tf::OpKernel {
     }
     std::vector<int32_t> splits(result.splits.begin(), result.splits.end());
     CopyToOutput(ctx, 1, splits);
-    CopyToOutput(ctx, 2, result.position);
+    tf::Tensor* position = nullptr;  // uint32 (see the op), the same bits as the core's int32
+    const int64_t p = static_cast<int64_t>(result.position.size());
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({p}), &position));
+    if (p > 0) std::memcpy(position->data(), result.position.data(), p * sizeof(int32_t));
   }
 
  private:
@@ -344,7 +347,7 @@ tf::Status ReadPooledLookups(tf::OpKernelContext* ctx, int position_input,
     PooledLookup<T>& lookup = (*lookups)[l];
     lookup.row_splits = row_splits;
     lookup.batch = batch;
-    lookup.position = position.flat<int32_t>().data() + offset;
+    lookup.position = reinterpret_cast<const int32_t*>(position.flat<uint32_t>().data()) + offset;
     lookup.weights = weighted ? weights.flat<float>().data() : nullptr;
     lookup.combiner = combiners[l];
     offset += nnz;

@@ -174,7 +174,7 @@ class CombineGpuBase : public tf::AsyncOpKernel {
     }
     OP_REQUIRES_OK_ASYNC(ctx, memory->Device(ctx, n + 1, &use_first), done);
     OP_REQUIRES_OK_ASYNC(ctx, check.Init(ctx, memory.get()), done);
-    const int32_t* positions = position.flat<int32_t>().data();
+    const int32_t* positions = reinterpret_cast<const int32_t*>(position.flat<uint32_t>().data());
     const int64_t num_positions = position.NumElements();
     OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(CheckPooledLookups(lookups_device, n, samples, positions,
                                                           num_positions, num_rows, source,
@@ -284,7 +284,8 @@ class GatherSingleIdsGpuOp : public tf::AsyncOpKernel {
                               .TypeConstraint<Tindex>("Tindex")                             \
                               .TypeConstraint<float>("dtype"),                              \
                           GatherSingleIdsGpuOp)
-REGISTER_SINGLE_IDS_GPU(int32_t);
+// int64 ids only: TensorFlow keeps int32 tensors of GPU kernels in host memory (lookup_sparse
+// passes int64 ids).
 REGISTER_SINGLE_IDS_GPU(int64_t);
 #undef REGISTER_SINGLE_IDS_GPU
 
@@ -435,7 +436,8 @@ class PartitionKeysGpuOp : public tf::OpKernel {
     }
     OP_REQUIRES_OK(ctx, CudaToTf(ScatterPartition(sorted, sorted_order, slot, total, row_bits_,
                                                   table_bits_, send_keys->flat<int64_t>().data(),
-                                                  position->flat<int32_t>().data(), stream),
+                                                  reinterpret_cast<int32_t*>(position->flat<uint32_t>().data()),
+                                                  stream),
                                  "scatter partition"));
   }
 
@@ -455,8 +457,7 @@ class PartitionKeysGpuOp : public tf::OpKernel {
                               .TypeConstraint<Tindex>("Tindex")                              \
                               .HostMemory("splits"),                                         \
                           PartitionKeysGpuOp)
-REGISTER_PARTITION_GPU(int32_t);
-REGISTER_PARTITION_GPU(int64_t);
+REGISTER_PARTITION_GPU(int64_t);  // int64 ids only, as Sok>GatherSingleIds
 #undef REGISTER_PARTITION_GPU
 
 // ------------------------------------------------------------------ Sok>GatherShardRows
@@ -666,7 +667,7 @@ class CombineForwardGpuOp : public CombineGpuBase {
         [&](const GpuPooledLookup* device, const int64_t* use_first, const GpuRowSource& src,
             LookupCheck* check) {
           return CombineForwardGpu(device, n, samples, use_first,
-                                   position.flat<int32_t>().data(), src, num_rows, dim, check,
+                                   reinterpret_cast<const int32_t*>(position.flat<uint32_t>().data()), src, num_rows, dim, check,
                                    stream);
         });
   }
@@ -716,7 +717,7 @@ class CombineFromShardsGpuOp : public CombineGpuBase {
         [&](const GpuPooledLookup* device, const int64_t* use_first, const GpuRowSource& src,
             LookupCheck* check) {
           return CombineForwardGpu(device, n, samples, use_first,
-                                   position.flat<int32_t>().data(), src, num_rows, dim, check,
+                                   reinterpret_cast<const int32_t*>(position.flat<uint32_t>().data()), src, num_rows, dim, check,
                                    stream);
         });
   }
@@ -769,7 +770,7 @@ class CombineBackwardGpuOp : public CombineGpuBase {
         [&](const GpuPooledLookup* device, const int64_t* use_first, const GpuRowSource&,
             LookupCheck* check) {
           return CombineBackwardGpu(device, n, samples, use_first,
-                                    position.flat<int32_t>().data(), num_rows, dim, out, check,
+                                    reinterpret_cast<const int32_t*>(position.flat<uint32_t>().data()), num_rows, dim, out, check,
                                     stream);
         });
   }

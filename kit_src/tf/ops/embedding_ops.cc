@@ -16,12 +16,13 @@ using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
+// position is uint32, not int32: TensorFlow keeps int32 tensors of GPU kernels in host memory.
 REGISTER_OP("Sok>PartitionKeys")
     .SetIsStateful()  // part of a collective chain: never pruned or folded
     .Input("ids: N * Tindex")
     .Output("send_keys: int64")
     .Output("splits: int32")
-    .Output("position: int32")
+    .Output("position: uint32")
     .Attr("N: int >= 1")
     .Attr("Tindex: {int32, int64}")
     .Attr("lookup_table: list(int)")
@@ -141,7 +142,7 @@ Status CombineShapes(InferenceContext* c, int first_splits) {
 
 REGISTER_OP("Sok>CombineForward")
     .Input("rows: dtype")
-    .Input("position: int32")
+    .Input("position: uint32")
     .Input("row_splits: N * int64")
     .Input("weights: N * float")
     .Output("outputs: N * dtype")
@@ -167,7 +168,7 @@ REGISTER_OP("Sok>CombineForward")
 REGISTER_OP("Sok>CombineFromShards")
     .Input("shards: num_tables * resource")
     .Input("keys: int64")
-    .Input("position: int32")
+    .Input("position: uint32")
     .Input("row_splits: N * int64")
     .Input("weights: N * float")
     .Output("outputs: N * dtype")
@@ -201,7 +202,7 @@ then SplitGradientByTable, as for the two-op chain.
 REGISTER_OP("Sok>CombineBackward")
     .SetIsStateful()  // part of a collective chain: never pruned or folded
     .Input("output_grads: N * dtype")
-    .Input("position: int32")
+    .Input("position: uint32")
     .Input("row_splits: N * int64")
     .Input("weights: N * float")
     .Input("num_rows: int64")
