@@ -168,12 +168,15 @@ def _fused_group(lookups, dim, dynamic=False, training=True, low_frequency_filte
     empty = tf.zeros([0], tf.float32)
     weights = [empty if lookup.weights is None else lookup.weights for lookup in lookups]
     combiners = [lookup.combiner for lookup in lookups]
+    # Positions and keys come from Sok>PartitionKeys, row_splits from RaggedTensors: only
+    # user weights still need the combine ops' checks (see Sok>CombineForward's validate).
+    validate = any(lookup.weights is not None for lookup in lookups)
     if not dynamic and communication.num_workers() == 1:
         # Nothing to exchange: pool each sample's rows straight from the shards.
         return raw_ops.sok_combine_from_shards(
             shards=[table.handle for table in tables], keys=send_keys, position=position,
             row_splits=row_splits, weights=weights, combiners=combiners, dtype=tf.float32,
-            dim=dim)
+            dim=dim, validate=validate)
     received_keys, received_splits = communication.alltoall(send_keys, splits)
     # Compute on the owner.
     if dynamic:
@@ -192,7 +195,7 @@ def _fused_group(lookups, dim, dynamic=False, training=True, low_frequency_filte
     else:
         rows, _ = communication.alltoall(rows, received_splits)
     return raw_ops.sok_combine_forward(rows=rows, position=position, row_splits=row_splits,
-                                       weights=weights, combiners=combiners)
+                                       weights=weights, combiners=combiners, validate=validate)
 
 
 def _single_id_candidates(lookups, dynamic):
@@ -209,10 +212,15 @@ def _single_id_group(lookups, dim):
     for table in {id(t): t for t in tables}.values():
         resource_variable_ops.variable_accessed(table)
     ids = [tf.cast(lookup.ids, tf.int64) for lookup in lookups]  # int64: as _fused_group
-    return raw_ops.sok_gather_single_ids(
+    names = [t.name for t in tables]
+    outputs, check = raw_ops.sok_gather_single_ids(
         tables=[t.handle for t in tables], ids=ids,
         row_splits=[lookup.row_splits for lookup in lookups], dtype=tf.float32, dim=dim,
-        table_names=[t.name for t in tables])
+        table_names=names)
+    # Reports an out-of-range id (stateful: it runs in a tf.function even though nothing reads
+    # it); on the GPU the gather itself does not wait for that verdict.
+    raw_ops.sok_check_gathered_ids(check, table_names=names)
+    return outputs
 
 
 def _lookup_group(lookups, dim, dynamic, training, low_frequency_filter, compress):
@@ -223,7 +231,10 @@ def _lookup_group(lookups, dim, dynamic, training, low_frequency_filter, compres
     gradients dense."""
     if _single_id_candidates(lookups, dynamic) and all(lookup.one_id for lookup in lookups):
         return _single_id_group(lookups, dim)
-    return _fused_group(lookups, dim, dynamic, training, low_frequency_filter, compress)
+    # Dynamic tables live in host memory (their GPU kernels are not built yet): their chain
+    # runs on the CPU wherever the caller placed the step.
+    with tf.device("/CPU:0") if dynamic else contextlib.nullcontext():
+        return _fused_group(lookups, dim, dynamic, training, low_frequency_filter, compress)
 
 
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequency_filter=False,
@@ -263,11 +274,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
     outputs = [None] * len(lookups)
     with tf.name_scope("sok_lookup_sparse"):
         for (dim, dynamic), members in _group_tables(lookups).items():
-            # Dynamic tables live in host memory (their GPU kernels are not built yet): their
-            # chain runs on the CPU wherever the caller placed the step.
-            with tf.device("/CPU:0") if dynamic else contextlib.nullcontext():
-                results = _lookup_group([lookups[i] for i in members], dim, dynamic, training,
-                                        use_low_frequency_filter, compress)
+            results = _lookup_group([lookups[i] for i in members], dim, dynamic, training,
+                                    use_low_frequency_filter, compress)
             for i, result in zip(members, results):
                 outputs[i] = result
     return outputs[0] if single else outputs
@@ -307,7 +315,11 @@ def _dense_output_grads(op, output_grads):
 @tf.RegisterGradient("Sok>GatherSingleIds")
 def _gather_single_ids_grad(op, *output_grads):
     n = op.get_attr("N")
-    grads = _dense_output_grads(op, output_grads)
+    grads = _dense_output_grads(op, output_grads)[:n]
+    # No update may use a step whose ids were out of range: the gradients wait for the check.
+    check = raw_ops.sok_check_gathered_ids(op.outputs[n], table_names=op.get_attr("table_names"))
+    with tf.control_dependencies([] if check is None else [check]):
+        grads = [tf.identity(g) for g in grads]
     return [
         tf.IndexedSlices(grads[l], tf.cast(op.inputs[n + l], tf.int64),
                          dense_shape=tf.raw_ops.VariableShape(input=op.inputs[l],
@@ -342,7 +354,7 @@ def _combine_from_shards_grad(op, *output_grads):
     rows_grad = raw_ops.sok_combine_backward(
         output_grads=_dense_output_grads(op, output_grads), position=position,
         row_splits=row_splits, weights=weights, num_rows=tf.size(keys, out_type=tf.int64),
-        combiners=op.get_attr("combiners"))
+        combiners=op.get_attr("combiners"), validate=op.get_attr("validate"))
     indices, values = raw_ops.sok_split_gradient_by_table(keys=keys, grad=rows_grad,
                                                           num_tables=num_tables)
     return _table_gradients(op, indices, values) + [None] * (2 + 2 * n)
@@ -356,5 +368,6 @@ def _combine_forward_grad(op, *output_grads):
     weights = list(op.inputs[2 + n:2 + 2 * n])
     rows_grad = raw_ops.sok_combine_backward(
         output_grads=_dense_output_grads(op, output_grads), position=position, row_splits=row_splits, weights=weights,
-        num_rows=tf.shape(rows, out_type=tf.int64)[0], combiners=op.get_attr("combiners"))
+        num_rows=tf.shape(rows, out_type=tf.int64)[0], combiners=op.get_attr("combiners"),
+        validate=op.get_attr("validate"))
     return [rows_grad, None] + [None] * (2 * n)

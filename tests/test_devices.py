@@ -342,6 +342,31 @@ def test_out_of_range_id(device, one_id, bad_id):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("one_id", [False, True])
+def test_bad_id_in_a_training_step_changes_nothing(device, one_id):
+    """In a tf.function the step fails and no update lands (the one-id path's gradients wait
+    for Sok>CheckGatheredIds; the fused chain's partition fails before anything runs)."""
+    init = np.arange(40, dtype=np.float32).reshape(10, 4)
+    with tf.device(f"{device}:0"):
+        table = sok.Variable(init, name="items")
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.5))
+    values = tf.constant([1, 10, 2], tf.int64)
+
+    @tf.function
+    def step():
+        ids = (tf.RaggedTensor.from_tensor(values[:, None]) if one_id
+               else tf.RaggedTensor.from_row_lengths(values, [2, 1]))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse([table], [ids], combiners=["sum"])[0])
+        optimizer.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"id 10 of table 'items:0' is out of range \[0, 10\)"):
+        on(device, step)
+    np.testing.assert_array_equal(table.numpy(), init)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_static_apply_bad_row_writes_nothing(device):
     init = np.arange(12, dtype=np.float32).reshape(4, 3)
     with tf.device(f"{device}:0"):
@@ -417,3 +442,24 @@ def test_position_out_of_range(device):
 def test_interaction_without_features_is_refused(device):
     with pytest.raises(tf.errors.InvalidArgumentError, match="at least one vector"):
         on(device, lambda: sok.dot_interaction(tf.zeros([4, 0, 8])).numpy())
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_lookup_sparse_skips_the_combine_verdict_only_for_its_own_inputs(weighted):
+    """Sok>CombineFromShards / CombineBackward get validate=False only when every input is one
+    lookup_sparse built itself (no user weights); the op-level checks stay on otherwise."""
+    table = sok.Variable(tf.ones([10, 4]))
+    ids = tf.ragged.constant([[1, 2], [3]], dtype=tf.int64)
+    weights = tf.ragged.constant([[1.0, 2.0], [3.0]]) if weighted else None
+
+    def step():
+        with tf.GradientTape() as tape:
+            out = sok.lookup_sparse([table], [ids], None if weights is None else [weights])[0]
+            loss = tf.reduce_sum(out)
+        return tape.gradient(loss, [table])
+
+    graph_def = tf.function(step).get_concrete_function().graph.as_graph_def()
+    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    combines = {n.op: n.attr["validate"].b for n in nodes
+                if n.op in ("Sok>CombineFromShards", "Sok>CombineBackward")}
+    assert combines == {"Sok>CombineFromShards": weighted, "Sok>CombineBackward": weighted}

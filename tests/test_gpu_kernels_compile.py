@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATIC_PATH_OPS = ["Sok>PartitionKeys", "Sok>GatherShardRows", "Sok>GatherSingleIds",
                    "Sok>SplitGradientByTable", "Sok>CombineForward", "Sok>CombineFromShards",
                    "Sok>CombineBackward", "Sok>StaticApply", "Sok>DotInteraction",
-                   "Sok>DotInteractionGrad", "Sok>Unfoldable"]
+                   "Sok>DotInteractionGrad", "Sok>Unfoldable", "Sok>CheckGatheredIds"]
 
 LIST_KERNELS = """
 import json, tensorflow as tf

@@ -1,7 +1,6 @@
 #include "kit_src/core/embedding/key_partition.h"
 
 #include <numeric>
-#include <sstream>
 
 #include "absl/container/flat_hash_map.h"
 #include "kit_src/core/embedding/packed_key.h"
@@ -114,10 +113,12 @@ void CollectTableKeys(const std::vector<LookupIds<Tindex>>& lookups,
 }  // namespace
 
 Status IdOutOfRange(const std::string& table_name, int64_t id, int64_t rows) {
-  std::ostringstream message;
-  message << "id " << id << " of table '" << table_name << "' is out of range [0, " << rows
-          << "); ids of a static table must index one of its rows";
-  return Status::InvalidArgument(message.str());
+  // Plain string concatenation, no iostreams: TensorFlow's GPU wheel exports its own weak
+  // std::ostringstream members, built by another libstdc++, and the loader binds ours to them
+  // (a crash on this very error path there).
+  return Status::InvalidArgument("id " + std::to_string(id) + " of table '" + table_name +
+                                 "' is out of range [0, " + std::to_string(rows) +
+                                 "); ids of a static table must index one of its rows");
 }
 
 template <typename Tindex>

@@ -201,6 +201,7 @@ __global__ void DescribeBadIdKernel(const GpuPartitionLookup* partition_lookups,
   const int64_t j = static_cast<int64_t>(code & ((1ull << 40) - 1));
   const void* ids = partition_lookups ? partition_lookups[l].ids : single_lookups[l].ids;
   check->value_a = ReadId(ids, ids64, j);
+  check->value_b = partition_lookups ? partition_lookups[l].rows : single_lookups[l].table.rows;
 }
 
 __global__ void CountKeysKernel(const int64_t* keys, int64_t n, int32_t num_tables,

@@ -10,38 +10,9 @@
 
 #include <cstdint>
 
+#include "kit_src/core/embedding/lookup_check.h"
+
 namespace sok {
-
-// What went wrong first, as the kernels found it. Device memory; `first_bad` starts at
-// kNoError and takes the smallest encoded item (EncodeBad) any check found bad.
-struct LookupCheck {
-  unsigned long long first_bad;
-  int64_t value_a;  // described after the checks: the bad id, position or row_splits entry
-  int64_t value_b;  // and a second value where the message needs one
-};
-constexpr unsigned long long kNoError = ~0ull;
-
-// What a check found, in the order the CPU kernels check it.
-enum class BadKind : int {
-  kPositionsLeft = 0,   // more ids than positions left: value_a = nnz, value_b = positions left
-                        // (group = num_lookups: the ids' total, value_a, is not the positions')
-  kRowSplitsEnds,       // row_splits[0] != 0: value_a = row_splits[0], value_b = row_splits[batch]
-  kRowSplitsDecrease,   // row_splits[s + 1] < row_splits[s]: item = s
-  kWeightsCount,        // weights of another length than the ids: value_a = nnz
-  kBadPosition,         // a position outside [0, num_rows): item = use, value_a = position
-  kBadKey,              // a packed key naming no row: item = key index, value_a = key
-  kBadId,               // an id outside its table: item = id index, value_a = id
-};
-// (group, kind, item) in one comparable word: the group (a lookup or table) first.
-__host__ __device__ inline unsigned long long EncodeBad(int64_t group, BadKind kind, int64_t item) {
-  return (static_cast<unsigned long long>(group) << 44) |
-         (static_cast<unsigned long long>(kind) << 40) | static_cast<unsigned long long>(item);
-}
-inline int64_t BadGroup(unsigned long long code) { return static_cast<int64_t>(code >> 44); }
-inline BadKind BadKindOf(unsigned long long code) { return static_cast<BadKind>((code >> 40) & 15); }
-inline int64_t BadItem(unsigned long long code) {
-  return static_cast<int64_t>(code & ((1ull << 40) - 1));
-}
 
 // Resets a check record (stream-ordered).
 cudaError_t ResetLookupCheck(LookupCheck* check, cudaStream_t stream);
@@ -107,7 +78,8 @@ cudaError_t GatherSingleIdsGpu(const GpuSingleIdLookup* lookups_device, int32_t 
                                bool ids64, int64_t total, int64_t dim, LookupCheck* check,
                                cudaStream_t stream);
 
-// Fills value_a of a kBadId record with the id (ids of lookup = group, at item - first).
+// Fills a kBadId record: value_a the id (ids of lookup = group, at item - first), value_b
+// its table's rows.
 cudaError_t DescribeBadId(const GpuPartitionLookup* partition_lookups,
                           const GpuSingleIdLookup* single_lookups, bool ids64,
                           LookupCheck* check, cudaStream_t stream);

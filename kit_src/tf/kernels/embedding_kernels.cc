@@ -9,6 +9,8 @@
 #include "kit_src/core/embedding/packed_key.h"
 #include "kit_src/core/embedding/shard_rows.h"
 #include "kit_src/tf/kernels/core_bridge.h"
+#include "kit_src/tf/kernels/embedding_validation.h"
+#include "kit_src/tf/kernels/gathered_ids_check.h"
 #include "kit_src/tf/kernels/pooled_output.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -17,40 +19,12 @@
 namespace sok {
 
 namespace tf = ::tensorflow;
-using CPUDevice = Eigen::ThreadPoolDevice;
 
 template <typename Tindex>
 class PartitionKeysOp : public tf::OpKernel {
  public:
   explicit PartitionKeysOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::vector<int64_t> rows, owners;
-    std::vector<std::string> names;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("lookup_table", &lookup_table_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_rows", &rows));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_owner", &owners));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &names));
-    int64_t num_workers = 1;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_workers", &num_workers));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("dedup", &options_.dedup));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("pair_keys", &options_.pair_keys));
-    std::vector<bool> dynamic;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_dynamic", &dynamic));
-    OP_REQUIRES(ctx, dynamic.empty() || dynamic.size() == rows.size(),
-                tf::errors::InvalidArgument("table_dynamic needs one entry per table"));
-    options_.num_workers = static_cast<int32_t>(num_workers);
-    OP_REQUIRES(ctx, rows.size() == owners.size() && rows.size() == names.size(),
-                tf::errors::InvalidArgument("table_rows, table_owner and table_names must have "
-                                            "one entry per table"));
-    OP_REQUIRES(ctx, static_cast<int>(lookup_table_.size()) == ctx->num_inputs(),
-                tf::errors::InvalidArgument("lookup_table needs one entry per ids input, got ",
-                                            lookup_table_.size(), " for ", ctx->num_inputs()));
-    for (size_t t = 0; t < rows.size(); ++t) {
-      OP_REQUIRES(ctx, owners[t] < num_workers,
-                  tf::errors::InvalidArgument("table '", names[t], "' is placed on worker ",
-                                              owners[t], " but there are ", num_workers));
-      tables_.push_back(TablePlacement{rows[t], static_cast<int32_t>(owners[t]), names[t],
-                                       !dynamic.empty() && dynamic[t]});
-    }
+    OP_REQUIRES_OK(ctx, ReadPartitionAttrs(ctx, &attrs_));
   }
 
   void Compute(tf::OpKernelContext* ctx) override {
@@ -61,12 +35,12 @@ class PartitionKeysOp : public tf::OpKernel {
                   tf::errors::InvalidArgument("ids of lookup ", l, " must be a vector, got shape ",
                                               ids.shape().DebugString()));
       lookups[l] = LookupIds<Tindex>{ids.flat<Tindex>().data(), ids.NumElements(),
-                                     static_cast<int32_t>(lookup_table_[l])};
+                                     static_cast<int32_t>(attrs_.lookup_table[l])};
     }
     PartitionResult result;
-    SOK_OP_REQUIRES_OK(ctx, PartitionKeys(lookups, tables_, options_, CpuParallelFor(ctx),
-                                          &result));
-    if (options_.pair_keys) {
+    SOK_OP_REQUIRES_OK(ctx, PartitionKeys(lookups, attrs_.tables, attrs_.options,
+                                          CpuParallelFor(ctx), &result));
+    if (attrs_.options.pair_keys) {
       tf::Tensor* keys = nullptr;
       const int64_t k = static_cast<int64_t>(result.send_keys.size()) / 2;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({k, 2}), &keys));
@@ -92,9 +66,7 @@ class PartitionKeysOp : public tf::OpKernel {
     if (!values.empty()) std::memcpy(out->flat<T>().data(), values.data(), values.size() * sizeof(T));
   }
 
-  std::vector<int64_t> lookup_table_;
-  std::vector<TablePlacement> tables_;
-  PartitionOptions options_;
+  PartitionAttrs attrs_;
 };
 
 #define REGISTER_PARTITION(Tindex)                                                   \
@@ -205,11 +177,7 @@ class GatherSingleIdsOp : public tf::OpKernel {
     for (int l = 0; l < n; ++l) {
       const tf::Tensor& ids = ctx->input(n + l);
       const tf::Tensor& splits = ctx->input(2 * n + l);
-      OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(ids.shape()) &&
-                           splits.NumElements() == ids.NumElements() + 1,
-                  tf::errors::InvalidArgument("lookup ", l, " must hold one id per sample: ",
-                                              ids.NumElements(), " ids for ",
-                                              splits.NumElements() - 1, " samples"));
+      OP_REQUIRES_OK(ctx, CheckSingleIdLookup(l, ids, splits));
       tf::Tensor* out = nullptr;
       OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, l, tf::TensorShape({ids.NumElements(), dim_}),
                                                &out));
@@ -218,12 +186,37 @@ class GatherSingleIdsOp : public tf::OpKernel {
                                                  out->flat<float>().data()};
     }
     SOK_OP_REQUIRES_OK(ctx, GatherSingleIds(lookups, dim_, CpuParallelFor(ctx)));
+    tf::Tensor* check = nullptr;  // the CPU kernel fails at once: a clean record
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(n, tf::TensorShape({3}), &check));
+    const LookupCheck clean = CleanCheck();
+    std::memcpy(check->data(), &clean, sizeof(clean));
   }
 
  private:
   int64_t dim_ = 0;
   std::vector<std::string> table_names_;
 };
+
+class CheckGatheredIdsOp : public tf::OpKernel {
+ public:
+  explicit CheckGatheredIdsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
+  }
+  void Compute(tf::OpKernelContext* ctx) override {
+    const tf::Tensor& check = ctx->input(0);
+    OP_REQUIRES(ctx, check.NumElements() == 3,
+                tf::errors::InvalidArgument("check must hold 3 values, got ",
+                                            check.shape().DebugString()));
+    LookupCheck record;
+    std::memcpy(&record, check.data(), sizeof(record));
+    OP_REQUIRES_OK(ctx, GatheredIdsStatus(record, table_names_));
+  }
+
+ private:
+  std::vector<std::string> table_names_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>CheckGatheredIds").Device(tf::DEVICE_CPU), CheckGatheredIdsOp);
 
 #define REGISTER_SINGLE_IDS(Tindex)                                                         \
   REGISTER_KERNEL_BUILDER(Name("Sok>GatherSingleIds")                                      \
@@ -246,11 +239,7 @@ class SplitGradientByTableOp : public tf::OpKernel {
   void Compute(tf::OpKernelContext* ctx) override {
     const tf::Tensor& keys = ctx->input(0);
     const tf::Tensor& grad = ctx->input(1);
-    OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(keys.shape()) && grad.dims() == 2 &&
-                         grad.dim_size(0) == keys.NumElements(),
-                tf::errors::InvalidArgument("grad must be [keys, dim], got keys ",
-                                            keys.shape().DebugString(), " and grad ",
-                                            grad.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckKeysAndGrad(keys, grad));
     const int64_t n = keys.NumElements(), dim = grad.dim_size(1);
     const int64_t* key_data = keys.flat<int64_t>().data();
     std::vector<int64_t> first, counts;
@@ -359,19 +348,6 @@ tf::Status ReadPooledLookups(tf::OpKernelContext* ctx, int position_input,
   return tf::Status();
 }
 
-tf::Status ReadCombiners(tf::OpKernelConstruction* ctx, std::vector<Combiner>* combiners) {
-  std::vector<std::string> names;
-  int64_t n = 0;
-  TF_RETURN_IF_ERROR(ctx->GetAttr("combiners", &names));
-  TF_RETURN_IF_ERROR(ctx->GetAttr("N", &n));
-  if (static_cast<int64_t>(names.size()) != n) {
-    return tf::errors::InvalidArgument("combiners has ", names.size(), " entries for ", n,
-                                       " lookups");
-  }
-  combiners->resize(n);
-  for (int64_t l = 0; l < n; ++l) TF_RETURN_IF_ERROR(ToTfStatus(ParseCombiner(names[l], &(*combiners)[l])));
-  return tf::Status();
-}
 
 template <typename T>
 class CombineForwardOp : public tf::OpKernel {
@@ -460,19 +436,12 @@ class CombineBackwardOp : public tf::OpKernel {
     const int n = static_cast<int>(combiners_.size());
     std::vector<PooledLookup<T>> lookups;
     OP_REQUIRES_OK(ctx, ReadPooledLookups<T>(ctx, n, n + 1, combiners_, &lookups));
-    const tf::Tensor& num_rows_tensor = ctx->input(3 * n + 1);
-    OP_REQUIRES(ctx, tf::TensorShapeUtils::IsScalar(num_rows_tensor.shape()),
-                tf::errors::InvalidArgument("num_rows must be a scalar"));
-    const int64_t num_rows = num_rows_tensor.scalar<int64_t>()();
-    OP_REQUIRES(ctx, num_rows >= 0, tf::errors::InvalidArgument("num_rows is negative: ", num_rows));
+    int64_t num_rows = 0;
+    OP_REQUIRES_OK(ctx, ReadNumRows(ctx->input(3 * n + 1), &num_rows));
     const int64_t dim = ctx->input(0).dim_size(1);
     for (int l = 0; l < n; ++l) {
       const tf::Tensor& grad = ctx->input(l);
-      OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == lookups[l].batch &&
-                           grad.dim_size(1) == dim,
-                  tf::errors::InvalidArgument("gradient of lookup ", l, " must be [",
-                                              lookups[l].batch, ", ", dim, "], got ",
-                                              grad.shape().DebugString()));
+      OP_REQUIRES_OK(ctx, CheckOutputGrad(l, grad, lookups[l].batch, dim));
       lookups[l].output_grad = grad.flat<T>().data();
     }
     tf::Tensor* rows_grad = nullptr;

@@ -16,6 +16,8 @@
 #include "kit_src/core/embedding/key_partition.h"
 #include "kit_src/core/embedding/packed_key.h"
 #include "kit_src/tf/kernels/core_bridge.h"
+#include "kit_src/tf/kernels/embedding_validation.h"
+#include "kit_src/tf/kernels/gathered_ids_check.h"
 #include "kit_src/tf/kernels/gpu_op_util.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -65,20 +67,11 @@ class GpuTables {
   std::vector<GpuShard> shards_;
 };
 
-tf::Status ReadCombinerAttrs(tf::OpKernelConstruction* ctx, std::vector<int32_t>* combiners) {
-  std::vector<std::string> names;
-  int64_t n = 0;
-  TF_RETURN_IF_ERROR(ctx->GetAttr("combiners", &names));
-  TF_RETURN_IF_ERROR(ctx->GetAttr("N", &n));
-  if (static_cast<int64_t>(names.size()) != n) {
-    return tf::errors::InvalidArgument("combiners has ", names.size(), " entries for ", n,
-                                       " lookups");
-  }
-  for (const std::string& name : names) {
-    Combiner combiner;
-    TF_RETURN_IF_ERROR(ToTfStatus(ParseCombiner(name, &combiner)));
-    combiners->push_back(static_cast<int32_t>(combiner));
-  }
+// The combiners as the device kernels take them (Combiner's values).
+tf::Status ReadCombinerCodes(tf::OpKernelConstruction* ctx, std::vector<int32_t>* codes) {
+  std::vector<Combiner> combiners;
+  TF_RETURN_IF_ERROR(ReadCombiners(ctx, &combiners));
+  for (Combiner combiner : combiners) codes->push_back(static_cast<int32_t>(combiner));
   return tf::Status();
 }
 
@@ -146,14 +139,15 @@ tf::Status PooledError(const LookupCheck& check, int64_t num_rows, int32_t num_t
 class CombineGpuBase : public tf::AsyncOpKernel {
  public:
   explicit CombineGpuBase(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ReadCombinerAttrs(ctx, &combiners_));
+    OP_REQUIRES_OK(ctx, ReadCombinerCodes(ctx, &combiners_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("validate", &validate_));
   }
 
  protected:
   // Uploads the lookups, runs the checks; `run` launches the pooling or scatter.
   void Run(tf::OpKernelContext* ctx, DoneCallback done, std::vector<GpuPooledLookup> lookups,
            int64_t samples, const tf::Tensor& position, int64_t num_rows,
-           GpuRowSource source, const std::vector<GpuShard>& shards, int64_t weights_first,
+           GpuRowSource source, const std::vector<GpuShard>& shards,
            const std::function<cudaError_t(const GpuPooledLookup*, const int64_t*,
                                            const GpuRowSource&, LookupCheck*)>& run) {
     auto memory = std::make_shared<GpuCallMemory>();
@@ -174,7 +168,7 @@ class CombineGpuBase : public tf::AsyncOpKernel {
     }
     OP_REQUIRES_OK_ASYNC(ctx, memory->Device(ctx, n + 1, &use_first), done);
     OP_REQUIRES_OK_ASYNC(ctx, check.Init(ctx, memory.get()), done);
-    const int32_t* positions = reinterpret_cast<const int32_t*>(position.flat<uint32_t>().data());
+    const int32_t* positions = Positions(position);
     const int64_t num_positions = position.NumElements();
     OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(CheckPooledLookups(lookups_device, n, samples, positions,
                                                           num_positions, num_rows, source,
@@ -184,6 +178,11 @@ class CombineGpuBase : public tf::AsyncOpKernel {
     OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(run(lookups_device, use_first, source, check.device),
                                        "combine"),
                          done);
+    if (!validate_) {  // inputs built by lookup_sparse: the kernels stay in bounds, no verdict
+      OP_REQUIRES_OK_ASYNC(ctx, ReleaseAfterStream(ctx, memory), done);
+      done();
+      return;
+    }
     OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(DescribePooledError(lookups_device, n, use_first,
                                                            positions, num_positions, source,
                                                            check.device, stream),
@@ -208,75 +207,119 @@ class CombineGpuBase : public tf::AsyncOpKernel {
     });
   }
 
+  // The forward of CombineForward and CombineFromShards: allocates each lookup's [batch, dim]
+  // output, then pools into it from `source`.
+  void Pool(tf::OpKernelContext* ctx, DoneCallback done, std::vector<GpuPooledLookup> lookups,
+            int64_t samples, const tf::Tensor& position, int64_t num_rows, int64_t dim,
+            const GpuRowSource& source, const std::vector<GpuShard>& shards) {
+    for (size_t l = 0; l < lookups.size(); ++l) {
+      tf::Tensor* out = nullptr;
+      OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(static_cast<int>(l),
+                                                     tf::TensorShape({lookups[l].batch, dim}),
+                                                     &out),
+                           done);
+      lookups[l].output = out->flat<float>().data();
+    }
+    const int32_t n = static_cast<int32_t>(lookups.size());
+    const int32_t* positions = Positions(position);
+    const cudaStream_t stream = GpuStream(ctx);
+    Run(ctx, done, lookups, samples, position, num_rows, source, shards,
+        [&](const GpuPooledLookup* device, const int64_t* use_first, const GpuRowSource& src,
+            LookupCheck* check) {
+          return CombineForwardGpu(device, n, samples, use_first, positions, src, num_rows, dim,
+                                   check, stream);
+        });
+  }
+
+  // uint32 positions (see the op) as the core's int32.
+  static const int32_t* Positions(const tf::Tensor& position) {
+    return reinterpret_cast<const int32_t*>(position.flat<uint32_t>().data());
+  }
+
   std::vector<int32_t> combiners_;
+  bool validate_ = true;
 };
 
 }  // namespace
 
 // ------------------------------------------------------------------ Sok>GatherSingleIds
 
-class GatherSingleIdsGpuOp : public tf::AsyncOpKernel {
+// Enqueues the gather and finishes: the first out-of-range id is recorded in the check output,
+// which Sok>CheckGatheredIds reports (so TensorFlow keeps queueing work meanwhile).
+class GatherSingleIdsGpuOp : public tf::OpKernel {
  public:
-  explicit GatherSingleIdsGpuOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+  explicit GatherSingleIdsGpuOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
     OP_REQUIRES(ctx, static_cast<int>(table_names_.size()) * 3 == ctx->num_inputs(),
                 tf::errors::InvalidArgument("table_names needs one entry per lookup"));
   }
 
-  void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+  void Compute(tf::OpKernelContext* ctx) override {
     const int n = ctx->num_inputs() / 3;
     GpuTables tables;
-    OP_REQUIRES_OK_ASYNC(ctx, tables.Lock(ctx, 0, n, dim_, &table_names_), done);
+    OP_REQUIRES_OK(ctx, tables.Lock(ctx, 0, n, dim_, &table_names_));
     std::vector<GpuSingleIdLookup> lookups(n);
     int64_t total = 0;
     for (int l = 0; l < n; ++l) {
       const tf::Tensor& ids = ctx->input(n + l);
       const tf::Tensor& splits = ctx->input(2 * n + l);
-      OP_REQUIRES_ASYNC(ctx, tf::TensorShapeUtils::IsVector(ids.shape()) &&
-                                 splits.NumElements() == ids.NumElements() + 1,
-                        tf::errors::InvalidArgument("lookup ", l, " must hold one id per sample: ",
-                                                    ids.NumElements(), " ids for ",
-                                                    splits.NumElements() - 1, " samples"),
-                        done);
+      OP_REQUIRES_OK(ctx, CheckSingleIdLookup(l, ids, splits));
       tf::Tensor* out = nullptr;
-      OP_REQUIRES_OK_ASYNC(
-          ctx, ctx->allocate_output(l, tf::TensorShape({ids.NumElements(), dim_}), &out), done);
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(l, tf::TensorShape({ids.NumElements(), dim_}), &out));
       lookups[l] = GpuSingleIdLookup{ids.data(), ids.NumElements(), total, tables.shards()[l],
                                      out->flat<float>().data()};
       total += ids.NumElements();
     }
-    const bool ids64 = ctx->input(n).dtype() == tf::DT_INT64;
+    tf::Tensor* check_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(n, tf::TensorShape({3}), &check_out));
+    auto* check = reinterpret_cast<LookupCheck*>(check_out->flat<int64_t>().data());
     auto memory = std::make_shared<GpuCallMemory>();
     GpuSingleIdLookup* lookups_device = nullptr;
-    GpuCheck check;
-    OP_REQUIRES_OK_ASYNC(ctx, memory->Upload(ctx, lookups, &lookups_device), done);
-    OP_REQUIRES_OK_ASYNC(ctx, check.Init(ctx, memory.get()), done);
+    OP_REQUIRES_OK(ctx, memory->Upload(ctx, lookups, &lookups_device));
     const cudaStream_t stream = GpuStream(ctx);
-    OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(GatherSingleIdsGpu(lookups_device, n, ids64, total, dim_,
-                                                          check.device, stream),
-                                       "gather single ids"),
-                         done);
-    OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(DescribeBadId(nullptr, lookups_device, ids64,
-                                                     check.device, stream),
-                                       "describe"),
-                         done);
-    OP_REQUIRES_OK_ASYNC(ctx, check.CopyToHost(ctx), done);
-    const LookupCheck* host = check.host;
-    std::vector<int64_t> rows;
-    for (const GpuShard& shard : tables.shards()) rows.push_back(shard.rows);
-    const std::vector<std::string> names = table_names_;
-    FinishAfterStream(ctx, done, memory, [host, rows, names]() {
-      if (host->first_bad == kNoError) return tf::Status();
-      const int64_t l = BadGroup(host->first_bad);
-      return ToTfStatus(IdOutOfRange(names[l], host->value_a, rows[l]));
-    });
+    OP_REQUIRES_OK(ctx, CudaToTf(ResetLookupCheck(check, stream), "reset check"));
+    OP_REQUIRES_OK(ctx, CudaToTf(GatherSingleIdsGpu(lookups_device, n, /*ids64=*/true, total,
+                                                    dim_, check, stream),
+                                 "gather single ids"));
+    OP_REQUIRES_OK(ctx, CudaToTf(DescribeBadId(nullptr, lookups_device, true, check, stream),
+                                 "describe"));
+    OP_REQUIRES_OK(ctx, ReleaseAfterStream(ctx, memory));
   }
 
  private:
   int64_t dim_ = 0;
   std::vector<std::string> table_names_;
 };
+
+class CheckGatheredIdsGpuOp : public tf::AsyncOpKernel {
+ public:
+  explicit CheckGatheredIdsGpuOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
+  }
+  void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+    const tf::Tensor& check = ctx->input(0);
+    OP_REQUIRES_ASYNC(ctx, check.NumElements() == 3,
+                      tf::errors::InvalidArgument("check must hold 3 values, got ",
+                                                  check.shape().DebugString()),
+                      done);
+    auto memory = std::make_shared<GpuCallMemory>();
+    LookupCheck* host = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, memory->Pinned(ctx, 1, &host), done);
+    OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(cudaMemcpyAsync(host, check.data(), sizeof(LookupCheck),
+                                                       cudaMemcpyDeviceToHost, GpuStream(ctx)),
+                                       "check copy"),
+                         done);
+    const std::vector<std::string> names = table_names_;
+    FinishAfterStream(ctx, done, memory, [host, names]() { return GatheredIdsStatus(*host, names); });
+  }
+
+ private:
+  std::vector<std::string> table_names_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>CheckGatheredIds").Device(tf::DEVICE_GPU),
+                        CheckGatheredIdsGpuOp);
 
 #define REGISTER_SINGLE_IDS_GPU(Tindex)                                                      \
   REGISTER_KERNEL_BUILDER(Name("Sok>GatherSingleIds")                                       \
@@ -298,45 +341,28 @@ REGISTER_SINGLE_IDS_GPU(int64_t);
 class PartitionKeysGpuOp : public tf::OpKernel {
  public:
   explicit PartitionKeysGpuOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::vector<int64_t> rows, owners;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("lookup_table", &lookup_table_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_rows", &rows));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_owner", &owners));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &names_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_workers", &num_workers_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("dedup", &dedup_));
-    bool pair_keys = false;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("pair_keys", &pair_keys));
-    OP_REQUIRES(ctx, !pair_keys,
+    OP_REQUIRES_OK(ctx, ReadPartitionAttrs(ctx, &attrs_));
+    OP_REQUIRES(ctx, !attrs_.options.pair_keys,
                 tf::errors::Unimplemented("Sok>PartitionKeys with pair_keys (dynamic tables) has "
                                           "no GPU kernel yet; place it on the CPU"));
-    OP_REQUIRES(ctx, rows.size() == owners.size() && rows.size() == names_.size(),
-                tf::errors::InvalidArgument("table_rows, table_owner and table_names must have "
-                                            "one entry per table"));
-    OP_REQUIRES(ctx, static_cast<int>(lookup_table_.size()) == ctx->num_inputs(),
-                tf::errors::InvalidArgument("lookup_table needs one entry per ids input, got ",
-                                            lookup_table_.size(), " for ", ctx->num_inputs()));
+    const int64_t num_workers = attrs_.options.num_workers;
     uint64_t max_local_rows = 1;
-    for (size_t t = 0; t < rows.size(); ++t) {
-      OP_REQUIRES(ctx, owners[t] < num_workers_,
-                  tf::errors::InvalidArgument("table '", names_[t], "' is placed on worker ",
-                                              owners[t], " but there are ", num_workers_));
-      const int64_t local = owners[t] >= 0 ? rows[t] : (rows[t] + num_workers_ - 1) / num_workers_;
+    for (const TablePlacement& table : attrs_.tables) {
+      const int64_t local = table.owner >= 0 ? table.rows
+                                             : (table.rows + num_workers - 1) / num_workers;
       max_local_rows = std::max<uint64_t>(max_local_rows, local);
-      rows_.push_back(rows[t]);
-      owners_.push_back(static_cast<int32_t>(owners[t]));
     }
-    for (int64_t table : lookup_table_) {
-      OP_REQUIRES(ctx, table >= 0 && table < static_cast<int64_t>(rows.size()),
+    for (int64_t table : attrs_.lookup_table) {
+      OP_REQUIRES(ctx, table >= 0 && table < static_cast<int64_t>(attrs_.tables.size()),
                   tf::errors::InvalidArgument("lookup_table names table ", table, " of ",
-                                              rows.size()));
+                                              attrs_.tables.size()));
     }
     row_bits_ = BitsFor(max_local_rows);
-    table_bits_ = BitsFor(rows.size());
-    const int worker_bits = BitsFor(num_workers_);
-    OP_REQUIRES(ctx, row_bits_ <= kPackedRowBits && row_bits_ + table_bits_ + worker_bits <= 64,
+    table_bits_ = BitsFor(attrs_.tables.size());
+    OP_REQUIRES(ctx, row_bits_ <= kPackedRowBits &&
+                         row_bits_ + table_bits_ + BitsFor(num_workers) <= 64,
                 tf::errors::InvalidArgument("tables of ", max_local_rows, " local rows, ",
-                                            rows.size(), " tables and ", num_workers_,
+                                            attrs_.tables.size(), " tables and ", num_workers,
                                             " workers do not fit a 64-bit sort key"));
   }
 
@@ -349,9 +375,9 @@ class PartitionKeysGpuOp : public tf::OpKernel {
       OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(ids.shape()),
                   tf::errors::InvalidArgument("ids of lookup ", l, " must be a vector, got shape ",
                                               ids.shape().DebugString()));
-      const int32_t t = static_cast<int32_t>(lookup_table_[l]);
-      lookups[l] = GpuPartitionLookup{ids.data(), ids.NumElements(), total, t, owners_[t],
-                                      rows_[t]};
+      const int32_t t = static_cast<int32_t>(attrs_.lookup_table[l]);
+      lookups[l] = GpuPartitionLookup{ids.data(), ids.NumElements(), total, t,
+                                      attrs_.tables[t].owner, attrs_.tables[t].rows};
       total += ids.NumElements();
     }
     OP_REQUIRES(ctx, total <= INT32_MAX,
@@ -375,15 +401,15 @@ class PartitionKeysGpuOp : public tf::OpKernel {
     for (tf::Status s : {memory.Device(ctx, total, &keys), memory.Device(ctx, total, &sorted),
                          memory.Device(ctx, total, &order), memory.Device(ctx, total, &sorted_order),
                          memory.Device(ctx, total, &head), memory.Device(ctx, total, &slot),
-                         memory.Device(ctx, num_workers_, &worker_counts),
-                         memory.Pinned(ctx, sizeof(HostView) + 8 * num_workers_, 
+                         memory.Device(ctx, attrs_.options.num_workers, &worker_counts),
+                         memory.Pinned(ctx, sizeof(HostView) + 8 * attrs_.options.num_workers, 
                                        reinterpret_cast<char**>(&host))}) {
       OP_REQUIRES_OK(ctx, s);
     }
     OP_REQUIRES_OK(ctx, check.Init(ctx, &memory));
-    const int key_bits = row_bits_ + table_bits_ + BitsFor(num_workers_);
+    const int key_bits = row_bits_ + table_bits_ + BitsFor(attrs_.options.num_workers);
     OP_REQUIRES_OK(ctx, CudaToTf(BuildPartitionSortKeys(lookups_device, n, ids64, total,
-                                                        static_cast<int32_t>(num_workers_),
+                                                        static_cast<int32_t>(attrs_.options.num_workers),
                                                         table_bits_, row_bits_, keys, order,
                                                         check.device, stream),
                                  "partition keys"));
@@ -398,8 +424,8 @@ class PartitionKeysGpuOp : public tf::OpKernel {
       cub::DeviceRadixSort::SortPairs(temp, sort_bytes, keys, sorted, order, sorted_order,
                                       static_cast<int>(total), 0, std::max(key_bits, 1), stream);
     }
-    OP_REQUIRES_OK(ctx, CudaToTf(MarkUniqueKeys(sorted, total, dedup_, row_bits_, table_bits_,
-                                                static_cast<int32_t>(num_workers_), head,
+    OP_REQUIRES_OK(ctx, CudaToTf(MarkUniqueKeys(sorted, total, attrs_.options.dedup, row_bits_, table_bits_,
+                                                static_cast<int32_t>(attrs_.options.num_workers), head,
                                                 worker_counts, stream),
                                  "mark unique keys"));
     host->unique = 0;
@@ -418,20 +444,20 @@ class PartitionKeysGpuOp : public tf::OpKernel {
                                  "describe"));
     cudaMemcpyAsync(&host->check, check.device, sizeof(LookupCheck), cudaMemcpyDeviceToHost,
                     stream);
-    cudaMemcpyAsync(host->counts, worker_counts, num_workers_ * sizeof(int64_t),
+    cudaMemcpyAsync(host->counts, worker_counts, attrs_.options.num_workers * sizeof(int64_t),
                     cudaMemcpyDeviceToHost, stream);
     // The one synchronisation: the unique count sizes send_keys.
     OP_REQUIRES_OK(ctx, CudaToTf(cudaStreamSynchronize(stream), "partition keys"));
     if (host->check.first_bad != kNoError) {
       const int64_t l = BadGroup(host->check.first_bad);
-      const int32_t t = static_cast<int32_t>(lookup_table_[l]);
-      SOK_OP_REQUIRES_OK(ctx, IdOutOfRange(names_[t], host->check.value_a, rows_[t]));
+      const TablePlacement& table = attrs_.tables[attrs_.lookup_table[l]];
+      SOK_OP_REQUIRES_OK(ctx, IdOutOfRange(table.name, host->check.value_a, table.rows));
     }
     tf::Tensor *send_keys = nullptr, *splits = nullptr, *position = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({host->unique}), &send_keys));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tf::TensorShape({num_workers_}), &splits));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tf::TensorShape({attrs_.options.num_workers}), &splits));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({total}), &position));
-    for (int64_t w = 0; w < num_workers_; ++w) {
+    for (int64_t w = 0; w < attrs_.options.num_workers; ++w) {
       splits->flat<int32_t>()(w) = static_cast<int32_t>(host->counts[w]);
     }
     OP_REQUIRES_OK(ctx, CudaToTf(ScatterPartition(sorted, sorted_order, slot, total, row_bits_,
@@ -442,12 +468,7 @@ class PartitionKeysGpuOp : public tf::OpKernel {
   }
 
  private:
-  std::vector<int64_t> lookup_table_;
-  std::vector<std::string> names_;
-  std::vector<int64_t> rows_;
-  std::vector<int32_t> owners_;
-  int64_t num_workers_ = 1;
-  bool dedup_ = true;
+  PartitionAttrs attrs_;
   int row_bits_ = 0, table_bits_ = 0;
 };
 
@@ -529,11 +550,7 @@ class SplitGradientByTableGpuOp : public tf::OpKernel {
   void Compute(tf::OpKernelContext* ctx) override {
     const tf::Tensor& keys = ctx->input(0);
     const tf::Tensor& grad = ctx->input(1);
-    OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(keys.shape()) && grad.dims() == 2 &&
-                         grad.dim_size(0) == keys.NumElements(),
-                tf::errors::InvalidArgument("grad must be [keys, dim], got keys ",
-                                            keys.shape().DebugString(), " and grad ",
-                                            grad.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckKeysAndGrad(keys, grad));
     const int64_t n = keys.NumElements(), dim = grad.dim_size(1);
     const int64_t* key_data = keys.flat<int64_t>().data();
     const cudaStream_t stream = GpuStream(ctx);
@@ -651,25 +668,10 @@ class CombineForwardGpuOp : public CombineGpuBase {
     std::vector<GpuPooledLookup> lookups;
     int64_t samples = 0;
     OP_REQUIRES_OK_ASYNC(ctx, DescribePooled(ctx, 2, combiners_, &lookups, &samples), done);
-    const int64_t dim = rows.dim_size(1), num_rows = rows.dim_size(0);
-    for (size_t l = 0; l < lookups.size(); ++l) {
-      tf::Tensor* out = nullptr;
-      OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(static_cast<int>(l),
-                                                     tf::TensorShape({lookups[l].batch, dim}), &out),
-                           done);
-      lookups[l].output = out->flat<float>().data();
-    }
     GpuRowSource source;
     source.rows = rows.flat<float>().data();
-    const int32_t n = static_cast<int32_t>(lookups.size());
-    const cudaStream_t stream = GpuStream(ctx);
-    Run(ctx, done, lookups, samples, position, num_rows, source, {}, 0,
-        [&](const GpuPooledLookup* device, const int64_t* use_first, const GpuRowSource& src,
-            LookupCheck* check) {
-          return CombineForwardGpu(device, n, samples, use_first,
-                                   reinterpret_cast<const int32_t*>(position.flat<uint32_t>().data()), src, num_rows, dim, check,
-                                   stream);
-        });
+    Pool(ctx, done, std::move(lookups), samples, position, rows.dim_size(0), rows.dim_size(1),
+         source, {});
   }
 };
 
@@ -699,27 +701,11 @@ class CombineFromShardsGpuOp : public CombineGpuBase {
     int64_t samples = 0;
     OP_REQUIRES_OK_ASYNC(ctx, DescribePooled(ctx, num_tables + 2, combiners_, &lookups, &samples),
                          done);
-    for (size_t l = 0; l < lookups.size(); ++l) {
-      tf::Tensor* out = nullptr;
-      OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(static_cast<int>(l),
-                                                     tf::TensorShape({lookups[l].batch, dim_}),
-                                                     &out),
-                           done);
-      lookups[l].output = out->flat<float>().data();
-    }
     GpuRowSource source;
     source.keys = keys.flat<int64_t>().data();
     source.num_tables = num_tables;
-    const int32_t n = static_cast<int32_t>(lookups.size());
-    const int64_t num_rows = keys.NumElements(), dim = dim_;
-    const cudaStream_t stream = GpuStream(ctx);
-    Run(ctx, done, lookups, samples, position, num_rows, source, tables.shards(), 0,
-        [&](const GpuPooledLookup* device, const int64_t* use_first, const GpuRowSource& src,
-            LookupCheck* check) {
-          return CombineForwardGpu(device, n, samples, use_first,
-                                   reinterpret_cast<const int32_t*>(position.flat<uint32_t>().data()), src, num_rows, dim, check,
-                                   stream);
-        });
+    Pool(ctx, done, std::move(lookups), samples, position, keys.NumElements(), dim_, source,
+         tables.shards());
   }
 
  private:
@@ -744,21 +730,12 @@ class CombineBackwardGpuOp : public CombineGpuBase {
     std::vector<GpuPooledLookup> lookups;
     int64_t samples = 0;
     OP_REQUIRES_OK_ASYNC(ctx, DescribePooled(ctx, n + 1, combiners_, &lookups, &samples), done);
-    const tf::Tensor& num_rows_tensor = ctx->input(3 * n + 1);
-    OP_REQUIRES_ASYNC(ctx, tf::TensorShapeUtils::IsScalar(num_rows_tensor.shape()),
-                      tf::errors::InvalidArgument("num_rows must be a scalar"), done);
-    const int64_t num_rows = num_rows_tensor.scalar<int64_t>()();
-    OP_REQUIRES_ASYNC(ctx, num_rows >= 0,
-                      tf::errors::InvalidArgument("num_rows is negative: ", num_rows), done);
+    int64_t num_rows = 0;
+    OP_REQUIRES_OK_ASYNC(ctx, ReadNumRows(ctx->input(3 * n + 1), &num_rows), done);
     const int64_t dim = ctx->input(0).dims() == 2 ? ctx->input(0).dim_size(1) : 0;
     for (int l = 0; l < n; ++l) {
       const tf::Tensor& grad = ctx->input(l);
-      OP_REQUIRES_ASYNC(ctx, grad.dims() == 2 && grad.dim_size(0) == lookups[l].batch &&
-                                 grad.dim_size(1) == dim,
-                        tf::errors::InvalidArgument("gradient of lookup ", l, " must be [",
-                                                    lookups[l].batch, ", ", dim, "], got ",
-                                                    grad.shape().DebugString()),
-                        done);
+      OP_REQUIRES_OK_ASYNC(ctx, CheckOutputGrad(l, grad, lookups[l].batch, dim), done);
       lookups[l].output_grad = grad.flat<float>().data();
     }
     tf::Tensor* rows_grad = nullptr;
@@ -766,12 +743,11 @@ class CombineBackwardGpuOp : public CombineGpuBase {
                          done);
     float* out = rows_grad->flat<float>().data();
     const cudaStream_t stream = GpuStream(ctx);
-    Run(ctx, done, lookups, samples, position, num_rows, GpuRowSource(), {}, 0,
+    Run(ctx, done, lookups, samples, position, num_rows, GpuRowSource(), {},
         [&](const GpuPooledLookup* device, const int64_t* use_first, const GpuRowSource&,
             LookupCheck* check) {
-          return CombineBackwardGpu(device, n, samples, use_first,
-                                    reinterpret_cast<const int32_t*>(position.flat<uint32_t>().data()), num_rows, dim, out, check,
-                                    stream);
+          return CombineBackwardGpu(device, n, samples, use_first, Positions(position), num_rows,
+                                    dim, out, check, stream);
         });
   }
 };

@@ -88,8 +88,17 @@ struct GpuCheck {
   }
 };
 
-// Finishes an async GPU op once the stream has passed what was enqueued: `verdict` (run on a
-// TF thread, reading pinned host copies) says whether the op failed; `memory` lives until then.
+// Runs `then` on a TensorFlow thread once the op's stream has passed what was enqueued so
+// far (EventMgr: no host thread waits on the GPU); `memory` lives until then.
+inline void AfterStream(::tensorflow::OpKernelContext* ctx, std::shared_ptr<GpuCallMemory> memory,
+                        std::function<void()> then) {
+  auto* info = ctx->device()->tensorflow_accelerator_device_info();
+  info->event_mgr->ThenExecute(ctx->op_device_context()->stream(),
+                               [memory, then]() { then(); });
+}
+
+// Finishes an async GPU op once the stream has passed what was enqueued: `verdict` (reading
+// pinned host copies) says whether the op failed.
 inline void FinishAfterStream(::tensorflow::OpKernelContext* ctx,
                               ::tensorflow::AsyncOpKernel::DoneCallback done,
                               std::shared_ptr<GpuCallMemory> memory,
@@ -100,12 +109,20 @@ inline void FinishAfterStream(::tensorflow::OpKernelContext* ctx,
     done();
     return;
   }
-  auto* info = ctx->device()->tensorflow_accelerator_device_info();
-  info->event_mgr->ThenExecute(ctx->op_device_context()->stream(),
-                               [ctx, done, memory, verdict]() {
-                                 ctx->SetStatus(verdict());
-                                 done();
-                               });
+  AfterStream(ctx, std::move(memory), [ctx, done, verdict]() {
+    ctx->SetStatus(verdict());
+    done();
+  });
+}
+
+// For an op that does not wait for its GPU work: keeps `memory` (its pinned staging buffers
+// above all, which the host allocator would otherwise hand out again before the copies from
+// them ran) until the stream has passed what was enqueued, without holding the op back.
+inline ::tensorflow::Status ReleaseAfterStream(::tensorflow::OpKernelContext* ctx,
+                                               std::shared_ptr<GpuCallMemory> memory) {
+  TF_RETURN_IF_ERROR(CudaToTf(cudaGetLastError(), ctx->op_kernel().name().c_str()));
+  AfterStream(ctx, std::move(memory), []() {});
+  return ::tensorflow::Status();
 }
 
 }  // namespace sok

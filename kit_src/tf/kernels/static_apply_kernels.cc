@@ -1,19 +1,66 @@
 // Sok>StaticApply: lazy optimizer updates of a static table (a resource variable) and its
-// optimizer slot variables, on the touched rows only.
+// optimizer slot variables, on the touched rows only. One OpKernel for both devices; the CPU
+// functor is here, the GPU one in static_apply_kernels_gpu.cu.cc.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "kit_src/core/embedding/key_partition.h"
 #include "kit_src/core/optimizers/rule_by_name.h"
 #include "kit_src/core/optimizers/sum_duplicates.h"
 #include "kit_src/tf/kernels/core_bridge.h"
+#include "kit_src/tf/kernels/static_apply_functor.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 
 namespace sok {
 namespace tf = ::tensorflow;
+
+namespace functor {
+
+template <>
+void StaticApply<CpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticApplyArgs& args,
+                                        std::function<void(tf::Status)> finish) {
+  for (int64_t i = 0; i < args.n; ++i) {  // before anything is written
+    if (args.indices[i] < 0 || args.indices[i] >= args.rows) {
+      finish(ToTfStatus(IdOutOfRange(args.table_name, args.indices[i], args.rows)));
+      return;
+    }
+  }
+  const int64_t dim = args.dim;
+  const int num_slots = static_cast<int>(args.slots.size());
+  std::vector<int64_t> unique_rows;
+  std::vector<float> summed;
+  SumDuplicates(args.indices, args.grads, args.n, dim, &unique_rows, &summed);
+  finish(ToTfStatus(VisitRule(args.rule, args.hyper, args.hyper_count, args.nesterov,
+                              [&](const auto& rule) {
+    CpuParallelFor(ctx)(unique_rows.size(), dim * 16, [&](int64_t begin, int64_t end) {
+      // The rule reads a row's state packed slot after slot: gathered here, written back.
+      std::vector<float> state(num_slots * dim);
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t row = unique_rows[i];
+        for (int s = 0; s < num_slots; ++s) {
+          std::memcpy(state.data() + s * dim, args.slots[s] + row * dim, dim * sizeof(float));
+        }
+        ApplyRule(args.table + row * dim, state.data(), summed.data() + i * dim, dim, rule);
+        for (int s = 0; s < num_slots; ++s) {
+          std::memcpy(args.slots[s] + row * dim, state.data() + s * dim, dim * sizeof(float));
+        }
+      }
+    });
+  })));
+}
+
+template <>
+tf::Status StaticApply<CpuDevice>::Copy(tf::OpKernelContext*, void* dst, const void* src,
+                                        int64_t bytes) {
+  std::memcpy(dst, src, bytes);
+  return tf::Status();
+}
+
+}  // namespace functor
 
 namespace {
 
@@ -36,12 +83,14 @@ class LockedVariables {
 
   // The variable's tensor, copied first if a reader still holds its buffer (copy on write:
   // the reader keeps the value it read).
+  template <typename Device>
   tf::Status Writable(tf::OpKernelContext* ctx, int i, tf::Tensor** tensor) {
     tf::Tensor* current = vars_[i]->tensor();
     if (!current->RefCountIsOne()) {
       tf::Tensor copy;
       TF_RETURN_IF_ERROR(ctx->allocate_temp(current->dtype(), current->shape(), &copy));
-      std::memcpy(copy.data(), current->data(), current->TotalBytes());
+      TF_RETURN_IF_ERROR(functor::StaticApply<Device>().Copy(ctx, copy.data(), current->data(),
+                                                             current->TotalBytes()));
       *current = copy;
     }
     *tensor = current;
@@ -55,82 +104,85 @@ class LockedVariables {
 
 }  // namespace
 
-class StaticApplyOp : public tf::OpKernel {
+// Asynchronous so that the GPU functor can report an out-of-range id once its stream has
+// passed the check; the CPU functor finishes inline.
+template <typename Device>
+class StaticApplyOp : public tf::AsyncOpKernel {
  public:
-  explicit StaticApplyOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit StaticApplyOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &num_slots_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &rule_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("nesterov", &nesterov_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table_name_));
+    OP_REQUIRES(ctx, num_slots_ <= 3,
+                tf::errors::InvalidArgument("at most 3 optimizer slots, got ", num_slots_));
   }
 
-  void Compute(tf::OpKernelContext* ctx) override {
+  void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
     const tf::Tensor& indices = ctx->input(num_slots_ + 1);
     const tf::Tensor& grads = ctx->input(num_slots_ + 2);
     const tf::Tensor& hyper = ctx->input(num_slots_ + 3);
-    OP_REQUIRES(ctx, RuleHyperCount(rule_) == hyper.NumElements(),
-                tf::errors::InvalidArgument(rule_, " takes ", RuleHyperCount(rule_),
-                                            " hyper-parameters, got ", hyper.NumElements()));
+    OP_REQUIRES_ASYNC(ctx, RuleHyperCount(rule_) == hyper.NumElements(),
+                      tf::errors::InvalidArgument(rule_, " takes ", RuleHyperCount(rule_),
+                                                  " hyper-parameters, got ", hyper.NumElements()),
+                      done);
     LockedVariables locked;
-    OP_REQUIRES_OK(ctx, locked.Lock(ctx, num_slots_ + 1));
+    OP_REQUIRES_OK_ASYNC(ctx, locked.Lock(ctx, num_slots_ + 1), done);
     std::vector<tf::Tensor*> tensors(num_slots_ + 1);  // the table, then its slots
-    for (int i = 0; i <= num_slots_; ++i) OP_REQUIRES_OK(ctx, locked.Writable(ctx, i, &tensors[i]));
-    const tf::Tensor& table = *tensors[0];
-    OP_REQUIRES(ctx, table.dtype() == tf::DT_FLOAT && table.dims() == 2,
-                tf::errors::InvalidArgument("table ", table_name_, " must be a float32 matrix, got ",
-                                            tf::DataTypeString(table.dtype()), " ",
-                                            table.shape().DebugString()));
-    for (int i = 1; i <= num_slots_; ++i) {
-      OP_REQUIRES(ctx, tensors[i]->dtype() == tf::DT_FLOAT && tensors[i]->shape() == table.shape(),
-                  tf::errors::InvalidArgument("optimizer slot ", i - 1, " of table ", table_name_,
-                                              " must be float32 ", table.shape().DebugString(),
-                                              ", got ", tensors[i]->shape().DebugString()));
+    for (int i = 0; i <= num_slots_; ++i) {
+      OP_REQUIRES_OK_ASYNC(ctx, locked.Writable<Device>(ctx, i, &tensors[i]), done);
     }
-    const int64_t rows = table.dim_size(0), dim = table.dim_size(1), n = indices.NumElements();
-    OP_REQUIRES(ctx, indices.dims() == 1 && grads.dims() == 2 && grads.dim_size(0) == n &&
-                         grads.dim_size(1) == dim,
-                tf::errors::InvalidArgument("gradient of table ", table_name_, ": indices [n] and "
-                                            "values [n, ", dim, "] expected, got ",
-                                            indices.shape().DebugString(), " and ",
-                                            grads.shape().DebugString()));
+    const tf::Tensor& table = *tensors[0];
+    OP_REQUIRES_ASYNC(ctx, table.dtype() == tf::DT_FLOAT && table.dims() == 2,
+                      tf::errors::InvalidArgument("table ", table_name_,
+                                                  " must be a float32 matrix, got ",
+                                                  tf::DataTypeString(table.dtype()), " ",
+                                                  table.shape().DebugString()),
+                      done);
+    for (int i = 1; i <= num_slots_; ++i) {
+      OP_REQUIRES_ASYNC(ctx, tensors[i]->dtype() == tf::DT_FLOAT &&
+                                 tensors[i]->shape() == table.shape(),
+                        tf::errors::InvalidArgument("optimizer slot ", i - 1, " of table ",
+                                                    table_name_, " must be float32 ",
+                                                    table.shape().DebugString(), ", got ",
+                                                    tensors[i]->shape().DebugString()),
+                        done);
+    }
+    StaticApplyArgs args;
+    args.rule = rule_;
+    args.hyper = hyper.flat<float>().data();
+    args.hyper_count = hyper.NumElements();
+    args.nesterov = nesterov_;
+    args.table_name = table_name_;
+    args.table = tensors[0]->flat<float>().data();
+    for (int i = 1; i <= num_slots_; ++i) args.slots.push_back(tensors[i]->flat<float>().data());
+    args.rows = table.dim_size(0);
+    args.dim = table.dim_size(1);
+    args.n = indices.NumElements();
+    OP_REQUIRES_ASYNC(ctx, indices.dims() == 1 && grads.dims() == 2 &&
+                               grads.dim_size(0) == args.n && grads.dim_size(1) == args.dim,
+                      tf::errors::InvalidArgument("gradient of table ", table_name_,
+                                                  ": indices [n] and values [n, ", args.dim,
+                                                  "] expected, got ", indices.shape().DebugString(),
+                                                  " and ", grads.shape().DebugString()),
+                      done);
+    args.indices = indices.flat<int64_t>().data();
+    args.grads = grads.flat<float>().data();
     // The rule must find its state in the slots given (it would read past them otherwise).
     bool fits = true;
-    SOK_OP_REQUIRES_OK(ctx, VisitRule(rule_, hyper.flat<float>().data(), hyper.NumElements(),
-                                      nesterov_, [&](const auto& rule) {
-      fits = RuleStateFloats(rule, dim) <= num_slots_ * dim;
-    }));
-    OP_REQUIRES(ctx, fits, tf::errors::InvalidArgument(rule_, " of table ", table_name_,
-                                                       " needs more optimizer state than its ",
-                                                       num_slots_, " slots hold"));
-    const int64_t* index = indices.flat<int64_t>().data();
-    for (int64_t i = 0; i < n; ++i) {  // before anything is written
-      if (index[i] < 0 || index[i] >= rows) {
-        SOK_OP_REQUIRES_OK(ctx, IdOutOfRange(table_name_, index[i], rows));
-      }
-    }
-    std::vector<int64_t> unique_rows;
-    std::vector<float> summed;
-    SumDuplicates(index, grads.flat<float>().data(), n, dim, &unique_rows, &summed);
-    float* weights = tensors[0]->flat<float>().data();
-    std::vector<float*> slots;
-    for (int i = 1; i <= num_slots_; ++i) slots.push_back(tensors[i]->flat<float>().data());
-    SOK_OP_REQUIRES_OK(ctx, VisitRule(rule_, hyper.flat<float>().data(), hyper.NumElements(),
-                                      nesterov_, [&](const auto& rule) {
-      CpuParallelFor(ctx)(unique_rows.size(), dim * 16, [&](int64_t begin, int64_t end) {
-        // The rule reads a row's state packed slot after slot: gathered here, written back.
-        std::vector<float> state(num_slots_ * dim);
-        for (int64_t i = begin; i < end; ++i) {
-          const int64_t row = unique_rows[i];
-          for (int s = 0; s < num_slots_; ++s) {
-            std::memcpy(state.data() + s * dim, slots[s] + row * dim, dim * sizeof(float));
-          }
-          ApplyRule(weights + row * dim, state.data(), summed.data() + i * dim, dim, rule);
-          for (int s = 0; s < num_slots_; ++s) {
-            std::memcpy(slots[s] + row * dim, state.data() + s * dim, dim * sizeof(float));
-          }
-        }
-      });
-    }));
+    OP_REQUIRES_OK_ASYNC(ctx, ToTfStatus(VisitRule(rule_, args.hyper, args.hyper_count, nesterov_,
+                                                   [&](const auto& rule) {
+      fits = RuleStateFloats(rule, args.dim) <= num_slots_ * args.dim;
+    })), done);
+    OP_REQUIRES_ASYNC(ctx, fits,
+                      tf::errors::InvalidArgument(rule_, " of table ", table_name_,
+                                                  " needs more optimizer state than its ",
+                                                  num_slots_, " slots hold"),
+                      done);
+    functor::StaticApply<Device>()(ctx, args, [ctx, done](tf::Status status) {
+      ctx->SetStatus(status);
+      done();
+    });
   }
 
  private:
@@ -140,6 +192,11 @@ class StaticApplyOp : public tf::OpKernel {
   std::string table_name_;
 };
 
-REGISTER_KERNEL_BUILDER(Name("Sok>StaticApply").Device(tf::DEVICE_CPU), StaticApplyOp);
+REGISTER_KERNEL_BUILDER(Name("Sok>StaticApply").Device(tf::DEVICE_CPU),
+                        StaticApplyOp<CpuDevice>);
+#if GOOGLE_CUDA
+REGISTER_KERNEL_BUILDER(Name("Sok>StaticApply").Device(tf::DEVICE_GPU).HostMemory("hyper"),
+                        StaticApplyOp<GpuDevice>);
+#endif
 
 }  // namespace sok

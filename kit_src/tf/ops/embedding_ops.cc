@@ -100,6 +100,7 @@ REGISTER_OP("Sok>GatherSingleIds")
     .Input("ids: N * Tindex")
     .Input("row_splits: N * int64")
     .Output("outputs: N * dtype")
+    .Output("check: int64")
     .Attr("N: int >= 1")
     .Attr("Tindex: {int32, int64}")
     .Attr("dtype: {float}")
@@ -117,6 +118,7 @@ REGISTER_OP("Sok>GatherSingleIds")
         TF_RETURN_IF_ERROR(c->Subtract(c->Dim(splits, 0), 1, &batch));
         c->set_output(l, c->Matrix(batch, dim));
       }
+      c->set_output(n, c->Vector(3));
       return Status();
     })
     .Doc(R"doc(
@@ -124,6 +126,19 @@ One worker, every sample holding exactly one id (row_splits l is 0, 1, ..., batc
 output l is rows ids[l] of table l (any
 combiner pools one row to itself). No dedup and no exchange; the tables' gradients are the
 outputs' gradients as IndexedSlices over the ids.
+check is the GPU kernel's record of the first out-of-range id ([code, id, rows]; the CPU kernel
+fails at once and leaves it clean): Sok>CheckGatheredIds reports it, so the op itself finishes
+without waiting for the GPU to pass its check.
+)doc");
+
+REGISTER_OP("Sok>CheckGatheredIds")
+    .SetIsStateful()  // runs even though nothing reads it
+    .Input("check: int64")
+    .Attr("table_names: list(string)")
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Fails with the out-of-range error Sok>GatherSingleIds recorded in check (naming the table, the
+id and the valid range); on the GPU it finishes once the stream has passed that record.
 )doc");
 
 namespace {
@@ -140,6 +155,12 @@ Status CombineShapes(InferenceContext* c, int first_splits) {
 
 }  // namespace
 
+// validate (CombineForward, CombineFromShards, CombineBackward): with true (the default) every
+// input is checked and a bad one fails the op with the CPU kernels' message; on the GPU that
+// means finishing only once the stream has passed the check. lookup_sparse passes false for
+// the inputs it built itself (positions and keys from Sok>PartitionKeys, row_splits of a
+// RaggedTensor, no weights): the GPU kernels then still never read or write out of bounds,
+// but do not hold TensorFlow back waiting for the verdict. The CPU kernels always check.
 REGISTER_OP("Sok>CombineForward")
     .Input("rows: dtype")
     .Input("position: uint32")
@@ -149,6 +170,7 @@ REGISTER_OP("Sok>CombineForward")
     .Attr("N: int >= 1")
     .Attr("dtype: {float}")
     .Attr("combiners: list(string)")
+    .Attr("validate: bool = true")  // false: inputs built by lookup_sparse (see above)
     .SetShapeFn([](InferenceContext* c) -> Status {
       ShapeHandle rows, position;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &rows));
@@ -177,6 +199,7 @@ REGISTER_OP("Sok>CombineFromShards")
     .Attr("dtype: {float}")
     .Attr("dim: int >= 1")
     .Attr("combiners: list(string)")
+    .Attr("validate: bool = true")  // false: inputs built by lookup_sparse (see above)
     .SetShapeFn([](InferenceContext* c) -> Status {
       int64_t num_tables = 0, n = 0, dim = 0;
       TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &num_tables));
@@ -210,6 +233,7 @@ REGISTER_OP("Sok>CombineBackward")
     .Attr("N: int >= 1")
     .Attr("dtype: {float}")
     .Attr("combiners: list(string)")
+    .Attr("validate: bool = true")  // false: inputs built by lookup_sparse (see above)
     .SetShapeFn([](InferenceContext* c) -> Status {
       int64_t n = 0;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));

@@ -1,0 +1,121 @@
+// The attrs and the shape checks of the lookup chain's ops, shared by their CPU kernels
+// (embedding_kernels.cc) and GPU kernels (embedding_kernels_gpu.cu.cc); the checks of the
+// values (ids, positions, row_splits) are each device's own.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kit_src/core/embedding/combine.h"
+#include "kit_src/core/embedding/key_partition.h"
+#include "kit_src/tf/kernels/core_bridge.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace sok {
+
+// Sok>PartitionKeys' attrs: which table each ids input reads, where the tables live.
+struct PartitionAttrs {
+  std::vector<int64_t> lookup_table;
+  std::vector<TablePlacement> tables;
+  PartitionOptions options;
+};
+
+inline ::tensorflow::Status ReadPartitionAttrs(::tensorflow::OpKernelConstruction* ctx,
+                                               PartitionAttrs* attrs) {
+  namespace tf = ::tensorflow;
+  std::vector<int64_t> rows, owners;
+  std::vector<std::string> names;
+  std::vector<bool> dynamic;
+  int64_t num_workers = 1;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("lookup_table", &attrs->lookup_table));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("table_rows", &rows));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("table_owner", &owners));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("table_names", &names));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("num_workers", &num_workers));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("dedup", &attrs->options.dedup));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("pair_keys", &attrs->options.pair_keys));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("table_dynamic", &dynamic));
+  attrs->options.num_workers = static_cast<int32_t>(num_workers);
+  if (!dynamic.empty() && dynamic.size() != rows.size()) {
+    return tf::errors::InvalidArgument("table_dynamic needs one entry per table");
+  }
+  if (rows.size() != owners.size() || rows.size() != names.size()) {
+    return tf::errors::InvalidArgument("table_rows, table_owner and table_names must have one "
+                                       "entry per table");
+  }
+  if (static_cast<int>(attrs->lookup_table.size()) != ctx->num_inputs()) {
+    return tf::errors::InvalidArgument("lookup_table needs one entry per ids input, got ",
+                                       attrs->lookup_table.size(), " for ", ctx->num_inputs());
+  }
+  for (size_t t = 0; t < rows.size(); ++t) {
+    if (owners[t] >= num_workers) {
+      return tf::errors::InvalidArgument("table '", names[t], "' is placed on worker ", owners[t],
+                                         " but there are ", num_workers);
+    }
+    attrs->tables.push_back(TablePlacement{rows[t], static_cast<int32_t>(owners[t]), names[t],
+                                           !dynamic.empty() && dynamic[t]});
+  }
+  return tf::Status();
+}
+
+inline ::tensorflow::Status ReadCombiners(::tensorflow::OpKernelConstruction* ctx,
+                                          std::vector<Combiner>* combiners) {
+  std::vector<std::string> names;
+  int64_t n = 0;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("combiners", &names));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("N", &n));
+  if (static_cast<int64_t>(names.size()) != n) {
+    return ::tensorflow::errors::InvalidArgument("combiners has ", names.size(), " entries for ",
+                                                 n, " lookups");
+  }
+  combiners->resize(n);
+  for (int64_t l = 0; l < n; ++l) {
+    TF_RETURN_IF_ERROR(ToTfStatus(ParseCombiner(names[l], &(*combiners)[l])));
+  }
+  return ::tensorflow::Status();
+}
+
+// Sok>GatherSingleIds: lookup l's ids are a vector with one id per sample.
+inline ::tensorflow::Status CheckSingleIdLookup(int l, const ::tensorflow::Tensor& ids,
+                                                const ::tensorflow::Tensor& splits) {
+  if (::tensorflow::TensorShapeUtils::IsVector(ids.shape()) &&
+      splits.NumElements() == ids.NumElements() + 1) {
+    return ::tensorflow::Status();
+  }
+  return ::tensorflow::errors::InvalidArgument("lookup ", l, " must hold one id per sample: ",
+                                               ids.NumElements(), " ids for ",
+                                               splits.NumElements() - 1, " samples");
+}
+
+// Sok>SplitGradientByTable: grad is [keys, dim].
+inline ::tensorflow::Status CheckKeysAndGrad(const ::tensorflow::Tensor& keys,
+                                             const ::tensorflow::Tensor& grad) {
+  if (::tensorflow::TensorShapeUtils::IsVector(keys.shape()) && grad.dims() == 2 &&
+      grad.dim_size(0) == keys.NumElements()) {
+    return ::tensorflow::Status();
+  }
+  return ::tensorflow::errors::InvalidArgument("grad must be [keys, dim], got keys ",
+                                               keys.shape().DebugString(), " and grad ",
+                                               grad.shape().DebugString());
+}
+
+// Sok>CombineBackward: num_rows is a scalar >= 0, each output gradient [batch, dim].
+inline ::tensorflow::Status ReadNumRows(const ::tensorflow::Tensor& tensor, int64_t* num_rows) {
+  if (!::tensorflow::TensorShapeUtils::IsScalar(tensor.shape())) {
+    return ::tensorflow::errors::InvalidArgument("num_rows must be a scalar");
+  }
+  *num_rows = tensor.scalar<int64_t>()();
+  if (*num_rows < 0) return ::tensorflow::errors::InvalidArgument("num_rows is negative: ", *num_rows);
+  return ::tensorflow::Status();
+}
+
+inline ::tensorflow::Status CheckOutputGrad(int l, const ::tensorflow::Tensor& grad,
+                                            int64_t batch, int64_t dim) {
+  if (grad.dims() == 2 && grad.dim_size(0) == batch && grad.dim_size(1) == dim) {
+    return ::tensorflow::Status();
+  }
+  return ::tensorflow::errors::InvalidArgument("gradient of lookup ", l, " must be [", batch, ", ",
+                                               dim, "], got ", grad.shape().DebugString());
+}
+
+}  // namespace sok

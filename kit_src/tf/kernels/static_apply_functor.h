@@ -1,0 +1,45 @@
+// Sok>StaticApply's device work (TensorFlow's gather_functor.h pattern): the OpKernel in
+// static_apply_kernels.cc checks the inputs, locks the variables and makes them writable once
+// for both devices; a functor per device updates the touched rows.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kit_src/tf/kernels/device_tags.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace sok {
+
+// One update, checked: the rule's state fits the slots and the shapes agree; the ids are
+// checked by the functor (before anything is written).
+struct StaticApplyArgs {
+  std::string rule;
+  const float* hyper = nullptr;  // host memory
+  int64_t hyper_count = 0;
+  bool nesterov = false;
+  std::string table_name;        // for the out-of-range error
+  float* table = nullptr;        // [rows, dim], the device's memory
+  std::vector<float*> slots;     // each [rows, dim]: the rule's state, section after section
+  int64_t rows = 0, dim = 0;
+  const int64_t* indices = nullptr;  // [n]
+  const float* grads = nullptr;      // [n, dim]
+  int64_t n = 0;
+};
+
+namespace functor {
+
+template <typename Device>
+struct StaticApply {
+  // Calls finish with the verdict (an out-of-range id: nothing written), now on the CPU, once
+  // the stream has passed the check on the GPU.
+  void operator()(::tensorflow::OpKernelContext* ctx, const StaticApplyArgs& args,
+                  std::function<void(::tensorflow::Status)> finish);
+  // dst = src, `bytes` of the device's memory (copy on write of a variable a reader holds).
+  ::tensorflow::Status Copy(::tensorflow::OpKernelContext* ctx, void* dst, const void* src,
+                            int64_t bytes);
+};
+
+}  // namespace functor
+}  // namespace sok

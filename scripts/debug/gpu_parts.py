@@ -1,0 +1,46 @@
+"""Where T1's one-id step spends its time on the GPU: the raw Sok>GatherSingleIds op over 26
+tables with prepared inputs, against 26 tf.gather, then the same with lookup_sparse's ragged
+construction, each a tf.function timed over back-to-back calls."""
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+from sparse_operation_kit import raw_ops
+
+sok.init(comm_tool="single")
+B, D, T = 65536, 128, 26
+rng = np.random.default_rng(0)
+with tf.device("GPU:0"):
+    tables = [tf.Variable(tf.random.uniform([1 << 20, D])) for _ in range(T)]
+    ids = [tf.constant(rng.integers(0, 1 << 20, size=B), tf.int64) for _ in range(T)]
+    splits = [tf.range(B + 1, dtype=tf.int64) for _ in range(T)]
+
+
+def timed(fn, iters=50):
+    fn().numpy()
+    start = time.perf_counter()
+    for _ in range(iters):
+        out = fn()
+    out.numpy()
+    return (time.perf_counter() - start) / iters * 1e3
+
+
+with tf.device("GPU:0"):
+    raw = tf.function(lambda: tf.add_n([tf.reduce_sum(o) for o in raw_ops.sok_gather_single_ids(
+        tables=[t.handle for t in tables], ids=ids, row_splits=splits, dtype=tf.float32, dim=D,
+        table_names=[str(i) for i in range(T)]).outputs]))
+    one = tf.function(lambda: tf.reduce_sum(raw_ops.sok_gather_single_ids(
+        tables=[tables[0].handle], ids=ids[:1], row_splits=splits[:1], dtype=tf.float32, dim=D,
+        table_names=["0"]).outputs[0]))
+    gather = tf.function(lambda: tf.add_n([tf.reduce_sum(tf.gather(t, i)) for t, i in zip(tables, ids)]))
+    gather1 = tf.function(lambda: tf.reduce_sum(tf.gather(tables[0], ids[0])))
+    lookup = tf.function(lambda: tf.add_n([tf.reduce_sum(o) for o in sok.lookup_sparse(
+        tables, [tf.RaggedTensor.from_tensor(i[:, None]) for i in ids], combiners=["sum"] * T)]))
+    ragged_only = tf.function(lambda: tf.add_n([tf.reduce_sum(tf.RaggedTensor.from_tensor(
+        i[:, None]).row_splits) for i in ids]))
+    for name, fn in [("raw gather_single_ids x26", raw), ("tf.gather x26", gather),
+                     ("raw gather_single_ids x1", one), ("tf.gather x1", gather1),
+                     ("lookup_sparse one-id x26", lookup), ("from_tensor only x26", ragged_only)]:
+        print(f"{name}: {timed(fn):.3f} ms", flush=True)
