@@ -17,7 +17,6 @@ Static tables deduplicate through a bitmap, so each table's keys are sorted and 
 reads the shard in increasing row order; pooling then reads the compact gathered rows.
 """
 import collections
-import contextlib
 
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
@@ -183,7 +182,7 @@ def _fused_group(lookups, dim, dynamic=False, training=True, low_frequency_filte
         admit = [table.filter_ratio if low_frequency_filter else 1.0 for table in tables]
         rows = raw_ops.sok_dynamic_gather_rows(
             tables=[table.handle for table in tables], keys=received_keys, dim=dim,
-            insert=training, admit_probability=admit)
+            insert=training, admit_probability=admit, validate=False)
     else:
         rows = raw_ops.sok_gather_shard_rows(
             shards=[table.handle for table in tables], keys=received_keys, dtype=tf.float32,
@@ -231,10 +230,7 @@ def _lookup_group(lookups, dim, dynamic, training, low_frequency_filter, compres
     gradients dense."""
     if _single_id_candidates(lookups, dynamic) and all(lookup.one_id for lookup in lookups):
         return _single_id_group(lookups, dim)
-    # Dynamic tables live in host memory (their GPU kernels are not built yet): their chain
-    # runs on the CPU wherever the caller placed the step.
-    with tf.device("/CPU:0") if dynamic else contextlib.nullcontext():
-        return _fused_group(lookups, dim, dynamic, training, low_frequency_filter, compress)
+    return _fused_group(lookups, dim, dynamic, training, low_frequency_filter, compress)
 
 
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequency_filter=False,

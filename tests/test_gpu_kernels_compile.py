@@ -1,6 +1,6 @@
 """The CUDA build (SOK_BUILD_CUDA=1): nvcc compiles the GPU OpKernels against TensorFlow's
 headers into libsok_ops.so, and that library loads into tensorflow-cpu with a GPU kernel
-registered for every op of the static path (they run on the GPU machine: tests/test_devices.py
+registered for every op of the static and dynamic paths (they run on the GPU machine: tests/test_devices.py
 and benchmarks/gpu/tf_on_device.sh). Skipped where nvcc is missing; built once per TensorFlow
 version in build/tfX.Y-cuda (sm_90 only here, to keep CI quick)."""
 import json
@@ -17,6 +17,11 @@ STATIC_PATH_OPS = ["Sok>PartitionKeys", "Sok>GatherShardRows", "Sok>GatherSingle
                    "Sok>SplitGradientByTable", "Sok>CombineForward", "Sok>CombineFromShards",
                    "Sok>CombineBackward", "Sok>StaticApply", "Sok>DotInteraction",
                    "Sok>DotInteractionGrad", "Sok>Unfoldable", "Sok>CheckGatheredIds"]
+DYNAMIC_PATH_OPS = ["Sok>DynamicTableHandle", "Sok>DynamicTableCreate", "Sok>DynamicTableSize",
+                    "Sok>DynamicTableLookup", "Sok>DynamicTableAssign", "Sok>DynamicTableImport",
+                    "Sok>DynamicTableErase", "Sok>DynamicTableExport",
+                    "Sok>DynamicTableExportWritten", "Sok>DynamicGatherRows",
+                    "Sok>SplitDynamicGradient", "Sok>DynamicApply"]
 
 LIST_KERNELS = """
 import json, tensorflow as tf
@@ -43,5 +48,5 @@ def test_cuda_build_registers_gpu_kernels(tmp_path):
                             env=dict(env, SOK_OPS_LIBRARY=library), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     gpu_ops = json.loads(result.stdout.strip().splitlines()[-1])
-    missing = [op for op in STATIC_PATH_OPS if op not in gpu_ops]
+    missing = [op for op in STATIC_PATH_OPS + DYNAMIC_PATH_OPS if op not in gpu_ops]
     assert not missing, f"no GPU kernel for {missing} (TF {tf.__version__})"

@@ -17,4 +17,3 @@ fi
 python benchmarks/gpu/g5_interaction.py
 python benchmarks/gpu/g3_pooled.py
 python benchmarks/gpu/sparse_adam.py
-python benchmarks/gpu/g4_hash_table.py

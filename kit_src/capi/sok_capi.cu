@@ -5,7 +5,6 @@
 #include <cstdint>
 
 #include "kit_src/core/embedding/pooled_lookup.cuh"
-#include "kit_src/core/hash_table/gpu_hash_table.cuh"
 #include "kit_src/core/interaction/dot_interaction.cuh"
 #include "kit_src/core/optimizers/sparse_apply.cuh"
 
@@ -73,36 +72,6 @@ int sok_sparse_apply(const char* rule, const float* hyper, int64_t hyper_count, 
   const sok::SparseGradient gradient{ids, grads, n};
   return static_cast<int>(sok::SparseApplyGpu(rule, hyper, hyper_count, nesterov != 0, table,
                                               gradient, static_cast<cudaStream_t>(stream)));
-}
-
-// The GPU hash table over caller-owned device arrays: slots [capacity] (filled with
-// INT64_MIN when new), values [capacity, dim], counters [2] (zeros when new).
-static sok::GpuHashTable Table(int64_t* slots, float* values, int64_t* counters, int64_t capacity,
-                               int64_t dim, float max_load) {
-  return sok::GpuHashTable{slots, values, counters, capacity, dim, max_load};
-}
-
-int sok_gpu_table_find(int64_t* slots, float* values, int64_t* counters, int64_t capacity,
-                       int64_t dim, float max_load, const int64_t* keys, int64_t n, float* out,
-                       uint8_t* found, void* stream) {
-  return static_cast<int>(sok::GpuTableFind(Table(slots, values, counters, capacity, dim, max_load),
-                                            keys, n, out, found, static_cast<cudaStream_t>(stream)));
-}
-
-// values_in null: find-or-insert (new rows zero); else insert-or-assign. out may be null.
-int sok_gpu_table_upsert(int64_t* slots, float* values, int64_t* counters, int64_t capacity,
-                         int64_t dim, float max_load, const int64_t* keys, int64_t n,
-                         const float* values_in, float* out, void* stream) {
-  return static_cast<int>(sok::GpuTableUpsert(
-      Table(slots, values, counters, capacity, dim, max_load), keys, n, values_in, out,
-      static_cast<cudaStream_t>(stream)));
-}
-
-int sok_gpu_table_erase(int64_t* slots, float* values, int64_t* counters, int64_t capacity,
-                        int64_t dim, float max_load, const int64_t* keys, int64_t n,
-                        void* stream) {
-  return static_cast<int>(sok::GpuTableErase(Table(slots, values, counters, capacity, dim, max_load),
-                                             keys, n, static_cast<cudaStream_t>(stream)));
 }
 
 }  // extern "C"

@@ -19,10 +19,6 @@ def load():
                                             ctypes.c_float, ptr]
     lib.sok_sparse_apply.argtypes = [ctypes.c_char_p, ptr, i64, ctypes.c_int, ptr, ptr, i64,
                                      i64, i64, ptr, ptr, i64, ptr]
-    table = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
-    lib.sok_gpu_table_find.argtypes = table + [ptr, i64, ptr, ptr, ptr]
-    lib.sok_gpu_table_upsert.argtypes = table + [ptr, i64, ptr, ptr, ptr]
-    lib.sok_gpu_table_erase.argtypes = table + [ptr, i64, ptr]
     return lib
 
 

@@ -19,13 +19,6 @@ int64_t SlotsFor(int64_t keys) {
   return slots;
 }
 
-uint64_t HashKey(int64_t key) {
-  uint64_t x = static_cast<uint64_t>(key);
-  x = (x ^ (x >> 33)) * 0xff51afd7ed558ccdULL;
-  x = (x ^ (x >> 33)) * 0xc4ceb9fe1a85ec53ULL;
-  return x ^ (x >> 33);
-}
-
 }  // namespace
 
 CpuHashTable::CpuHashTable(const HashTableOptions& options, const RowInitializer& initializer)
@@ -177,11 +170,7 @@ int64_t CpuHashTable::ClaimSlot(int64_t key, int64_t home, uint32_t now, const A
 }
 
 bool CpuHashTable::Admitted(int64_t key, uint64_t clock, float admit_probability) const {
-  if (admit_probability >= 1.0f) return true;
-  // The low-frequency filter: admitted with that probability, drawn per (key, call).
-  const uint64_t threshold =
-      static_cast<uint64_t>(static_cast<double>(admit_probability) * 18446744073709551615.0);
-  return HashKey(key ^ static_cast<int64_t>(HashKey(clock))) <= threshold;
+  return AdmitKey(key, clock, admit_probability);
 }
 
 void CpuHashTable::InsertPass(const int64_t* keys, const int64_t* index, int64_t count,

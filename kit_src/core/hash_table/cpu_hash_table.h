@@ -30,11 +30,6 @@ namespace sok {
 
 enum class EvictStrategy { kNone, kLru, kLfu };
 
-// How a row's value is stored. Reads widen to float32 and writes round to nearest even, so
-// 16-bit storage halves a table's memory while its interface stays float32. Optimizer state
-// is always float32.
-enum class ValueType { kFloat32, kFloat16, kBfloat16 };
-
 struct HashTableOptions {
   int64_t dim = 1;                        // floats in a row's value
   int64_t state_dim = 0;                  // floats of optimizer state stored after the value
@@ -152,15 +147,9 @@ class CpuHashTable {
     int64_t key;
     std::atomic<uint64_t> meta;  // kOccupied | score << 32 | write stamp
   };
-  // The slot's metadata word, so that one line holds all a probe or a write touches:
-  // bit 63 occupied, bit 62 claimed, bits 32-61 the eviction score (LRU: last call that used
-  // the key; LFU: uses; saturating), bits 0-31 the write stamp (ms since the table's
-  // creation, saturating).
-  static constexpr uint64_t kOccupied = uint64_t{1} << 63;
-  static constexpr int kScoreShift = 32;
-  static constexpr uint64_t kMaxScore = (uint64_t{1} << 30) - 1;
-  static constexpr uint64_t kScoreBits = kMaxScore << kScoreShift;
-  static constexpr uint64_t kStampBits = 0xffffffffu;
+  // The slot's metadata word (table_math.h's row metadata layout), so that one line holds
+  // all a probe or a write touches; bit 62 marks a slot being claimed.
+  static constexpr uint64_t kOccupied = kRowLive;
   // An inserting thread owns the slot; the key and row are being written. Only seen inside
   // the exclusive lock's parallel insert pass.
   static constexpr uint64_t kClaimed = uint64_t{1} << 62;

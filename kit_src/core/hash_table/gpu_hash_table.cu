@@ -1,236 +1,884 @@
 #include "kit_src/core/hash_table/gpu_hash_table.cuh"
 
-#include "kit_src/core/cuda_scratch.cuh"
+#include <cub/cub.cuh>
+#include <thrust/iterator/counting_iterator.h>
 
 #include <algorithm>
+#include <chrono>
+
+#include "kit_src/core/cuda_scratch.cuh"
+#include "kit_src/core/optimizers/sparse_apply.cuh"
+#include "kit_src/core/value_storage.cuh"
 
 namespace sok {
+
+struct GpuHashTable::Counters {
+  unsigned long long size;        // live keys
+  unsigned long long used;        // slots live or erased
+  unsigned long long next_row;    // rows of the pool handed out at least once
+  unsigned long long free_count;  // rows on the free list
+  unsigned long long taken;       // rows the running insert took (folded in after it)
+  unsigned long long inserted;    // keys the running insert stored
+  unsigned long long scratch;     // a count for the host (new keys, selected rows)
+};
+
 namespace {
 
+using Counters = GpuHashTable::Counters;
 constexpr int kThreads = 256;
+constexpr double kMaxLoad = 0.7;  // live and erased slots over all slots
 
 int Blocks(int64_t n) { return GridBlocks(n, kThreads); }
 
-__device__ __forceinline__ uint64_t Mix(uint64_t x) {  // splitmix64's finaliser
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+// A slot: the key, and the row holding it or the slot's state.
+struct alignas(16) Slot {
+  long long key;
+  unsigned long long row;
+};
+constexpr unsigned long long kEmptyRow = ~0ull;         // never used: probes stop here
+constexpr unsigned long long kErasedRow = ~0ull - 1;    // was used: probes pass it
+constexpr unsigned long long kClaimedRow = ~0ull - 2;   // an insert is writing the key
+
+int64_t SlotsFor(int64_t keys) {
+  int64_t slots = 16;
+  while (static_cast<double>(slots) * kMaxLoad < static_cast<double>(keys)) slots *= 2;
+  return slots;
+}
+int64_t MaxUsed(int64_t slots) { return static_cast<int64_t>(static_cast<double>(slots) * kMaxLoad); }
+
+__device__ __forceinline__ unsigned long long LoadRowAcquire(const Slot* slot) {
+  unsigned long long row;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(row) : "l"(&slot->row) : "memory");
+  return row;
+}
+__device__ __forceinline__ long long LoadKey(const Slot* slot) {
+  return *reinterpret_cast<const volatile long long*>(&slot->key);
 }
 
-__device__ __forceinline__ int64_t LoadKey(const int64_t* slot) {
-  return *reinterpret_cast<const volatile int64_t*>(slot);
+__device__ __forceinline__ bool KeyAt(const GpuKeys& keys, int64_t i, int64_t* key) {
+  if (keys.stride == 1) {
+    *key = keys.data[i];
+    return true;
+  }
+  if (keys.data[2 * i] != keys.table) return false;
+  *key = keys.data[2 * i + 1];
+  return true;
 }
 
-// The slot holding key, or -1 (every probe ends at an empty slot: the load is bounded).
-__device__ int64_t FindSlot(const GpuHashTable& t, int64_t key) {
-  const int64_t mask = t.capacity - 1;
-  int64_t p = static_cast<int64_t>(Mix(static_cast<uint64_t>(key)) & mask);
-  for (int64_t step = 0; step < t.capacity; ++step, p = (p + 1) & mask) {
-    const int64_t k = LoadKey(t.keys + p);
-    if (k == key) return p;
-    if (k == kEmptyKey) return -1;
+// The slot holding `key`, or -1. Stops at an empty slot (the load limit keeps some) or after
+// visiting every slot.
+__device__ int64_t FindSlot(const Slot* slots, int64_t mask, int64_t key) {
+  int64_t p = static_cast<int64_t>(HashKey(key) & static_cast<uint64_t>(mask));
+  for (int64_t step = 0; step <= mask; ++step, p = (p + 1) & mask) {
+    const unsigned long long row = LoadRowAcquire(slots + p);
+    if (row == kEmptyRow) return -1;
+    if (row < kClaimedRow && LoadKey(slots + p) == key) return p;
   }
   return -1;
 }
 
-// Find, fused: each warp takes 32 keys, every lane probes for one, then the warp copies the
-// 32 rows together (coalesced), the slots handed round by shuffles instead of through memory.
-template <typename V>
-__global__ void FindRows(GpuHashTable t, const int64_t* keys, int64_t n, int64_t width, V* out,
-                         uint8_t* found) {
-  const V* values = reinterpret_cast<const V*>(t.values);
-  const int lane = threadIdx.x & 31;
-  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5;
-  const int64_t warps = (int64_t{gridDim.x} * blockDim.x) >> 5;
-  for (int64_t base = warp * 32; base < n; base += warps * 32) {
-    const int64_t i = base + lane;
-    int64_t slot = -1;
-    if (i < n) {
-      const int64_t key = keys[i];
-      if (key != kEmptyKey && key != kErasedKey) slot = FindSlot(t, key);
-      if (found) found[i] = slot >= 0;
-    }
-    const int64_t total = min(int64_t{32}, n - base) * width;
-    for (int64_t e0 = 0; e0 < total; e0 += 32) {
-      const int64_t e = e0 + lane;
-      const int r = static_cast<int>(min(e, total - 1) / width);
-      const int64_t row_slot = __shfl_sync(0xffffffffu, slot, r);
-      if (e < total) {
-        const int64_t column = e - r * width;
-        out[(base + r) * width + column] = row_slot < 0 ? V{} : values[row_slot * width + column];
+// What an insert kernel needs of the pool: rows come from the free list first, then fresh
+// ones; a row past the pool (only if a reservation was wrong) is refused, never written.
+struct RowSource {
+  const int64_t* free_rows;
+  int64_t free_count;   // at the kernel's start: inserts take, nothing returns rows meanwhile
+  int64_t next_row;
+  int64_t capacity;
+};
+
+// Find-or-insert of one key: its row, or -1 when missing and not admitted (or refused).
+// Keys of one call may repeat: a slot being claimed is waited for (its claimer publishes
+// it right after writing the key), so a key is stored once.
+__device__ int64_t FindOrClaim(Slot* slots, int64_t mask, int64_t key, bool admit,
+                               Counters* counters, const RowSource& source, int64_t* row_keys,
+                               uint64_t* row_meta, uint32_t now, bool* inserted) {
+  int64_t p = static_cast<int64_t>(HashKey(key) & static_cast<uint64_t>(mask));
+  for (int64_t step = 0; step <= mask;) {
+    unsigned long long row = LoadRowAcquire(slots + p);
+    while (row == kClaimedRow) row = LoadRowAcquire(slots + p);
+    if (row == kEmptyRow) {
+      if (!admit) return -1;
+      if (atomicCAS(&slots[p].row, kEmptyRow, kClaimedRow) != kEmptyRow) continue;  // look again
+      *reinterpret_cast<volatile long long*>(&slots[p].key) = key;
+      const int64_t i = static_cast<int64_t>(atomicAdd(&counters->taken, 1ull));
+      const int64_t r = i < source.free_count ? source.free_rows[source.free_count - 1 - i]
+                                              : source.next_row + (i - source.free_count);
+      if (r >= source.capacity) {
+        __threadfence();
+        atomicExch(&slots[p].row, kErasedRow);
+        return -1;
       }
+      row_keys[r] = key;
+      row_meta[r] = kRowLive | now;
+      atomicAdd(&counters->inserted, 1ull);
+      __threadfence();  // the key before the row that publishes it
+      atomicExch(&slots[p].row, static_cast<unsigned long long>(r));
+      *inserted = true;
+      return r;
     }
+    if (row != kErasedRow && LoadKey(slots + p) == key) return static_cast<int64_t>(row);
+    p = (p + 1) & mask;
+    ++step;
   }
+  return -1;
 }
 
-// Claims a slot for every key (present: its slot; absent: the first empty slot of its probe
-// sequence, taken with atomicCAS). inserted[i] = 1 where this call created the key.
-__global__ void ClaimSlots(GpuHashTable t, const int64_t* keys, int64_t n, int64_t* slots,
-                          uint8_t* inserted) {
-  const int64_t mask = t.capacity - 1;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+struct ProbeArgs {
+  Slot* slots;
+  int64_t mask;
+  Counters* counters;
+  const int64_t* free_rows;
+  int64_t capacity;
+  int64_t* row_keys;
+  uint64_t* row_meta;
+  float admit_probability;
+  uint64_t clock;
+  uint32_t now;
+  int64_t missing_row;  // the row a missing key reads
+};
+
+// rows[i] = key i's row (missing_row when missing), fresh[i] = 1 when this call stored it.
+__global__ void ProbeKernel(GpuKeys keys, bool insert, ProbeArgs a, int64_t* rows,
+                            uint8_t* fresh) {
+  RowSource source{a.free_rows, 0, 0, a.capacity};
+  if (insert) {
+    source.free_count = static_cast<int64_t>(a.counters->free_count);
+    source.next_row = static_cast<int64_t>(a.counters->next_row);
+  }
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < keys.n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t key = keys[i];
-    int64_t p = static_cast<int64_t>(Mix(static_cast<uint64_t>(key)) & mask), slot = -1;
-    uint8_t created = 0;
-    for (int64_t step = 0; step < t.capacity && slot < 0; ++step, p = (p + 1) & mask) {
-      int64_t k = LoadKey(t.keys + p);
-      if (k == kEmptyKey) {
-        k = static_cast<int64_t>(atomicCAS(reinterpret_cast<unsigned long long*>(t.keys + p),
-                                           static_cast<unsigned long long>(kEmptyKey),
-                                           static_cast<unsigned long long>(key)));
-        if (k == kEmptyKey) {
-          slot = p;
-          created = 1;
-          break;
-        }
-      }
-      if (k == key) slot = p;
+    int64_t key;
+    if (!KeyAt(keys, i, &key)) continue;
+    bool inserted = false;
+    int64_t row = -1;
+    if (insert) {
+      row = FindOrClaim(a.slots, a.mask, key, AdmitKey(key, a.clock, a.admit_probability),
+                        a.counters, source, a.row_keys, a.row_meta, a.now, &inserted);
+    } else {
+      const int64_t p = FindSlot(a.slots, a.mask, key);
+      if (p >= 0) row = static_cast<int64_t>(a.slots[p].row);
     }
-    slots[i] = slot;
-    inserted[i] = created;
-    // One atomic per warp, not per new key: the two counters are single addresses that a
-    // million inserts would otherwise queue on.
-    const unsigned active = __activemask();
-    const unsigned creators = __ballot_sync(active, created);
-    if (creators != 0 && (threadIdx.x & 31) == __ffs(active) - 1) {
-      atomicAdd(reinterpret_cast<unsigned long long*>(t.counters), __popc(creators));
-      atomicAdd(reinterpret_cast<unsigned long long*>(t.counters + 1), __popc(creators));
-    }
+    rows[i] = row < 0 ? a.missing_row : row;
+    if (fresh) fresh[i] = inserted;
   }
 }
 
-// Row copies, one thread per element (a float4 of 4 when rows allow): rows of `slots`
-// (negative: zeros) into out.
-template <typename V>
-__global__ void GatherRows(const V* values, int64_t width, const int64_t* slots, int64_t n,
-                           V* out) {
-  const int64_t total = n * width;
+// After an insert: the rows it took leave the free list first, then the fresh end.
+__global__ void FoldTaken(Counters* c, int64_t capacity) {
+  const unsigned long long taken = c->taken;
+  const unsigned long long from_free = min(taken, c->free_count);
+  c->free_count -= from_free;
+  c->next_row = min(c->next_row + (taken - from_free), static_cast<unsigned long long>(capacity));
+  c->size += c->inserted;
+  c->used += taken;
+  c->taken = 0;
+  c->inserted = 0;
+}
+
+struct RowArrays {
+  int64_t* row_keys;
+  uint64_t* row_meta;
+  void* values;
+  float* state;
+  int64_t dim;
+  int64_t state_dim;
+};
+
+// The fresh rows' initial values and state (the first dim floats of state `initial`, the
+// rest zero).
+template <typename T>
+__global__ void InitFreshRows(GpuKeys keys, const int64_t* rows, const uint8_t* fresh,
+                              RowArrays t, InitKind kind, float init_a, float init_b,
+                              uint64_t seed, float initial) {
+  const int64_t width = max(t.dim, t.state_dim);
+  const int64_t total = keys.n * width;
+  T* values = static_cast<T*>(t.values);
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t i = e / width, slot = slots[i];
-    out[e] = slot < 0 ? V{} : values[slot * width + (e - i * width)];
+    const int64_t i = e / width, d = e - i * width;
+    int64_t key;
+    if (!fresh[i] || !KeyAt(keys, i, &key)) continue;
+    const int64_t r = rows[i];
+    if (d < t.dim) {
+      values[r * t.dim + d] = Narrow<T>(InitialValue(kind, init_a, init_b, seed, key, d));
+    }
+    if (d < t.state_dim) t.state[r * t.state_dim + d] = d < t.dim ? initial : 0.0f;
   }
 }
 
-// New rows start at zero (values_in null) or take values_in (every key's row).
-template <typename V>
-__global__ void WriteRows(V* values, int64_t width, const int64_t* slots,
-                          const uint8_t* inserted, const V* values_in, int64_t n) {
-  const int64_t total = n * width;
+__device__ __forceinline__ void Touch(uint64_t* meta, EvictStrategy evict, uint64_t clock) {
+  if (evict == EvictStrategy::kLfu) {
+    if (((*meta >> kScoreShift) & kMaxScore) < kMaxScore) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(meta), 1ull << kScoreShift);
+    }
+  } else if (evict == EvictStrategy::kLru) {
+    *meta = (*meta & ~kScoreBits) | ((clock < kMaxScore ? clock : kMaxScore) << kScoreShift);
+  }
+}
+
+// out row i = key i's row widened (zeros when missing); a use for eviction when `touch`.
+template <typename T>
+__global__ void ReadRows(GpuKeys keys, const int64_t* rows, int64_t missing_row, RowArrays t,
+                         float* out, bool touch, EvictStrategy evict, uint64_t clock) {
+  const int64_t total = keys.n * t.dim;
+  const T* values = static_cast<const T*>(t.values);
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t i = e / width;
-    if (values_in != nullptr) {
-      values[slots[i] * width + (e - i * width)] = values_in[e];
-    } else if (inserted[i]) {
-      values[slots[i] * width + (e - i * width)] = V{};
+    const int64_t i = e / t.dim, d = e - i * t.dim;
+    if (keys.stride == 2 && keys.data[2 * i] != keys.table) continue;
+    const int64_t r = rows[i];
+    if (r == missing_row) {
+      out[e] = 0.0f;
+      continue;
+    }
+    out[e] = Widen(values[r * t.dim + d]);
+    if (touch && d == 0) Touch(t.row_meta + r, evict, clock);
+  }
+}
+
+// Writes values ([n, dim], rounded) and state ([n, state_cols], when given) to the rows; the
+// write stamp `now`, a use at `clock` when `touch`.
+template <typename T>
+__global__ void WriteRows(const int64_t* rows, int64_t n, int64_t missing_row, RowArrays t,
+                          const float* values_in, const float* state_in, int64_t state_cols,
+                          uint32_t now, bool touch, EvictStrategy evict, uint64_t clock) {
+  const int64_t width = max(t.dim, state_cols);
+  T* values = static_cast<T*>(t.values);
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n * width;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = e / width, d = e - i * width;
+    const int64_t r = rows[i];
+    if (r == missing_row) continue;
+    if (d < t.dim) values[r * t.dim + d] = Narrow<T>(values_in[i * t.dim + d]);
+    if (state_in && d < state_cols) t.state[r * t.state_dim + d] = state_in[i * state_cols + d];
+    if (d == 0) {
+      uint64_t* meta = t.row_meta + r;
+      *meta = (*meta & ~kStampBits) | now;
+      if (touch) Touch(meta, evict, clock);
     }
   }
 }
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Launches kernel<float4> on rows as float4s when dim and every pointer allow, else <float>.
-void LaunchGather(const GpuHashTable& t, const int64_t* slots, int64_t n, float* out,
-                  cudaStream_t stream) {
-  if (t.dim % 4 == 0 && Aligned16(t.values) && Aligned16(out)) {
-    const int64_t width = t.dim / 4;
-    GatherRows<<<Blocks(n * width), kThreads, 0, stream>>>(
-        reinterpret_cast<const float4*>(t.values), width, slots, n, reinterpret_cast<float4*>(out));
-  } else {
-    GatherRows<<<Blocks(n * t.dim), kThreads, 0, stream>>>(t.values, t.dim, slots, n, out);
-  }
-}
-
-void LaunchWrite(const GpuHashTable& t, const int64_t* slots, const uint8_t* inserted,
-                 const float* values_in, int64_t n, cudaStream_t stream) {
-  if (t.dim % 4 == 0 && Aligned16(t.values) && (values_in == nullptr || Aligned16(values_in))) {
-    const int64_t width = t.dim / 4;
-    WriteRows<<<Blocks(n * width), kThreads, 0, stream>>>(
-        reinterpret_cast<float4*>(t.values), width, slots, inserted,
-        reinterpret_cast<const float4*>(values_in), n);
-  } else {
-    WriteRows<<<Blocks(n * t.dim), kThreads, 0, stream>>>(t.values, t.dim, slots, inserted,
-                                                          values_in, n);
-  }
-}
-
-__global__ void HasReservedKey(const int64_t* keys, int64_t n, int* bad) {
+__global__ void StampRows(const int64_t* rows, int64_t n, int64_t missing_row, uint64_t* row_meta,
+                          uint32_t now) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    if (keys[i] == kEmptyKey || keys[i] == kErasedKey) *bad = 1;
+    const int64_t r = rows[i];
+    if (r != missing_row) row_meta[r] = (row_meta[r] & ~kStampBits) | now;
   }
 }
 
-__global__ void EraseKeys(GpuHashTable t, const int64_t* keys, int64_t n) {
+// Removes the key of slot p if its row is still `row` (one of several erasers wins).
+__device__ bool EraseAt(Slot* slots, int64_t p, unsigned long long row, Counters* c,
+                        int64_t* free_rows, uint64_t* row_meta) {
+  if (atomicCAS(&slots[p].row, row, kErasedRow) != row) return false;
+  row_meta[row] = 0;
+  free_rows[atomicAdd(&c->free_count, 1ull)] = static_cast<int64_t>(row);
+  atomicAdd(&c->size, ~0ull);  // -1
+  return true;
+}
+
+__global__ void EraseKeys(const int64_t* keys, int64_t n, Slot* slots, int64_t mask, Counters* c,
+                          int64_t* free_rows, uint64_t* row_meta, unsigned long long* erased) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t key = keys[i];
-    if (key == kEmptyKey || key == kErasedKey) continue;
-    const int64_t slot = FindSlot(t, key);
-    if (slot < 0) continue;
-    const unsigned long long prev =
-        atomicCAS(reinterpret_cast<unsigned long long*>(t.keys + slot),
-                  static_cast<unsigned long long>(key), static_cast<unsigned long long>(kErasedKey));
-    if (prev == static_cast<unsigned long long>(key)) {
-      atomicAdd(reinterpret_cast<unsigned long long*>(t.counters), ~0ull);  // live - 1
+    const int64_t p = FindSlot(slots, mask, keys[i]);
+    if (p < 0) continue;
+    const unsigned long long row = slots[p].row;
+    if (row < kClaimedRow && EraseAt(slots, p, row, c, free_rows, row_meta)) atomicAdd(erased, 1ull);
+  }
+}
+
+// The first `count` rows of `sorted_rows` (lowest scores first) are evicted.
+__global__ void EvictRows(const int64_t* sorted_rows, int64_t count, const int64_t* row_keys,
+                          Slot* slots, int64_t mask, Counters* c, int64_t* free_rows,
+                          uint64_t* row_meta) {
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < count;
+       j += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = sorted_rows[j];
+    const int64_t p = FindSlot(slots, mask, row_keys[row]);
+    if (p >= 0) EraseAt(slots, p, static_cast<unsigned long long>(row), c, free_rows, row_meta);
+  }
+}
+
+// Eviction order: live rows by score, then free rows last.
+__global__ void ScoreRows(const uint64_t* row_meta, int64_t n, uint64_t* scores, int64_t* rows) {
+  for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r < n;
+       r += int64_t{gridDim.x} * blockDim.x) {
+    const uint64_t meta = row_meta[r];
+    scores[r] = (meta & kRowLive) ? (meta & kScoreBits) >> kScoreShift : ~0ull;
+    rows[r] = r;
+  }
+}
+
+// Re-inserts every live row's key into an empty slot array.
+__global__ void Reinsert(const int64_t* row_keys, const uint64_t* row_meta, int64_t n,
+                         Slot* slots, int64_t mask) {
+  for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r < n;
+       r += int64_t{gridDim.x} * blockDim.x) {
+    if (!(row_meta[r] & kRowLive)) continue;
+    int64_t p = static_cast<int64_t>(HashKey(row_keys[r]) & static_cast<uint64_t>(mask));
+    while (atomicCAS(&slots[p].row, kEmptyRow, kClaimedRow) != kEmptyRow) p = (p + 1) & mask;
+    slots[p].key = row_keys[r];
+    slots[p].row = static_cast<unsigned long long>(r);
+  }
+}
+
+__global__ void SetUsedToSize(Counters* c) { c->used = c->size; }
+
+// scratch = how many of the selected keys are missing and admitted, counting each once:
+// candidates gathered first, then (after sorting) the heads of their runs.
+__global__ void MissingCandidates(GpuKeys keys, const Slot* slots, int64_t mask, float admit,
+                                  uint64_t clock, int64_t* out, Counters* c) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < keys.n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t key;
+    if (!KeyAt(keys, i, &key)) continue;
+    if (FindSlot(slots, mask, key) < 0 && AdmitKey(key, clock, admit)) {
+      out[atomicAdd(&c->scratch, 1ull)] = key;
     }
   }
+}
+__global__ void CountRunHeads(const int64_t* sorted, int64_t n, Counters* c) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    if (i == 0 || sorted[i] != sorted[i - 1]) atomicAdd(&c->scratch, 1ull);
+  }
+}
+
+__global__ void ExportFlags(const uint64_t* row_meta, int64_t n, bool all, uint32_t since,
+                            uint8_t* flags) {
+  for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r < n;
+       r += int64_t{gridDim.x} * blockDim.x) {
+    const uint64_t meta = row_meta[r];
+    flags[r] = (meta & kRowLive) && (all || static_cast<uint32_t>(meta & kStampBits) >= since);
+  }
+}
+
+template <typename T>
+__global__ void ExportRows(const int64_t* selected, int64_t n, RowArrays t, int64_t* keys,
+                           float* values, float* state) {
+  const int64_t width = max(t.dim, state ? t.state_dim : 0);
+  const T* stored = static_cast<const T*>(t.values);
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n * width;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = e / width, d = e - j * width, r = selected[j];
+    if (d == 0) keys[j] = t.row_keys[r];
+    if (d < t.dim) values[j * t.dim + d] = Widen(stored[r * t.dim + d]);
+    if (state && d < t.state_dim) state[j * t.state_dim + d] = t.state[r * t.state_dim + d];
+  }
+}
+
+__global__ void FillState(float* state, int64_t rows, int64_t dim, int64_t state_dim,
+                          float initial) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < rows * state_dim;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    state[e] = e % state_dim < dim ? initial : 0.0f;
+  }
+}
+
+__global__ void CopySize(const Counters* c, int64_t* out) {
+  *out = static_cast<int64_t>(c->size);
+}
+
+Status CudaStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return Status::Ok();
+  return Status::Internal(std::string("CUDA error in the dynamic table's ") + what + ": " +
+                          cudaGetErrorString(error));
+}
+
+int64_t NowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace
 
-cudaError_t GpuTableFind(const GpuHashTable& table, const int64_t* keys, int64_t n, float* out,
-                         uint8_t* found, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  const int blocks = Blocks(n);
-  if (table.dim % 4 == 0 && Aligned16(table.values) && Aligned16(out)) {
-    FindRows<<<blocks, kThreads, 0, stream>>>(table, keys, n, table.dim / 4,
-                                              reinterpret_cast<float4*>(out), found);
-  } else {
-    FindRows<<<blocks, kThreads, 0, stream>>>(table, keys, n, table.dim, out, found);
+#define SOK_RETURN_IF_ERROR(expr)        \
+  do {                                   \
+    Status _status = (expr);             \
+    if (!_status.ok()) return _status;   \
+  } while (0)
+
+GpuHashTable::GpuHashTable(const HashTableOptions& options, const RowInitializer& initializer,
+                           GpuMemory* memory)
+    : options_(options), initializer_(initializer), memory_(memory), created_us_(NowMicros()) {}
+
+GpuHashTable::~GpuHashTable() {
+  for (void* p : {static_cast<void*>(counters_), slots_, static_cast<void*>(row_keys_),
+                  static_cast<void*>(row_meta_), values_, static_cast<void*>(state_),
+                  static_cast<void*>(free_rows_)}) {
+    if (p) memory_->Free(p);
   }
-  return cudaGetLastError();
 }
 
-cudaError_t GpuTableUpsert(const GpuHashTable& table, const int64_t* keys, int64_t n,
-                           const float* values_in, float* out, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  StreamScratch scratch(stream);
-  int64_t* slots = nullptr;
-  uint8_t* inserted = nullptr;
-  int* bad = nullptr;
-  cudaError_t status = scratch.Get(n, &slots);
-  if (status == cudaSuccess) status = scratch.Get(n, &inserted);
-  if (status == cudaSuccess) status = scratch.Get(1, &bad);
-  if (status != cudaSuccess) return status;
-  cudaMemsetAsync(bad, 0, sizeof(int), stream);
-  HasReservedKey<<<Blocks(n), kThreads, 0, stream>>>(keys, n, bad);
-  int host_bad = 0;
-  int64_t used[2] = {0, 0};
-  cudaMemcpyAsync(&host_bad, bad, sizeof(int), cudaMemcpyDeviceToHost, stream);
-  cudaMemcpyAsync(used, table.counters, sizeof(used), cudaMemcpyDeviceToHost, stream);
-  status = cudaStreamSynchronize(stream);
-  const bool refuse = host_bad != 0 ||
-      static_cast<double>(used[1] + n) > static_cast<double>(table.max_load) * table.capacity;
-  if (status == cudaSuccess && !refuse) {
-    ClaimSlots<<<Blocks(n), kThreads, 0, stream>>>(table, keys, n, slots, inserted);
-    LaunchWrite(table, slots, inserted, values_in, n, stream);
-    if (out != nullptr) LaunchGather(table, slots, n, out, stream);
-    status = cudaGetLastError();
+template <typename T>
+Status GpuHashTable::Scratch(int64_t count, T** out) {
+  void* p = memory_->Allocate(std::max<size_t>(static_cast<size_t>(count) * sizeof(T), 1));
+  if (p == nullptr) {
+    return Status::ResourceExhausted("out of GPU memory for " + std::to_string(count * sizeof(T)) +
+                                     " bytes of dynamic-table scratch");
   }
-  if (status != cudaSuccess) return status;
-  return refuse ? cudaErrorInvalidValue : cudaSuccess;
+  scratch_.push_back(p);
+  *out = static_cast<T*>(p);
+  return Status::Ok();
 }
 
-cudaError_t GpuTableErase(const GpuHashTable& table, const int64_t* keys, int64_t n,
-                          cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  EraseKeys<<<Blocks(n), kThreads, 0, stream>>>(table, keys, n);
-  return cudaGetLastError();
+void GpuHashTable::FreeScratch() {
+  for (void* p : scratch_) memory_->Free(p);
+  scratch_.clear();
+}
+
+int64_t GpuHashTable::RowWords() const { return options_.dim; }
+
+uint32_t GpuHashTable::StampAt(int64_t time_us) const {
+  const int64_t ms = (time_us - created_us_) / 1000;
+  return static_cast<uint32_t>(std::clamp<int64_t>(ms, 0, kStampBits));
+}
+uint32_t GpuHashTable::StampNow() const { return StampAt(NowMicros()); }
+
+namespace {
+
+// Allocates `count` T through memory, or fails naming what.
+template <typename T>
+Status AllocateArray(GpuMemory* memory, int64_t count, T** out, const char* what) {
+  void* p = memory->Allocate(std::max<size_t>(static_cast<size_t>(count) * sizeof(T), 1));
+  if (p == nullptr) {
+    return Status::ResourceExhausted("out of GPU memory for the dynamic table's " +
+                                     std::string(what) + " (" +
+                                     std::to_string(count * sizeof(T)) + " bytes)");
+  }
+  *out = static_cast<T*>(p);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status GpuHashTable::Init(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t rows = std::max<int64_t>(1, std::min(options_.init_capacity, options_.max_capacity));
+  init_status_ = AllocateArray(memory_, 1, &counters_, "counters");
+  if (init_status_.ok()) {
+    init_status_ = CudaStatus(cudaMemsetAsync(counters_, 0, sizeof(Counters), stream), "init");
+  }
+  if (init_status_.ok()) init_status_ = Rebuild(SlotsFor(rows), 0, stream);
+  if (init_status_.ok()) init_status_ = GrowRows(rows, 0, stream);
+  if (init_status_.ok()) SetBounds(Exact{});
+  return init_status_;
+}
+
+void GpuHashTable::SetBounds(const Exact& e) {
+  spare_keys_ = options_.max_capacity - e.size;
+  spare_slots_ = MaxUsed(num_slots_) - e.used;
+  spare_rows_ = row_capacity_ - e.next_row + e.free_count;
+}
+
+Status GpuHashTable::ReadCounters(Exact* exact, cudaStream_t stream) {
+  Counters host;
+  SOK_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(&host, counters_, sizeof(host), cudaMemcpyDeviceToHost, stream), "read"));
+  SOK_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "read"));
+  exact->size = static_cast<int64_t>(host.size);
+  exact->used = static_cast<int64_t>(host.used);
+  exact->next_row = static_cast<int64_t>(host.next_row);
+  exact->free_count = static_cast<int64_t>(host.free_count);
+  return Status::Ok();
+}
+
+// Rebuilds the slot array at `slots` slots from the live rows (erased slots vanish).
+Status GpuHashTable::Rebuild(int64_t slots, int64_t next_row, cudaStream_t stream) {
+  Slot* fresh = nullptr;
+  SOK_RETURN_IF_ERROR(AllocateArray(memory_, slots, &fresh, "slots"));
+  cudaMemsetAsync(fresh, 0xff, slots * sizeof(Slot), stream);  // every slot empty
+  if (next_row > 0) {
+    Reinsert<<<Blocks(next_row), kThreads, 0, stream>>>(row_keys_, row_meta_, next_row, fresh,
+                                                        slots - 1);
+  }
+  SetUsedToSize<<<1, 1, 0, stream>>>(counters_);
+  if (slots_) memory_->Free(slots_);
+  slots_ = fresh;
+  num_slots_ = slots;
+  return CudaStatus(cudaGetLastError(), "rebuild");
+}
+
+// Moves the pool to `rows` rows (never fewer than it holds).
+Status GpuHashTable::GrowRows(int64_t rows, int64_t next_row, cudaStream_t stream) {
+  const size_t value_bytes = ValueBytes(options_.value_type) * options_.dim;
+  int64_t *keys = nullptr, *free_rows = nullptr;
+  uint64_t* meta = nullptr;
+  char* values = nullptr;
+  float* state = nullptr;
+  SOK_RETURN_IF_ERROR(AllocateArray(memory_, rows + 1, &keys, "keys"));
+  Status status = AllocateArray(memory_, rows + 1, &meta, "row metadata");
+  if (status.ok()) status = AllocateArray(memory_, (rows + 1) * value_bytes, &values, "values");
+  if (status.ok()) status = AllocateArray(memory_, (rows + 1) * options_.state_dim, &state, "optimizer state");
+  if (status.ok()) status = AllocateArray(memory_, rows, &free_rows, "free list");
+  if (!status.ok()) {
+    for (void* p : {static_cast<void*>(keys), static_cast<void*>(meta), static_cast<void*>(values),
+                    static_cast<void*>(state), static_cast<void*>(free_rows)}) {
+      if (p) memory_->Free(p);
+    }
+    return status;
+  }
+  cudaMemsetAsync(meta, 0, (rows + 1) * sizeof(uint64_t), stream);
+  if (row_capacity_ > 0) {
+    const int64_t kept = std::min(next_row, row_capacity_);
+    cudaMemcpyAsync(keys, row_keys_, kept * sizeof(int64_t), cudaMemcpyDeviceToDevice, stream);
+    cudaMemcpyAsync(meta, row_meta_, kept * sizeof(uint64_t), cudaMemcpyDeviceToDevice, stream);
+    cudaMemcpyAsync(values, values_, kept * value_bytes, cudaMemcpyDeviceToDevice, stream);
+    cudaMemcpyAsync(state, state_, kept * options_.state_dim * sizeof(float),
+                    cudaMemcpyDeviceToDevice, stream);
+    cudaMemcpyAsync(free_rows, free_rows_, row_capacity_ * sizeof(int64_t),
+                    cudaMemcpyDeviceToDevice, stream);
+    for (void* p : {static_cast<void*>(row_keys_), static_cast<void*>(row_meta_), values_,
+                    static_cast<void*>(state_), static_cast<void*>(free_rows_)}) {
+      memory_->Free(p);
+    }
+  }
+  row_keys_ = keys;
+  row_meta_ = meta;
+  values_ = values;
+  state_ = state;
+  free_rows_ = free_rows;
+  row_capacity_ = rows;
+  return CudaStatus(cudaGetLastError(), "grow");
+}
+
+Status GpuHashTable::CountNewKeys(const GpuKeys& keys, float admit, uint64_t clock,
+                                  int64_t* count, cudaStream_t stream) {
+  int64_t *candidates = nullptr, *sorted = nullptr;
+  SOK_RETURN_IF_ERROR(Scratch(keys.n, &candidates));
+  SOK_RETURN_IF_ERROR(Scratch(keys.n, &sorted));
+  unsigned long long host = 0;
+  cudaMemsetAsync(&counters_->scratch, 0, sizeof(unsigned long long), stream);
+  MissingCandidates<<<Blocks(keys.n), kThreads, 0, stream>>>(
+      keys, static_cast<Slot*>(slots_), num_slots_ - 1, admit, clock, candidates, counters_);
+  cudaMemcpyAsync(&host, &counters_->scratch, sizeof(host), cudaMemcpyDeviceToHost, stream);
+  SOK_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "count new keys"));
+  const int items = static_cast<int>(host);
+  if (items > 0) {
+    size_t bytes = 0;
+    cub::DeviceRadixSort::SortKeys(nullptr, bytes, candidates, sorted, items, 0, 64, stream);
+    char* temp = nullptr;
+    SOK_RETURN_IF_ERROR(Scratch(bytes, &temp));
+    cub::DeviceRadixSort::SortKeys(temp, bytes, candidates, sorted, items, 0, 64, stream);
+    cudaMemsetAsync(&counters_->scratch, 0, sizeof(unsigned long long), stream);
+    CountRunHeads<<<Blocks(items), kThreads, 0, stream>>>(sorted, items, counters_);
+    cudaMemcpyAsync(&host, &counters_->scratch, sizeof(host), cudaMemcpyDeviceToHost, stream);
+    SOK_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "count new keys"));
+  }
+  *count = static_cast<int64_t>(host);
+  return Status::Ok();
+}
+
+// Evicts the `count` lowest-scored keys (ties: lower rows first).
+Status GpuHashTable::Evict(int64_t count, int64_t next_row, cudaStream_t stream) {
+  uint64_t *scores = nullptr, *sorted_scores = nullptr;
+  int64_t *rows = nullptr, *sorted_rows = nullptr;
+  SOK_RETURN_IF_ERROR(Scratch(next_row, &scores));
+  SOK_RETURN_IF_ERROR(Scratch(next_row, &sorted_scores));
+  SOK_RETURN_IF_ERROR(Scratch(next_row, &rows));
+  SOK_RETURN_IF_ERROR(Scratch(next_row, &sorted_rows));
+  ScoreRows<<<Blocks(next_row), kThreads, 0, stream>>>(row_meta_, next_row, scores, rows);
+  size_t bytes = 0;
+  const int items = static_cast<int>(next_row);
+  cub::DeviceRadixSort::SortPairs(nullptr, bytes, scores, sorted_scores, rows, sorted_rows, items,
+                                  0, 64, stream);
+  char* temp = nullptr;
+  SOK_RETURN_IF_ERROR(Scratch(bytes, &temp));
+  cub::DeviceRadixSort::SortPairs(temp, bytes, scores, sorted_scores, rows, sorted_rows, items, 0,
+                                  64, stream);
+  EvictRows<<<Blocks(count), kThreads, 0, stream>>>(sorted_rows, count, row_keys_,
+                                                    static_cast<Slot*>(slots_), num_slots_ - 1,
+                                                    counters_, free_rows_, row_meta_);
+  return CudaStatus(cudaGetLastError(), "evict");
+}
+
+Status GpuHashTable::Reserve(const GpuKeys& keys, float admit, uint64_t clock,
+                             cudaStream_t stream) {
+  const int64_t n = keys.n;
+  if (n <= spare_keys_ && n <= spare_slots_ && n <= spare_rows_) {
+    spare_keys_ -= n;
+    spare_slots_ -= n;
+    spare_rows_ -= n;
+    return Status::Ok();
+  }
+  Exact e;
+  SOK_RETURN_IF_ERROR(ReadCounters(&e, stream));
+  // Short of room for n new keys somewhere: count the call's new keys exactly, so growth and
+  // eviction see the true number (as the CPU table does).
+  int64_t incoming = n;
+  const int64_t room = options_.max_capacity - e.size;
+  if (n > room || e.used + n > MaxUsed(num_slots_) ||
+      n > row_capacity_ - e.next_row + e.free_count) {
+    SOK_RETURN_IF_ERROR(CountNewKeys(keys, admit, clock, &incoming, stream));
+  }
+  int64_t evicted = 0;
+  if (incoming > room) {
+    if (options_.evict == EvictStrategy::kNone || incoming > options_.max_capacity) {
+      return Status::ResourceExhausted(
+          "dynamic table is full: it holds " + std::to_string(e.size) + " keys, " +
+          std::to_string(incoming) + " new keys arrived and max_capacity is " +
+          std::to_string(options_.max_capacity) +
+          "; raise max_capacity or set evict_strategy ('lru' or 'lfu')");
+    }
+    evicted = incoming - room;
+    SOK_RETURN_IF_ERROR(Evict(evicted, e.next_row, stream));
+    e.size -= evicted;
+    e.free_count += evicted;
+  }
+  // An evicted key this call uses again comes back as new: room for those too.
+  const int64_t needed = incoming + evicted;
+  if (e.used + needed > MaxUsed(num_slots_)) {
+    SOK_RETURN_IF_ERROR(Rebuild(SlotsFor(e.size + needed), e.next_row, stream));
+    e.used = e.size;
+  }
+  if (needed > row_capacity_ - e.next_row + e.free_count) {
+    const int64_t rows = e.next_row - e.free_count + needed;
+    SOK_RETURN_IF_ERROR(GrowRows(std::max(rows, std::min(2 * row_capacity_,
+                                                         std::max(rows, options_.max_capacity))),
+                                 e.next_row, stream));
+  }
+  SetBounds(e);
+  spare_keys_ -= needed;
+  spare_slots_ -= needed;
+  spare_rows_ -= needed;
+  return Status::Ok();
+}
+
+Status GpuHashTable::FindOrInsert(const GpuKeys& keys, bool insert, float admit, uint64_t clock,
+                                  uint32_t now, int64_t* rows, cudaStream_t stream) {
+  uint8_t* fresh = nullptr;
+  if (insert) SOK_RETURN_IF_ERROR(Scratch(keys.n, &fresh));
+  const ProbeArgs args{static_cast<Slot*>(slots_), num_slots_ - 1, counters_, free_rows_,
+                       row_capacity_, row_keys_, row_meta_, admit, clock, now, row_capacity_};
+  ProbeKernel<<<Blocks(keys.n), kThreads, 0, stream>>>(keys, insert, args, rows, fresh);
+  if (!insert) return CudaStatus(cudaGetLastError(), "find");
+  FoldTaken<<<1, 1, 0, stream>>>(counters_, row_capacity_);
+  const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
+  const int64_t width = std::max(options_.dim, options_.state_dim);
+  VisitValueType(options_.value_type, [&](auto value) {
+    InitFreshRows<decltype(value)><<<Blocks(keys.n * width), kThreads, 0, stream>>>(
+        keys, rows, fresh, arrays, static_cast<InitKind>(initializer_.kind), initializer_.a,
+        initializer_.b, initializer_.seed, options_.state_initial_value);
+  });
+  return CudaStatus(cudaGetLastError(), "insert");
+}
+
+Status GpuHashTable::Size(int64_t* size_device, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(init_status_);
+  CopySize<<<1, 1, 0, stream>>>(counters_, size_device);
+  return CudaStatus(cudaGetLastError(), "size");
+}
+
+Status GpuHashTable::Lookup(const GpuKeys& keys, bool insert, float* values, float admit,
+                            cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(init_status_);
+  const uint64_t clock = ++clock_;
+  if (keys.n == 0) return Status::Ok();
+  int64_t* rows = nullptr;
+  Status status = Scratch(keys.n, &rows);
+  if (status.ok() && insert) status = Reserve(keys, admit, clock, stream);
+  if (status.ok()) status = FindOrInsert(keys, insert, admit, clock, StampNow(), rows, stream);
+  if (status.ok()) {
+    const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
+    const bool touch = insert && options_.evict != EvictStrategy::kNone;
+    VisitValueType(options_.value_type, [&](auto value) {
+      ReadRows<decltype(value)><<<Blocks(keys.n * options_.dim), kThreads, 0, stream>>>(
+          keys, rows, row_capacity_, arrays, values, touch, options_.evict, clock);
+    });
+    status = CudaStatus(cudaGetLastError(), "lookup");
+  }
+  FreeScratch();
+  return status;
+}
+
+Status GpuHashTable::Assign(const int64_t* keys, int64_t n, const float* values,
+                            const float* state, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(init_status_);
+  if (n == 0) return Status::Ok();
+  const GpuKeys all{keys, n, 1, 0};
+  int64_t* rows = nullptr;
+  Status status = Scratch(n, &rows);
+  if (status.ok()) status = Reserve(all, 1.0f, clock_ + 1, stream);
+  const uint64_t clock = ++clock_;
+  const uint32_t now = StampNow();
+  if (status.ok()) status = FindOrInsert(all, true, 1.0f, clock, now, rows, stream);
+  if (status.ok()) {
+    const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
+    const int64_t width = std::max(options_.dim, state ? options_.state_dim : 0);
+    VisitValueType(options_.value_type, [&](auto value) {
+      WriteRows<decltype(value)><<<Blocks(n * width), kThreads, 0, stream>>>(
+          rows, n, row_capacity_, arrays, values, state, state ? options_.state_dim : 0, now,
+          true, options_.evict, clock);
+    });
+    status = CudaStatus(cudaGetLastError(), "assign");
+  }
+  FreeScratch();
+  return status;
+}
+
+Status GpuHashTable::EnsureState(int64_t state_dim, float initial_value, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(init_status_);
+  if (options_.state_dim >= state_dim) return Status::Ok();
+  float* state = nullptr;
+  SOK_RETURN_IF_ERROR(AllocateArray(memory_, (row_capacity_ + 1) * state_dim, &state,
+                                    "optimizer state"));
+  FillState<<<Blocks((row_capacity_ + 1) * state_dim), kThreads, 0, stream>>>(
+      state, row_capacity_ + 1, options_.dim, state_dim, initial_value);
+  if (state_) memory_->Free(state_);
+  state_ = state;
+  options_.state_dim = state_dim;
+  options_.state_initial_value = initial_value;
+  return CudaStatus(cudaGetLastError(), "widen state");
+}
+
+Status GpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values,
+                             const float* state, int64_t state_dim, cudaStream_t stream) {
+  if (n > options_.max_capacity) {
+    return Status::ResourceExhausted("restoring " + std::to_string(n) +
+                                     " keys into a table whose max_capacity is " +
+                                     std::to_string(options_.max_capacity));
+  }
+  SOK_RETURN_IF_ERROR(EnsureState(state_dim, options_.state_initial_value, stream));
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Empty the table, then make room for n keys: a fresh slot array, a pool of >= n rows.
+  SOK_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(counters_, 0, sizeof(Counters), stream), "clear"));
+  SOK_RETURN_IF_ERROR(CudaStatus(
+      cudaMemsetAsync(row_meta_, 0, (row_capacity_ + 1) * sizeof(uint64_t), stream), "clear"));
+  if (n > row_capacity_) SOK_RETURN_IF_ERROR(GrowRows(n, 0, stream));
+  SOK_RETURN_IF_ERROR(Rebuild(SlotsFor(std::max<int64_t>(n, 1)), 0, stream));
+  SetBounds(Exact{});
+  if (n == 0) return Status::Ok();
+  spare_keys_ -= n;
+  spare_slots_ -= n;
+  spare_rows_ -= n;
+  const GpuKeys all{keys, n, 1, 0};
+  int64_t* rows = nullptr;
+  const uint32_t now = StampNow();
+  Status status = Scratch(n, &rows);
+  if (status.ok()) status = FindOrInsert(all, true, 1.0f, clock_, now, rows, stream);
+  if (status.ok()) {
+    const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
+    const int64_t cols = state ? std::min(state_dim, options_.state_dim) : 0;
+    // The restored state is [n, state_dim]: WriteRows reads it with that stride.
+    const int64_t width = std::max(options_.dim, cols);
+    VisitValueType(options_.value_type, [&](auto value) {
+      WriteRows<decltype(value)><<<Blocks(n * width), kThreads, 0, stream>>>(
+          rows, n, row_capacity_, arrays, values, state, cols, now, false, options_.evict, 0);
+    });
+    status = CudaStatus(cudaGetLastError(), "restore");
+  }
+  FreeScratch();
+  return status;
+}
+
+Status GpuHashTable::Erase(const int64_t* keys, int64_t n, int64_t* erased_device,
+                           cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(init_status_);
+  cudaMemsetAsync(erased_device, 0, sizeof(int64_t), stream);
+  if (n > 0) {
+    EraseKeys<<<Blocks(n), kThreads, 0, stream>>>(
+        keys, n, static_cast<Slot*>(slots_), num_slots_ - 1, counters_, free_rows_, row_meta_,
+        reinterpret_cast<unsigned long long*>(erased_device));
+  }
+  return CudaStatus(cudaGetLastError(), "erase");
+}
+
+Status GpuHashTable::Export(int64_t written_after_us, bool with_state, const ExportOutputs& outputs,
+                            cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(init_status_);
+  Exact e;
+  SOK_RETURN_IF_ERROR(ReadCounters(&e, stream));
+  const bool all = written_after_us == INT64_MIN || written_after_us < created_us_;
+  const uint32_t since = all ? 0 : StampAt(written_after_us);
+  uint8_t* flags = nullptr;
+  int64_t* selected = nullptr;
+  int* count = nullptr;
+  Status status = Scratch(e.next_row, &flags);
+  if (status.ok()) status = Scratch(e.next_row, &selected);
+  if (status.ok()) status = Scratch(1, &count);
+  int host_count = 0;
+  if (status.ok() && e.next_row > 0) {
+    ExportFlags<<<Blocks(e.next_row), kThreads, 0, stream>>>(row_meta_, e.next_row, all, since,
+                                                              flags);
+    size_t bytes = 0;
+    thrust::counting_iterator<int64_t> row_numbers(0);
+    cub::DeviceSelect::Flagged(nullptr, bytes, row_numbers, flags, selected, count,
+                               static_cast<int>(e.next_row), stream);
+    char* temp = nullptr;
+    status = Scratch(bytes, &temp);
+    if (status.ok()) {
+      cub::DeviceSelect::Flagged(temp, bytes, row_numbers, flags, selected, count,
+                                 static_cast<int>(e.next_row), stream);
+      cudaMemcpyAsync(&host_count, count, sizeof(int), cudaMemcpyDeviceToHost, stream);
+      status = CudaStatus(cudaStreamSynchronize(stream), "export");
+    }
+  }
+  int64_t* keys = nullptr;
+  float *values = nullptr, *state = nullptr;
+  if (status.ok()) status = outputs(host_count, &keys, &values, with_state ? &state : nullptr);
+  if (status.ok() && host_count > 0) {
+    const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
+    const int64_t width = std::max(options_.dim, with_state ? options_.state_dim : 0);
+    VisitValueType(options_.value_type, [&](auto value) {
+      ExportRows<decltype(value)><<<Blocks(host_count * width), kThreads, 0, stream>>>(
+          selected, host_count, arrays, keys, values, with_state ? state : nullptr);
+    });
+    status = CudaStatus(cudaGetLastError(), "export");
+  }
+  FreeScratch();
+  return status;
+}
+
+Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t hyper_count,
+                           bool nesterov, int64_t state_dim, float state_initial_value,
+                           const int64_t* keys, int64_t n, const float* grads,
+                           cudaStream_t stream) {
+  SOK_RETURN_IF_ERROR(EnsureState(state_dim, state_initial_value, stream));
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (n == 0) return Status::Ok();
+  int64_t* rows = nullptr;
+  LookupCheck* check = nullptr;
+  Status status = Scratch(n, &rows);
+  if (status.ok()) status = Scratch(1, &check);
+  if (status.ok()) status = FindOrInsert(GpuKeys{keys, n, 1, 0}, false, 1.0f, 0, 0, rows, stream);
+  if (status.ok()) status = CudaStatus(ResetLookupCheck(check, stream), "apply");
+  if (status.ok()) {
+    SparseApplyTable table;
+    table.values = static_cast<float*>(values_);
+    table.state = state_;
+    table.rows = row_capacity_ + 1;  // missing keys update the spare last row
+    table.dim = options_.dim;
+    table.state_dim = options_.state_dim;
+    table.value_type = options_.value_type;
+    const cudaError_t applied = SparseApplyGpuAsync(
+        rule, hyper, hyper_count, nesterov, table, SparseGradient{rows, grads, n},
+        [&](size_t bytes) -> void* {
+          char* p = nullptr;
+          return Scratch(static_cast<int64_t>(bytes), &p).ok() ? p : nullptr;
+        },
+        check, stream);
+    if (applied == cudaErrorInvalidValue) {
+      status = Status::InvalidArgument("rule " + rule + " does not fit a state of " +
+                                       std::to_string(options_.state_dim) + " floats per key");
+    } else {
+      status = CudaStatus(applied, "apply");
+    }
+  }
+  if (status.ok()) {
+    StampRows<<<Blocks(n), kThreads, 0, stream>>>(rows, n, row_capacity_, row_meta_, StampNow());
+    status = CudaStatus(cudaGetLastError(), "apply");
+  }
+  FreeScratch();
+  return status;
 }
 
 }  // namespace sok

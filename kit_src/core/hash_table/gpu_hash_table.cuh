@@ -1,44 +1,162 @@
-// A GPU hash table of int64 keys and float rows in device memory: open addressing with
-// linear probing over a power-of-two slot array, one thread probing per key (a slot's key is
-// claimed with one atomicCAS), rows copied by a separate kernel so the copies are coalesced.
-// Two key values are reserved for slot states and refused as keys: kEmptyKey and kErasedKey.
-// Erased slots stay tombstones (probing passes them, inserts do not reuse them) until the
-// table is rebuilt by its owner; `used` counts live and erased slots.
+// A dynamic table in GPU memory with the CPU table's contract (cpu_hash_table.h): int64 keys
+// over their whole range, float32 / float16 / bfloat16 rows with float32 optimizer state,
+// initial rows from the same (seed, key) function, max_capacity with LRU / LFU eviction,
+// growth, erase, export of everything or of the rows written since a moment, the
+// low-frequency filter.
+//
+// Layout: a slot array maps keys to rows by open addressing with linear probing; a slot is
+// 16 bytes (the key and its row number) and a slot's row word doubles as its state (empty,
+// erased, being claimed) so no key value is reserved. Rows live in a dense pool: per row its
+// key, a metadata word (live bit, eviction score, write stamp; table_math.h), the value and
+// the optimizer state. Growing the slot array moves 16-byte slots only; erased rows go on a
+// free list that inserts take from first, and erased slots are cleared when the slot array
+// is rebuilt, which happens before they could crowd it (they count towards its load).
+//
+// No call synchronises while the table has room: the host keeps lower bounds on the room
+// left (keys before max_capacity, slots before the load limit, rows in the pool), lowered by
+// each call's key count, and reads the exact counters (one synchronisation) only when a bound
+// runs out; then it counts the call's new keys, evicts, rebuilds or grows as needed. Export
+// synchronises to size its output. Every call is ordered on the stream it is given; the
+// table's own mutex serialises callers.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kit_src/core/hash_table/cpu_hash_table.h"
+#include "kit_src/core/status.h"
 
 namespace sok {
 
-constexpr int64_t kEmptyKey = INT64_MIN;
-constexpr int64_t kErasedKey = INT64_MIN + 1;
-
-struct GpuHashTable {
-  int64_t* keys = nullptr;       // [capacity], every slot kEmptyKey when new
-  float* values = nullptr;       // [capacity, dim]
-  int64_t* counters = nullptr;   // [2] device: live keys, used slots (live + erased)
-  int64_t capacity = 0;          // a power of two
-  int64_t dim = 0;
-  float max_load = 0.75f;        // inserts that could push used slots past this are refused
+// Device memory for a table's arrays and its per-call scratch. Memory handed to Free may
+// still be read by work already enqueued on the table's stream: the allocator must keep it
+// from other streams until then (TensorFlow's GPU allocator does for its compute stream;
+// cudaFreeAsync on the stream does).
+class GpuMemory {
+ public:
+  virtual ~GpuMemory() = default;
+  virtual void* Allocate(size_t bytes) = 0;  // null when out of memory
+  virtual void Free(void* pointer) = 0;
 };
 
-// out[i] = row of keys[i], zeros when absent; found[i] (if not null) = 1 when present.
-cudaError_t GpuTableFind(const GpuHashTable& table, const int64_t* keys, int64_t n, float* out,
-                         uint8_t* found, cudaStream_t stream);
+// The keys of one call, in device memory: key i is data[i] (stride 1), or data[2 i + 1] of
+// a (table, key) pair when data[2 i] == table (stride 2; the other pairs are skipped).
+struct GpuKeys {
+  const int64_t* data = nullptr;
+  int64_t n = 0;
+  int stride = 1;
+  int64_t table = 0;
+};
 
-// out[i] = row of keys[i]; absent keys are inserted with zero rows first (find-or-insert).
-// values_in (if not null) [n, dim] is written to every key's row instead (insert-or-assign;
-// its keys must be distinct, as HierarchicalKV asks too); out may be null.
-// Refuses with cudaErrorInvalidValue, before any write, a reserved key or a call whose keys,
-// were all new, would push the used slots past max_load * capacity (one synchronisation of
-// `stream` reads the counters).
-cudaError_t GpuTableUpsert(const GpuHashTable& table, const int64_t* keys, int64_t n,
-                           const float* values_in, float* out, cudaStream_t stream);
+class GpuHashTable {
+ public:
+  // Allocates through `memory`, which must outlive the table.
+  GpuHashTable(const HashTableOptions& options, const RowInitializer& initializer,
+               GpuMemory* memory);
+  ~GpuHashTable();
+  GpuHashTable(const GpuHashTable&) = delete;
+  GpuHashTable& operator=(const GpuHashTable&) = delete;
 
-// Removes the present keys among keys[0, n).
-cudaError_t GpuTableErase(const GpuHashTable& table, const int64_t* keys, int64_t n,
-                          cudaStream_t stream);
+  // The allocation the constructor made; a table that failed it refuses every call.
+  Status Init(cudaStream_t stream);
+
+  int64_t dim() const { return options_.dim; }
+  int64_t state_dim() const { return options_.state_dim; }
+
+  // The live key count, written to *size_device (stream-ordered, no synchronisation).
+  Status Size(int64_t* size_device, cudaStream_t stream);
+
+  // values ([keys.n, dim], device) row i receives key i's row; a missing key is inserted with
+  // its initial row when `insert` (admitted with `admit_probability`), else it reads as zeros.
+  // Rows of pairs naming another table are left as they are.
+  Status Lookup(const GpuKeys& keys, bool insert, float* values, float admit_probability,
+                cudaStream_t stream);
+
+  // Inserts or overwrites the values ([n, dim]) and, when `state` ([n, state_dim]) is not
+  // null, the optimizer state of `keys` (distinct).
+  Status Assign(const int64_t* keys, int64_t n, const float* values, const float* state,
+                cudaStream_t stream);
+
+  // As CpuHashTable::EnsureState.
+  Status EnsureState(int64_t state_dim, float initial_value, cudaStream_t stream);
+
+  // Replaces the whole content (all or nothing), as CpuHashTable::Replace.
+  Status Replace(const int64_t* keys, int64_t n, const float* values, const float* state,
+                 int64_t state_dim, cudaStream_t stream);
+
+  // Removes the present keys; *erased_device (device) receives how many were.
+  Status Erase(const int64_t* keys, int64_t n, int64_t* erased_device, cudaStream_t stream);
+
+  // Hands out the output arrays for `n` keys: keys [n], values [n, dim], state
+  // [n, state_dim] (state only when asked for), device memory.
+  using ExportOutputs =
+      std::function<Status(int64_t n, int64_t** keys, float** values, float** state)>;
+  // Every key with its value (and state), in row order; with `written_after_us`, only rows
+  // written since then (CpuHashTable::Export's rule). Synchronises twice.
+  Status Export(int64_t written_after_us, bool with_state, const ExportOutputs& outputs,
+                cudaStream_t stream);
+
+  // One optimizer step (Sok>DynamicApply's rule and hyper-parameters, host memory) of the
+  // rows of `keys` ([n], duplicates summed) with gradients `grads` ([n, dim]); missing keys
+  // are skipped. Widens the state first (EnsureState).
+  Status Apply(const std::string& rule, const float* hyper, int64_t hyper_count, bool nesterov,
+               int64_t state_dim, float state_initial_value, const int64_t* keys, int64_t n,
+               const float* grads, cudaStream_t stream);
+
+  struct Counters;  // device-side counts (gpu_hash_table.cu)
+
+ private:
+  struct Exact {  // the counters as read on the host
+    int64_t size = 0, used = 0, next_row = 0, free_count = 0;
+  };
+  Status ReadCounters(Exact* exact, cudaStream_t stream);
+  // Makes room for the new keys among `keys` (admitted at `clock`): lowers the bounds, or
+  // reads the counters and evicts, rebuilds or grows; fails (changing nothing) when full.
+  Status Reserve(const GpuKeys& keys, float admit_probability, uint64_t clock,
+                 cudaStream_t stream);
+  Status CountNewKeys(const GpuKeys& keys, float admit_probability, uint64_t clock,
+                      int64_t* count, cudaStream_t stream);
+  Status Evict(int64_t count, int64_t next_row, cudaStream_t stream);
+  Status Rebuild(int64_t slots, int64_t next_row, cudaStream_t stream);
+  Status GrowRows(int64_t rows, int64_t next_row, cudaStream_t stream);
+  void SetBounds(const Exact& exact);
+  // rows ([keys.n], device): each selected key's row, -1 when missing (or not admitted); with
+  // `insert`, missing keys get rows (reserved first) initialised as new.
+  Status FindOrInsert(const GpuKeys& keys, bool insert, float admit_probability,
+                      uint64_t clock, uint32_t now, int64_t* rows, cudaStream_t stream);
+  uint32_t StampNow() const;
+  uint32_t StampAt(int64_t time_us) const;
+  template <typename T>
+  Status Scratch(int64_t count, T** out);
+  void FreeScratch();
+  int64_t RowWords() const;  // 4-byte words of a stored value
+
+  HashTableOptions options_;
+  RowInitializer initializer_;
+  GpuMemory* memory_;
+  std::mutex mutex_;
+  Status init_status_;
+  int64_t created_us_ = 0;
+  uint64_t clock_ = 0;
+  // Device arrays.
+  Counters* counters_ = nullptr;
+  void* slots_ = nullptr;           // [num_slots] (key, row) pairs
+  int64_t num_slots_ = 0;           // a power of two
+  int64_t row_capacity_ = 0;        // rows in the pool; each array has one more (row_capacity_
+                                    // itself: where updates of missing keys go, never read)
+  int64_t* row_keys_ = nullptr;     // [row_capacity_ + 1]
+  uint64_t* row_meta_ = nullptr;    // [row_capacity_ + 1], 0 for a free row
+  void* values_ = nullptr;          // [row_capacity_ + 1, dim] of the value type
+  float* state_ = nullptr;          // [row_capacity_ + 1, state_dim]
+  int64_t* free_rows_ = nullptr;    // [row_capacity_]
+  // Lower bounds on the room left, exact after ReadCounters.
+  int64_t spare_keys_ = 0, spare_slots_ = 0, spare_rows_ = 0;
+  std::vector<void*> scratch_;      // this call's scratch, freed (stream-ordered) at its end
+};
 
 }  // namespace sok

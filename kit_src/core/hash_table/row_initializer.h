@@ -1,11 +1,11 @@
 // Initial value of a dynamic table's row: a pure function of (seed, key, column), so every
-// worker count and every run gives a key the same initial row.
+// worker count, every run and both devices give a key the same initial row
+// (table_math.h's InitialValue).
 #pragma once
 
 #include <cstdint>
-#include <string>
 
-#include "kit_src/core/status.h"
+#include "kit_src/core/hash_table/table_math.h"
 
 namespace sok {
 
@@ -17,7 +17,11 @@ struct RowInitializer {
   uint64_t seed = 0;
 
   // Writes the initial row of `key` ([dim] floats).
-  void Fill(int64_t key, float* row, int64_t dim) const;
+  void Fill(int64_t key, float* row, int64_t dim) const {
+    for (int64_t d = 0; d < dim; ++d) {
+      row[d] = InitialValue(static_cast<InitKind>(kind), a, b, seed, key, d);
+    }
+  }
 };
 
 }  // namespace sok

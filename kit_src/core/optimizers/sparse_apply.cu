@@ -7,6 +7,7 @@
 #include "kit_src/core/cuda_scratch.cuh"
 #include "kit_src/core/optimizers/rule_by_name.h"
 #include "kit_src/core/optimizers/update_rules.h"
+#include "kit_src/core/value_storage.cuh"
 
 namespace sok {
 namespace {
@@ -80,7 +81,7 @@ __global__ void SumRuns(const int32_t* order, const int32_t* run_of, const float
 
 // One step of the rule per element of every touched row (elementwise rules: dim 1, state
 // sections of length 1).
-template <typename Hyper>
+template <typename Value, typename Hyper>
 __global__ void ApplyRuns(const int64_t* run_id, const int32_t* num_runs, const float* summed,
                           SparseApplyTable table, int sections, Hyper hyper,
                           const LookupCheck* check) {
@@ -90,7 +91,8 @@ __global__ void ApplyRuns(const int64_t* run_id, const int32_t* num_runs, const 
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t run = i / dim, d = i - run * dim, row = run_id[run];
     float g = summed[i];
-    float w = table.values[row * dim + d];
+    Value* value = reinterpret_cast<Value*>(table.values) + row * dim + d;
+    float w = Widen(*value);
     float state[kMaxSections];
     float* section[kMaxSections];
     for (int s = 0; s < sections; ++s) {
@@ -99,7 +101,7 @@ __global__ void ApplyRuns(const int64_t* run_id, const int32_t* num_runs, const 
       state[s] = *section[s];
     }
     ApplyRule(&w, state, &g, 1, hyper);
-    table.values[row * dim + d] = w;
+    *value = Narrow<Value>(w);
     for (int s = 0; s < sections; ++s) *section[s] = state[s];
   }
 }
@@ -172,8 +174,10 @@ cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper, int
   SumRuns<<<GridBlocks(chunks, 1), threads, 0, stream>>>(
       order, run_of, gradient.values, n, table.dim, summed, check);
   VisitRule(rule, hyper, hyper_count, nesterov, [&](const auto& h) {
-    ApplyRuns<<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(run_id, num_runs, summed, table,
-                                                             sections, h, check);
+    VisitValueType(table.value_type, [&](auto value) {
+      ApplyRuns<decltype(value)><<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(
+          run_id, num_runs, summed, table, sections, h, check);
+    });
   });
   return cudaGetLastError();
 }

@@ -9,6 +9,7 @@
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/pooled_output.h"
 #include "kit_src/tf/kernels/dynamic_table_resource.h"
+#include "kit_src/tf/kernels/dynamic_table_validation.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_op_kernel.h"
@@ -21,35 +22,6 @@ REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableHandle").Device(tf::DEVICE_CPU),
                         tf::ResourceHandleOp<DynamicTableResource>);
 
 namespace {
-
-tf::Status GetTable(tf::OpKernelContext* ctx, int input,
-                    tf::core::RefCountPtr<DynamicTableResource>* table) {
-  tf::Status status = tf::LookupResource(ctx, tf::HandleFromInput(ctx, input), table);
-  if (!status.ok()) {
-    return tf::errors::FailedPrecondition("dynamic table of input ", input,
-                                          " is not created or was destroyed: ",
-                                          status.message());
-  }
-  return tf::Status();
-}
-
-// Fails unless `tensor` is [rows, cols]; `what` names it in the error.
-tf::Status CheckMatrix(const tf::Tensor& tensor, int64_t rows, int64_t cols,
-                       const char* what) {
-  if (tensor.dims() == 2 && tensor.dim_size(0) == rows && tensor.dim_size(1) == cols) {
-    return tf::Status();
-  }
-  return tf::errors::InvalidArgument(what, " must be [", rows, ", ", cols, "], got ",
-                                     tensor.shape().DebugString());
-}
-
-tf::Status CheckKeys(const tf::Tensor& keys) {
-  if (!tf::TensorShapeUtils::IsVector(keys.shape())) {
-    return tf::errors::InvalidArgument("keys must be a vector, got shape ",
-                                       keys.shape().DebugString());
-  }
-  return tf::Status();
-}
 
 // Allocates output `index` with `shape` and copies `data` (row-major, shape's elements) in.
 template <typename T>
@@ -66,27 +38,7 @@ tf::Status CopyToOutput(tf::OpKernelContext* ctx, int index, const tf::TensorSha
 class DynamicTableCreateOp : public tf::OpKernel {
  public:
   explicit DynamicTableCreateOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::string evict, initializer, value_dtype;
-    int64_t seed = 0;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &options_.dim));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_capacity", &options_.init_capacity));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_capacity", &options_.max_capacity));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("evict_strategy", &evict));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("initializer", &initializer));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_a", &initializer_.a));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_b", &initializer_.b));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("value_dtype", &value_dtype));
-    initializer_.seed = static_cast<uint64_t>(seed);
-    options_.value_type = value_dtype == "float16"    ? ValueType::kFloat16
-                          : value_dtype == "bfloat16" ? ValueType::kBfloat16
-                                                      : ValueType::kFloat32;
-    options_.evict = evict == "lru"   ? EvictStrategy::kLru
-                     : evict == "lfu" ? EvictStrategy::kLfu
-                                      : EvictStrategy::kNone;
-    initializer_.kind = initializer == "uniform"    ? RowInitializer::Kind::kUniform
-                        : initializer == "constant" ? RowInitializer::Kind::kConstant
-                                                    : RowInitializer::Kind::kNormal;
+    OP_REQUIRES_OK(ctx, ReadTableAttrs(ctx, &options_, &initializer_));
   }
 
   void Compute(tf::OpKernelContext* ctx) override {
@@ -105,7 +57,7 @@ class DynamicTableSizeOp : public tf::OpKernel {
   using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
     tf::core::RefCountPtr<DynamicTableResource> table;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, &table));
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
     tf::Tensor* size = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({}), &size));
     size->scalar<int64_t>()() = table->table().size();
@@ -120,7 +72,7 @@ class DynamicTableLookupOp : public tf::OpKernel {
   }
   void Compute(tf::OpKernelContext* ctx) override {
     tf::core::RefCountPtr<DynamicTableResource> table;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, &table));
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
     const tf::Tensor& keys = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     tf::Tensor* values = nullptr;
@@ -142,7 +94,7 @@ class DynamicTableAssignOp : public tf::OpKernel {
   using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
     tf::core::RefCountPtr<DynamicTableResource> table;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, &table));
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
     const tf::Tensor& keys = ctx->input(1);
     const tf::Tensor& values = ctx->input(2);
     const tf::Tensor& state = ctx->input(3);
@@ -165,7 +117,7 @@ class DynamicTableImportOp : public tf::OpKernel {
   using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
     tf::core::RefCountPtr<DynamicTableResource> table;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, &table));
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
     const tf::Tensor& keys = ctx->input(1);
     const tf::Tensor& values = ctx->input(2);
     const tf::Tensor& state = ctx->input(3);
@@ -188,7 +140,7 @@ class DynamicTableEraseOp : public tf::OpKernel {
   using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
     tf::core::RefCountPtr<DynamicTableResource> table;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, &table));
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
     const tf::Tensor& keys = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     tf::Tensor* erased = nullptr;
@@ -203,7 +155,7 @@ class DynamicTableExportOp : public tf::OpKernel {
   using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
     tf::core::RefCountPtr<DynamicTableResource> table;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, &table));
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
     std::vector<int64_t> keys;
     std::vector<float> values, state;
     table->table().Export(&keys, &values, &state);
@@ -221,7 +173,7 @@ class DynamicTableExportWrittenOp : public tf::OpKernel {
   using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
     tf::core::RefCountPtr<DynamicTableResource> table;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, &table));
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
     const tf::Tensor& since = ctx->input(1);
     OP_REQUIRES(ctx, tf::TensorShapeUtils::IsScalar(since.shape()),
                 tf::errors::InvalidArgument("written_after_us must be a scalar, got shape ",
@@ -237,17 +189,13 @@ class DynamicTableExportWrittenOp : public tf::OpKernel {
 REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableExportWritten").Device(tf::DEVICE_CPU),
                         DynamicTableExportWrittenOp);
 
-// keys: [R, 2] (table index, key) pairs, as PartitionKeys(pair_keys) lays them out.
+// keys: [R, 2] (table index, key) pairs naming tables [0, num_tables).
 tf::Status CheckKeyPairs(const tf::Tensor& keys, int64_t num_tables) {
-  if (keys.dims() != 2 || keys.dim_size(1) != 2) {
-    return tf::errors::InvalidArgument("keys must be [n, 2] (table, key) pairs, got ",
-                                       keys.shape().DebugString());
-  }
+  TF_RETURN_IF_ERROR(CheckKeyPairsShape(keys));
   const auto pairs = keys.matrix<int64_t>();
   for (int64_t i = 0; i < keys.dim_size(0); ++i) {
     if (pairs(i, 0) < 0 || pairs(i, 0) >= num_tables) {
-      return tf::errors::InvalidArgument("key pair ", i, " names table ", pairs(i, 0), " of ",
-                                         num_tables);
+      return PairNamesNoTable(i, pairs(i, 0), num_tables);
     }
   }
   return tf::Status();
@@ -283,7 +231,7 @@ class DynamicGatherRowsOp : public tf::OpKernel {
     for (int t = 0; t < num_tables; ++t) {
       if (positions[t].empty()) continue;
       tf::core::RefCountPtr<DynamicTableResource> table;
-      OP_REQUIRES_OK(ctx, GetTable(ctx, t, &table));
+      OP_REQUIRES_OK(ctx, GetTable(ctx, t, false, &table));
       OP_REQUIRES(ctx, table->table().dim() == dim_,
                   tf::errors::InvalidArgument("dynamic table ", t, " has dim ",
                                               table->table().dim(), ", expected ", dim_));
@@ -345,15 +293,12 @@ REGISTER_KERNEL_BUILDER(Name("Sok>SplitDynamicGradient").Device(tf::DEVICE_CPU),
 class DynamicApplyOp : public tf::OpKernel {
  public:
   explicit DynamicApplyOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &rule_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("state_dim", &state_dim_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("state_initial_value", &state_initial_value_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("nesterov", &nesterov_));
+    OP_REQUIRES_OK(ctx, attrs_.Read(ctx));
   }
 
   void Compute(tf::OpKernelContext* ctx) override {
     tf::core::RefCountPtr<DynamicTableResource> resource;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, &resource));
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &resource));
     CpuHashTable& table = resource->table();
     const tf::Tensor& keys = ctx->input(1);
     const tf::Tensor& grads = ctx->input(2);
@@ -361,18 +306,16 @@ class DynamicApplyOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     const int64_t n = keys.NumElements(), dim = table.dim();
     OP_REQUIRES_OK(ctx, CheckMatrix(grads, n, dim, "grads"));
-    OP_REQUIRES(ctx, RuleHyperCount(rule_) == hyper.NumElements(),
-                tf::errors::InvalidArgument(rule_, " takes ", RuleHyperCount(rule_),
-                                            " hyper-parameters, got ", hyper.NumElements()));
+    OP_REQUIRES_OK(ctx, attrs_.CheckHyper(hyper));
     // Sum the gradients of duplicate keys so each row is updated once.
     std::vector<int64_t> unique_keys;
     std::vector<float> summed;
     SumDuplicates(keys.flat<int64_t>().data(), grads.flat<float>().data(), n, dim, &unique_keys,
                   &summed);
-    table.EnsureState(state_dim_, state_initial_value_);
+    table.EnsureState(attrs_.state_dim, attrs_.state_initial_value);
     const float* g = summed.data();
-    SOK_OP_REQUIRES_OK(ctx, VisitRule(rule_, hyper.flat<float>().data(), hyper.NumElements(),
-                                      nesterov_, [&](const auto& rule) {
+    SOK_OP_REQUIRES_OK(ctx, VisitRule(attrs_.rule, hyper.flat<float>().data(), hyper.NumElements(),
+                                      attrs_.nesterov, [&](const auto& rule) {
       table.UpdateRows(
           unique_keys.data(), unique_keys.size(),
           [&](int64_t i, float* w, float* state) { ApplyRule(w, state, g + i * dim, dim, rule); },
@@ -381,10 +324,7 @@ class DynamicApplyOp : public tf::OpKernel {
   }
 
  private:
-  std::string rule_;
-  int64_t state_dim_ = 0;
-  float state_initial_value_ = 0.0f;
-  bool nesterov_ = false;
+  DynamicApplyAttrs attrs_;
 };
 REGISTER_KERNEL_BUILDER(Name("Sok>DynamicApply").Device(tf::DEVICE_CPU), DynamicApplyOp);
 

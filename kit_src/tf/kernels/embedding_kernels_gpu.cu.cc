@@ -15,6 +15,7 @@
 #include "kit_src/core/embedding/combine.h"
 #include "kit_src/core/embedding/key_partition.h"
 #include "kit_src/core/embedding/packed_key.h"
+#include "kit_src/core/embedding/pair_keys_gpu.cuh"
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/embedding_validation.h"
 #include "kit_src/tf/kernels/gathered_ids_check.h"
@@ -342,9 +343,6 @@ class PartitionKeysGpuOp : public tf::OpKernel {
  public:
   explicit PartitionKeysGpuOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ReadPartitionAttrs(ctx, &attrs_));
-    OP_REQUIRES(ctx, !attrs_.options.pair_keys,
-                tf::errors::Unimplemented("Sok>PartitionKeys with pair_keys (dynamic tables) has "
-                                          "no GPU kernel yet; place it on the CPU"));
     const int64_t num_workers = attrs_.options.num_workers;
     uint64_t max_local_rows = 1;
     for (const TablePlacement& table : attrs_.tables) {
@@ -359,6 +357,12 @@ class PartitionKeysGpuOp : public tf::OpKernel {
     }
     row_bits_ = BitsFor(max_local_rows);
     table_bits_ = BitsFor(attrs_.tables.size());
+    if (attrs_.options.pair_keys) {  // (worker, table) sort in 32 bits, ids in another 64
+      OP_REQUIRES(ctx, table_bits_ + BitsFor(num_workers) <= 32,
+                  tf::errors::InvalidArgument(attrs_.tables.size(), " tables and ", num_workers,
+                                              " workers do not fit a 32-bit sort key"));
+      return;
+    }
     OP_REQUIRES(ctx, row_bits_ <= kPackedRowBits &&
                          row_bits_ + table_bits_ + BitsFor(num_workers) <= 64,
                 tf::errors::InvalidArgument("tables of ", max_local_rows, " local rows, ",
@@ -383,6 +387,10 @@ class PartitionKeysGpuOp : public tf::OpKernel {
     OP_REQUIRES(ctx, total <= INT32_MAX,
                 tf::errors::InvalidArgument("more than 2^31 ids in one lookup call"));
     const bool ids64 = n > 0 && ctx->input(0).dtype() == tf::DT_INT64;
+    if (attrs_.options.pair_keys) {
+      ComputePairs(ctx, lookups, total, ids64);
+      return;
+    }
     const cudaStream_t stream = GpuStream(ctx);
     GpuCallMemory memory;
     GpuPartitionLookup* lookups_device = nullptr;
@@ -468,6 +476,48 @@ class PartitionKeysGpuOp : public tf::OpKernel {
   }
 
  private:
+  // Dynamic tables: (table, id) pairs (pair_keys_gpu.cuh); ids need no range check.
+  void ComputePairs(tf::OpKernelContext* ctx, const std::vector<GpuPartitionLookup>& lookups,
+                    int64_t total, bool ids64) {
+    const int32_t num_workers = static_cast<int32_t>(attrs_.options.num_workers);
+    const cudaStream_t stream = GpuStream(ctx);
+    GpuCallMemory memory;
+    GpuPartitionLookup* lookups_device = nullptr;
+    int64_t* host = nullptr;  // [0] unique count, [1 ..] per-worker counts
+    OP_REQUIRES_OK(ctx, memory.Upload(ctx, lookups, &lookups_device));
+    OP_REQUIRES_OK(ctx, memory.Pinned(ctx, 1 + num_workers, &host));
+    SortedPairKeys sorted;
+    OP_REQUIRES_OK(ctx, CudaToTf(SortPairKeys(lookups_device, static_cast<int32_t>(lookups.size()),
+                                              ids64, total, num_workers, table_bits_,
+                                              attrs_.options.dedup, ScratchFrom(ctx, &memory),
+                                              &sorted, stream),
+                                 "partition pairs"));
+    host[0] = 0;
+    if (total > 0) {
+      int32_t* unique = reinterpret_cast<int32_t*>(host);
+      cudaMemcpyAsync(unique, sorted.slot + total - 1, sizeof(int32_t), cudaMemcpyDeviceToHost,
+                      stream);
+    }
+    cudaMemcpyAsync(host + 1, sorted.worker_counts, num_workers * sizeof(int64_t),
+                    cudaMemcpyDeviceToHost, stream);
+    // The one synchronisation: the unique count sizes send_keys.
+    OP_REQUIRES_OK(ctx, CudaToTf(cudaStreamSynchronize(stream), "partition pairs"));
+    const int64_t unique = *reinterpret_cast<int32_t*>(host);
+    tf::Tensor *send_keys = nullptr, *splits = nullptr, *position = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({unique, 2}), &send_keys));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tf::TensorShape({num_workers}), &splits));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({total}), &position));
+    for (int32_t w = 0; w < num_workers; ++w) {
+      splits->flat<int32_t>()(w) = static_cast<int32_t>(host[1 + w]);
+    }
+    OP_REQUIRES_OK(ctx, CudaToTf(ScatterPairKeys(sorted, total, table_bits_,
+                                                 send_keys->flat<int64_t>().data(),
+                                                 reinterpret_cast<int32_t*>(
+                                                     position->flat<uint32_t>().data()),
+                                                 stream),
+                                 "scatter pairs"));
+  }
+
   PartitionAttrs attrs_;
   int row_bits_ = 0, table_bits_ = 0;
 };

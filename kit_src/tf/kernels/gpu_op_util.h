@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kit_src/core/embedding/lookup_gpu.cuh"
+#include "kit_src/core/optimizers/sparse_apply.cuh"
 #include "tensorflow/core/common_runtime/device/device_event_mgr.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
@@ -71,6 +72,14 @@ class GpuCallMemory {
   }
   std::vector<::tensorflow::Tensor> buffers_;
 };
+
+// Scratch of one GPU op as the DeviceAllocate the core's CUDA functions take.
+inline DeviceAllocate ScratchFrom(::tensorflow::OpKernelContext* ctx, GpuCallMemory* memory) {
+  return [ctx, memory](size_t bytes) -> void* {
+    char* p = nullptr;
+    return memory->Device(ctx, static_cast<int64_t>(bytes), &p).ok() ? p : nullptr;
+  };
+}
 
 // A LookupCheck on the device and its pinned host copy.
 struct GpuCheck {

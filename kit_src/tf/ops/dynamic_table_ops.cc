@@ -119,6 +119,7 @@ REGISTER_OP("Sok>DynamicGatherRows")
     .Attr("dim: int >= 1")
     .Attr("insert: bool = true")
     .Attr("admit_probability: list(float) = []")
+    .Attr("validate: bool = true")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> Status {
       ShapeHandle keys;
@@ -129,7 +130,9 @@ REGISTER_OP("Sok>DynamicGatherRows")
       return Status();
     })
     .Doc("The owner's read for dynamic tables: rows of (table, key) pairs, find-or-insert; "
-         "admit_probability (one per table, empty for 1) is the low-frequency filter.");
+         "admit_probability (one per table, empty for 1) is the low-frequency filter. The GPU "
+         "kernel waits for its check of the pairs' tables only with validate (pairs "
+         "Sok>PartitionKeys built need none).");
 
 REGISTER_OP("Sok>SplitDynamicGradient")
     .Input("keys: int64")

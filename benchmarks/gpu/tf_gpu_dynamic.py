@@ -1,0 +1,130 @@
+"""Dynamic tables on the GPU inside TensorFlow (issue: TF on the GPU, part 2).
+
+T4   one sok.DynamicVariable in GPU memory prefilled with 8Mi keys, dim 128, batch 65,536,
+     one id per sample drawn from the present keys, SGD: eval (lookup_sparse with
+     training=False: find only), forward (find-or-insert), train step (forward + backward +
+     update), and the table's raw find (DynamicVariable.sparse_read(insert=False)); against
+     a static sok.Variable of the same size trained the same way, in the same process, and
+     the dynamicemb seed's published H100 figures for the same shape.
+G1b  the same table with batch 1Mi.
+Each step is a tf.function; a measurement runs `iters` steps back to back and waits for the
+last, the variants interleaved in rounds, medians reported. Writes tf_gpu_dynamic.json to $OUT
+(merged with what else is there, e.g. G4).
+"""
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+
+KEYS, DIM = 8 << 20, 128
+DYNAMICEMB_H100 = {  # BENCHMARKS.md, G1a / G1b: dynamicemb v1 on an H100, ms
+    "T4": {"eval_ms": 0.069, "fwd_ms": 0.196, "bwd_ms": 0.410, "train_ms": 0.606},
+    "G1b": {"eval_ms": 0.601, "fwd_ms": 0.844, "bwd_ms": 1.616, "train_ms": 2.460},
+}
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def timed(fn, iters):
+    fn().numpy()
+    start = time.perf_counter()
+    for _ in range(iters):
+        result = fn()
+    result.numpy()
+    return (time.perf_counter() - start) / iters * 1e3
+
+
+def interleaved(fns, rounds=5, iters=20, warmup=3):
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn().numpy()
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(timed(fn, iters))
+    return {name: float(np.median(v)) for name, v in samples.items()}
+
+
+def prefilled_table(present):
+    table = sok.DynamicVariable(DIM, name="t4", initializer="uniform",
+                                init_capacity=KEYS + (KEYS >> 3))
+    for start in range(0, KEYS, 1 << 20):
+        table.sparse_read(tf.constant(present[start:start + (1 << 20)]))
+    assert int(table.size()) == KEYS
+    return table
+
+
+def measure(table, static, present, batch, rng):
+    keys = tf.constant(present[rng.integers(0, KEYS, size=batch)])
+    rows = tf.constant(rng.integers(0, KEYS, size=batch), tf.int64)
+    ragged = tf.RaggedTensor.from_tensor(keys[:, None])
+    static_ragged = tf.RaggedTensor.from_tensor(rows[:, None])
+    sok_opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.01))
+    static_opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.01))
+
+    def forward(training):
+        return sok.lookup_sparse([table], [ragged], combiners=["sum"], training=training)[0]
+
+    def train(tables, optimizer, fwd):
+        def step():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(fwd())
+            optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
+            return loss
+        return tf.function(step)
+
+    # Correctness first: the lookup equals the table's own rows of those keys.
+    np.testing.assert_array_equal(forward(False).numpy(),
+                                  table.sparse_read(keys, insert=False).numpy())
+    result = interleaved({
+        "sok_find_ms": tf.function(lambda: tf.reduce_sum(table.sparse_read(keys, insert=False))),
+        "sok_eval_ms": tf.function(lambda: tf.reduce_sum(forward(False))),
+        "sok_fwd_ms": tf.function(lambda: tf.reduce_sum(forward(True))),
+        "sok_train_ms": train([table], sok_opt, lambda: forward(True)),
+        "static_train_ms": train([static], static_opt, lambda: sok.lookup_sparse(
+            [static], [static_ragged], combiners=["sum"])[0]),
+    }, iters=20 if batch <= 65536 else 5)
+    assert int(table.size()) == KEYS  # every key was present: nothing inserted
+    return result
+
+
+def main():
+    out_dir = os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "..", "results"))
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        sys.exit("no GPU visible to TensorFlow")
+    sok.init(comm_tool="single")
+    details = tf.config.experimental.get_device_details(gpus[0])
+    rng = np.random.default_rng(7)
+    present = np.unique(rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, size=KEYS))
+    assert len(present) == KEYS  # 8Mi draws from 2^64 values: no repeat in practice
+    rng.shuffle(present)
+    with tf.device("GPU:0"):
+        table = prefilled_table(present)
+        static = sok.Variable(tf.random.stateless_uniform([KEYS, DIM], [1, 2], -0.05, 0.05),
+                              name="t4_static")
+        results = {"device": details.get("device_name", "GPU")}
+        for name, batch in [("T4", 65536), ("G1b", 1 << 20)]:
+            result = measure(table, static, present, batch, rng)
+            result["dynamicemb_h100"] = DYNAMICEMB_H100[name]
+            log(name, json.dumps(result))
+            results[name] = result
+    path = os.path.join(out_dir, "tf_gpu_dynamic.json")
+    if os.path.exists(path):
+        with open(path) as handle:
+            previous = json.load(handle)
+        previous.update(results)
+        results = previous
+    with open(path, "w") as handle:
+        json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,347 @@
+"""Dynamic (hash) tables on every device TensorFlow has here, against references.
+
+A table lives where it is created (`with tf.device(...)`). On the CPU machine (CI) the device
+list is ["CPU"]; on the GPU machine ["CPU", "GPU"], and every test here then also runs with
+the table in GPU memory. Each test checks the table against an independent reference (a NumPy
+model of the initializer, a dict of what was written, TensorFlow's own ops) and, where a GPU
+exists, the GPU table against the CPU table fed the same calls: same keys, bit-equal initial
+rows, the same rows and optimizer state after training, the same eviction choices.
+"""
+import zlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+from sparse_operation_kit import raw_ops
+
+DEVICES = ["CPU"] + (["GPU"] if tf.config.list_physical_devices("GPU") else [])
+I64 = np.iinfo(np.int64)
+EXTREME_KEYS = [I64.min, I64.min + 1, I64.min + 2, -3, -2, -1, 0, 1, 2, I64.max - 1, I64.max]
+MASK64 = (1 << 64) - 1
+
+
+def poison(device):
+    """Leaves NaN in the memory TensorFlow's allocator hands out next on `device`."""
+    if device == "GPU":
+        with tf.device("GPU:0"):
+            block = tf.fill([16 << 20], float("nan"))
+            block.numpy()
+            del block
+
+
+def make(device, dim, name, **kwargs):
+    poison(device)
+    with tf.device(f"{device}:0"):
+        return sok.DynamicVariable(dim, name=name, **kwargs)
+
+
+def keys_of(values):
+    return tf.constant(np.asarray(values, np.int64))
+
+
+def read(table, keys, insert=True):
+    with tf.device(table.handle.device):
+        return table.sparse_read(keys_of(keys), insert=insert).numpy()
+
+
+def export_sorted(table):
+    keys, values, state = (t.numpy() for t in raw_ops.sok_dynamic_table_export(table.handle))
+    order = np.argsort(keys, kind="stable")
+    return keys[order], values[order], state[order]
+
+
+def assert_same_tables(tables):
+    """Every device's table holds the same keys, rows and optimizer state."""
+    first = export_sorted(tables[0])
+    for other in tables[1:]:
+        for a, b in zip(first, export_sorted(other)):
+            np.testing.assert_array_equal(a, b)
+
+
+# ---- a NumPy model of the initializer (table_math.h's InitialValue) -------------------------
+
+def _mix(x):
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def initial_rows(name, keys, dim, kind, a, b):
+    seed = zlib.crc32(name.encode())
+    rows = np.zeros([len(keys), dim], np.float32)
+    for i, key in enumerate(keys):
+        stream = _mix(seed ^ _mix(int(key) & MASK64))
+        for d in range(dim):
+            bits = _mix((stream + d * 0x632BE59BD9B4E019) & MASK64)
+            u1 = ((bits >> 40) + 0.5) / 16777216.0
+            if kind == "uniform":
+                rows[i, d] = np.float32((b - a) * u1 + a)
+            else:
+                u2 = ((_mix(bits) >> 40) + 0.5) / 16777216.0
+                normal = np.sqrt(-2.0 * np.log(u1)) * np.cos(6.283185307179586 * u2)
+                rows[i, d] = np.float32(b * normal + a)
+    return rows
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("initializer, kind, a, b", [
+    (None, "normal", 0.0, 0.05), ("uniform", "uniform", -0.05, 0.05),
+    (tf.keras.initializers.RandomNormal(0.5, 2.0), "normal", 0.5, 2.0)])
+def test_new_rows_follow_the_seeded_initializer(device, initializer, kind, a, b):
+    keys = EXTREME_KEYS + list(np.random.default_rng(1).integers(I64.min, I64.max, 200))
+    table = make(device, 7, f"init_{kind}_{a}", initializer=initializer)
+    rows = read(table, keys)
+    # float64 model, rounded once: equal but for a last-bit tie of libm's log / cos (none here)
+    np.testing.assert_allclose(rows, initial_rows(f"init_{kind}_{a}", keys, 7, kind, a, b),
+                               rtol=2e-7, atol=0)
+    if device == "GPU":  # bit-equal to the CPU table's rows
+        np.testing.assert_array_equal(rows, read(make("CPU", 7, f"init_{kind}_{a}",
+                                                      initializer=initializer), keys))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
+def test_assign_read_erase_reinsert_against_a_dict(device, dtype):
+    rng = np.random.default_rng(3)
+    table = make(device, 5, f"dict_{dtype.name}", initializer="zeros", dtype=dtype,
+                 init_capacity=8)
+    reference = {}
+    universe = np.concatenate([EXTREME_KEYS, rng.integers(I64.min, I64.max, 3000)])
+    for step in range(12):
+        keys = rng.choice(universe, size=400, replace=False)
+        values = rng.normal(size=[400, 5]).astype(np.float32)
+        with tf.device(table.handle.device):
+            table.assign(keys_of(keys), values)
+        stored = values.astype(dtype.as_numpy_dtype).astype(np.float32)  # rounded to storage
+        reference.update(zip(keys.tolist(), stored))
+        gone = rng.choice(universe, size=150, replace=False)
+        with tf.device(table.handle.device):
+            erased = raw_ops.sok_dynamic_table_erase(table.handle, keys_of(gone)).numpy()
+        assert erased == sum(k in reference for k in gone.tolist())
+        for k in gone.tolist():
+            reference.pop(k, None)
+        assert table.size().numpy() == len(reference)
+    keys, values, _ = export_sorted(table)
+    np.testing.assert_array_equal(keys, np.sort(list(reference)))
+    np.testing.assert_array_equal(values, np.stack([reference[k] for k in keys.tolist()]))
+    missing = [k for k in universe.tolist() if k not in reference][:50]
+    np.testing.assert_array_equal(read(table, missing, insert=False), np.zeros([len(missing), 5]))
+    assert table.size().numpy() == len(reference)  # reading without insert stores nothing
+
+
+def colliding_keys(count, low_bits=24):
+    """Keys whose hash has the same low `low_bits` bits: one home slot in every table of up to
+    2^low_bits slots (MurmurHash3's finaliser, inverted)."""
+    inverse = [pow(0xC4CEB9FE1A85EC53, -1, 1 << 64), pow(0xFF51AFD7ED558CCD, -1, 1 << 64)]
+
+    def unmix(h):
+        h ^= h >> 33
+        h = (h * inverse[0]) & MASK64
+        h ^= h >> 33
+        h = (h * inverse[1]) & MASK64
+        return h ^ (h >> 33)
+
+    keys = [unmix((j << low_bits) | 0x5A5A5) for j in range(1, count + 1)]
+    return np.array([k - (1 << 64) if k >= 1 << 63 else k for k in keys], np.int64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_heavy_collisions_growth_and_duplicates_in_one_batch(device):
+    table = make(device, 3, "collide", init_capacity=16)
+    keys = colliding_keys(3000)
+    batch = np.concatenate([keys, keys[::-1], keys[:500]])  # every key at least twice
+    rows = read(table, batch)
+    assert table.size().numpy() == 3000
+    np.testing.assert_array_equal(rows[:3000], rows[3000:6000][::-1])
+    np.testing.assert_array_equal(rows[:500], rows[6000:])
+    np.testing.assert_allclose(rows[:3000], initial_rows("collide", keys, 3, "normal", 0.0, 0.05),
+                               rtol=2e-7, atol=0)
+    # erase every other key and insert them again: the chains stay intact
+    with tf.device(table.handle.device):
+        assert raw_ops.sok_dynamic_table_erase(table.handle, keys_of(keys[::2])).numpy() == 1500
+    np.testing.assert_array_equal(read(table, keys[1::2], insert=False), rows[1:3000:2])
+    np.testing.assert_array_equal(read(table, keys[::2], insert=False), np.zeros([1500, 3]))
+    np.testing.assert_array_equal(read(table, keys), rows[:3000])
+    assert table.size().numpy() == 3000
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_erase_reinsert_cycles_do_not_leak_capacity(device):
+    # A table of 1000 keys at most, filled to 90%, then 300 rounds of erasing and inserting
+    # 300 keys: erased slots must be reused or cleared, never let the table fill up.
+    table = make(device, 4, "cycles", max_capacity=1000, init_capacity=1000)
+    rng = np.random.default_rng(4)
+    live = list(rng.choice(1 << 60, size=900, replace=False))
+    read(table, live)
+    for round_ in range(300):
+        gone = live[:300]
+        fresh = list(rng.integers(1 << 61, 1 << 62, size=300))
+        with tf.device(table.handle.device):
+            raw_ops.sok_dynamic_table_erase(table.handle, keys_of(gone))
+        read(table, fresh)
+        live = live[300:] + fresh
+        assert table.size().numpy() == 900, round_
+    np.testing.assert_array_equal(np.sort(export_sorted(table)[0]), np.sort(live))
+
+
+@pytest.mark.parametrize("strategy", ["lru", "lfu"])
+def test_eviction_choices_agree_across_devices(strategy):
+    tables = [make(device, 2, f"evict_{strategy}", initializer="zeros", max_capacity=100,
+                   evict_strategy=strategy, init_capacity=16) for device in DEVICES]
+    for table in tables:
+        read(table, range(100))
+        # Distinct scores: key k used k more times (LFU) or last used in call k (LRU).
+        for k in range(100):
+            read(table, [k] * (1 if strategy == "lru" else k + 1))
+        read(table, range(1000, 1030))  # 30 new keys: the 30 lowest-scored leave
+        kept = set(export_sorted(table)[0].tolist())
+        assert kept == set(range(30, 100)) | set(range(1000, 1030))
+    assert_same_tables(tables)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_full_table_without_eviction_refuses_and_changes_nothing(device):
+    table = make(device, 2, "full", max_capacity=50, initializer="ones")
+    read(table, range(40))
+    before = export_sorted(table)
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="max_capacity is 50"):
+        read(table, range(30, 70))  # 30 new keys, 10 of room
+    for a, b in zip(before, export_sorted(table)):
+        np.testing.assert_array_equal(a, b)
+    read(table, range(35, 45))  # 5 new keys fit
+    assert table.size().numpy() == 45
+
+
+OPTIMIZERS = {
+    "sgd": lambda: tf.keras.optimizers.legacy.SGD(0.1),
+    "momentum": lambda: tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9, nesterov=True),
+    "adagrad": lambda: tf.keras.optimizers.legacy.Adagrad(0.1),
+    "adam": lambda: tf.keras.optimizers.legacy.Adam(0.01),
+    "ftrl": lambda: tf.keras.optimizers.legacy.Ftrl(0.1, l1_regularization_strength=0.01),
+    "rmsprop_centered": lambda: tf.keras.optimizers.legacy.RMSprop(0.01, centered=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_training_agrees_across_devices_and_with_tf(name, dtype):
+    rng = np.random.default_rng(8)
+    universe = rng.integers(I64.min, I64.max, size=60)
+    batches = []
+    for _ in range(5):
+        # no empty samples: safe_embedding_lookup_sparse would give them id 0 (a zero
+        # gradient, which moves an FTRL row)
+        lengths = rng.integers(1, 5, size=16)
+        batches.append((rng.integers(0, 60, size=lengths.sum()), lengths))
+    results = []
+    for device in DEVICES:
+        table = make(device, 6, f"train_{name}_{dtype.name}", dtype=dtype)
+        initial = read(table, universe)
+        optimizer = sok.OptimizerWrapper(OPTIMIZERS[name]())
+
+        @tf.function
+        def step(ids):
+            with tf.GradientTape() as tape:
+                out = sok.lookup_sparse([table], [ids], combiners=["mean"])[0]
+                loss = tf.reduce_sum(out * out)
+            optimizer.apply_gradients([(tape.gradient(loss, table), table)])
+
+        for rows, lengths in batches:
+            with tf.device(f"{device}:0"):
+                step(tf.RaggedTensor.from_row_lengths(keys_of(universe[rows]), lengths))
+        results.append((table, initial))
+    tables = [table for table, _ in results]
+    assert_same_tables(tables)
+    if dtype != tf.float32 or name in ("adam", "rmsprop_centered"):
+        return  # 16-bit rows (rounded after every step), and Adam and RMSprop (Keras' sparse
+                # updates move untouched rows; tests/test_optimizers.py has lazy references)
+    # Against TensorFlow: a tf.Variable over the universe, the same steps, its optimizer's
+    # sparse update (lazy for these rules), on the CPU (TF has no GPU kernel for some).
+    with tf.device("CPU:0"):
+        reference = tf.Variable(results[0][1])
+        ref_optimizer = OPTIMIZERS[name]()
+        for rows, lengths in batches:
+            ids = tf.RaggedTensor.from_row_lengths(tf.constant(rows, tf.int64), lengths)
+            with tf.GradientTape() as tape:
+                out = tf.nn.safe_embedding_lookup_sparse(reference, ids.to_sparse(),
+                                                         combiner="mean")
+                loss = tf.reduce_sum(out * out)
+            ref_optimizer.apply_gradients([(tape.gradient(loss, reference), reference)])
+    touched = np.unique(np.concatenate([rows for rows, _ in batches]))
+    np.testing.assert_allclose(read(tables[0], universe[touched], insert=False),
+                               reference.numpy()[touched], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_export_import_and_written_since(device, tmp_path):
+    table = make(device, 3, "io", initializer="uniform")
+    keys = list(range(-50, 50))
+    read(table, keys)
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.1))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(sok.lookup_sparse(
+            [table], [tf.RaggedTensor.from_row_lengths(keys_of(keys[:10]), [10])])[0])
+    optimizer.apply_gradients([(tape.gradient(loss, table), table)])
+    saved = export_sorted(table)
+    assert saved[2].shape == (100, 6)  # Adam's m and v
+    checkpoint = tf.train.Checkpoint(table=table)
+    path = checkpoint.write(str(tmp_path / "ckpt"))
+    read(table, range(1000, 1100))  # changed after the save
+    checkpoint.read(path).assert_consumed()
+    for a, b in zip(saved, export_sorted(table)):
+        np.testing.assert_array_equal(a, b)
+    # only rows written after a moment: the ten trained rows are newer than the rest
+    import time
+    time.sleep(0.01)
+    moment = int(time.time() * 1e6)
+    time.sleep(0.01)
+    with tf.device(table.handle.device):
+        table.assign(keys_of([7, 8]), np.ones([2, 3], np.float32))
+    written, values = (t.numpy() for t in raw_ops.sok_dynamic_table_export_written(
+        table.handle, tf.constant(moment, tf.int64)))
+    assert sorted(written.tolist()) == [7, 8]
+    np.testing.assert_array_equal(values, np.ones([2, 3]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_low_frequency_filter_agrees_with_the_cpu_draw(device):
+    tables = [make(d, 2, "admit", initializer="ones", filter_ratio=0.3) for d in sorted({"CPU", device})]
+    keys = np.arange(2000)
+    outs = []
+    for table in tables:
+        with tf.device(table.handle.device):
+            out = sok.lookup_sparse([table], [tf.RaggedTensor.from_row_lengths(
+                keys_of(keys), np.ones(2000, np.int64))], use_low_frequency_filter=True)[0]
+        outs.append(out.numpy())
+        admitted = outs[-1][:, 0] == 1.0
+        assert 450 < admitted.sum() < 750  # about 30%
+        assert table.size().numpy() == admitted.sum()
+        np.testing.assert_array_equal(outs[-1][~admitted], 0.0)
+    np.testing.assert_array_equal(outs[0], outs[-1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_input_is_refused_and_changes_nothing(device):
+    table = make(device, 4, "bad", initializer="ones")
+    read(table, range(10))
+    before = export_sorted(table)
+    with tf.device(table.handle.device):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"values must be \[2, 4\]"):
+            raw_ops.sok_dynamic_table_assign(table.handle, keys_of([1, 2]),
+                                                 tf.zeros([2, 3]), tf.zeros([0, 0]))
+        with pytest.raises(tf.errors.InvalidArgumentError, match="keys must be a vector"):
+            raw_ops.sok_dynamic_table_lookup(table.handle, tf.zeros([2, 2], tf.int64), dim=4)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="key pair 1 names table 3 of 1"):
+            raw_ops.sok_dynamic_gather_rows(tables=[table.handle],
+                                                keys=keys_of([[0, 5], [3, 6]]), dim=4)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="sgd takes 2 hyper-parameters, got 3"):
+            raw_ops.sok_dynamic_apply(table.handle, keys_of([1]), tf.zeros([1, 4]),
+                                          tf.zeros([3]), rule="sgd", state_dim=0)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="key pair 0 names table -1"):
+            raw_ops.sok_split_dynamic_gradient(keys=keys_of([[-1, 5]]), grad=tf.zeros([1, 4]),
+                                                   num_tables=1)
+    for a, b in zip(before, export_sorted(table)):
+        np.testing.assert_array_equal(a, b)
