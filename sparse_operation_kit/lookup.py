@@ -222,14 +222,40 @@ def _single_id_group(lookups, dim):
     return outputs
 
 
+def _dynamic_direct_group(lookups, dim, training):
+    """Dynamic tables on one worker: each lookup reads its table's rows at its ids
+    (Sok>DynamicTableLookup, find-or-insert; repeated ids are found, not deduplicated first),
+    then Sok>CombineForward pools them, unless every sample holds one id and no weights.
+    Nothing to partition or exchange; gradients are IndexedSlices over the ids, repeats
+    summed by the update."""
+    for table in {id(lookup.table): lookup.table for lookup in lookups}.values():
+        resource_variable_ops.variable_accessed(table)
+    rows = [raw_ops.sok_dynamic_table_lookup(lookup.table.handle, tf.cast(lookup.ids, tf.int64),
+                                             dim=dim, insert=training)
+            for lookup in lookups]
+    if all(lookup.one_id and lookup.weights is None for lookup in lookups):
+        return rows
+    all_rows = rows[0] if len(rows) == 1 else tf.concat(rows, 0)
+    position = tf.cast(tf.range(tf.shape(all_rows, out_type=tf.int64)[0]), tf.uint32)
+    empty = tf.zeros([0], tf.float32)
+    return raw_ops.sok_combine_forward(
+        rows=all_rows, position=position, row_splits=[lookup.row_splits for lookup in lookups],
+        weights=[empty if lookup.weights is None else lookup.weights for lookup in lookups],
+        combiners=[lookup.combiner for lookup in lookups],
+        validate=any(lookup.weights is not None for lookup in lookups))
+
+
 def _lookup_group(lookups, dim, dynamic, training, low_frequency_filter, compress):
     """One group's outputs: the fused chain, or, on one worker when every sample is known at
     trace time to hold one id (a RaggedTensor with uniform_row_length 1, as
-    tf.RaggedTensor.from_tensor(ids[:, None]) gives), the rows straight from the tables.
-    The choice is static: a tf.cond between the two would turn the tables' IndexedSlices
-    gradients dense."""
+    tf.RaggedTensor.from_tensor(ids[:, None]) gives), the rows straight from the tables;
+    dynamic tables on one worker read their rows directly (no low-frequency filter: that
+    draws in the owner's read of the fused chain). The choice is static: a tf.cond between
+    the two would turn the tables' IndexedSlices gradients dense."""
     if _single_id_candidates(lookups, dynamic) and all(lookup.one_id for lookup in lookups):
         return _single_id_group(lookups, dim)
+    if dynamic and communication.num_workers() == 1 and not low_frequency_filter:
+        return _dynamic_direct_group(lookups, dim, training)
     return _fused_group(lookups, dim, dynamic, training, low_frequency_filter, compress)
 
 
@@ -331,6 +357,11 @@ def _gather_shard_rows_grad(op, grad):
     indices, values = raw_ops.sok_split_gradient_by_table(
         keys=keys, grad=tf.convert_to_tensor(grad), num_tables=num_tables)
     return _table_gradients(op, indices, values) + [None]
+
+
+@tf.RegisterGradient("Sok>DynamicTableLookup")
+def _dynamic_table_lookup_grad(op, grad):
+    return [tf.IndexedSlices(tf.convert_to_tensor(grad), op.inputs[1]), None]
 
 
 @tf.RegisterGradient("Sok>DynamicGatherRows")

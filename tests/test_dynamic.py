@@ -191,7 +191,9 @@ def test_lookup_matches_rows_read_back(combiner, mode):
     for key, row in zip(flat, ref_grad):
         expected[key] = expected.get(key, 0) + row
     assert isinstance(grad, tf.IndexedSlices)
-    got = dict(zip(grad.indices.numpy().tolist(), grad.values.numpy()))
+    got = {}  # IndexedSlices: repeated indices add up
+    for key, row in zip(grad.indices.numpy().tolist(), grad.values.numpy()):
+        got[key] = got.get(key, 0) + row
     assert set(got) == set(expected)
     for key in expected:
         np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, atol=1e-6)

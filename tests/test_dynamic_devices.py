@@ -52,12 +52,18 @@ def export_sorted(table):
     return keys[order], values[order], state[order]
 
 
-def assert_same_tables(tables):
-    """Every device's table holds the same keys, rows and optimizer state."""
+def assert_same_tables(tables, exact=True):
+    """Every device's table holds the same keys, rows and optimizer state (after training,
+    equal to float32 rounding: the devices' sqrt and division may differ in the last bit)."""
     first = export_sorted(tables[0])
     for other in tables[1:]:
-        for a, b in zip(first, export_sorted(other)):
-            np.testing.assert_array_equal(a, b)
+        keys, values, state = export_sorted(other)
+        np.testing.assert_array_equal(keys, first[0])
+        for a, b in ((values, first[1]), (state, first[2])):
+            if exact:
+                np.testing.assert_array_equal(a, b)
+            else:
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
 # ---- a NumPy model of the initializer (table_math.h's InitialValue) -------------------------
@@ -226,8 +232,12 @@ OPTIMIZERS = {
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
-def test_training_agrees_across_devices_and_with_tf(name, dtype):
+@pytest.mark.parametrize("dtype, chain", [(tf.float32, "direct"), (tf.float32, "fused"),
+                                          (tf.bfloat16, "direct")])
+def test_training_agrees_across_devices_and_with_tf(name, dtype, chain):
+    # chain: one worker reads dynamic tables directly; the low-frequency filter (here admitting
+    # every key) takes the fused chain: partition, owner's read, gradient split.
+    fused = chain == "fused"
     rng = np.random.default_rng(8)
     universe = rng.integers(I64.min, I64.max, size=60)
     batches = []
@@ -238,14 +248,15 @@ def test_training_agrees_across_devices_and_with_tf(name, dtype):
         batches.append((rng.integers(0, 60, size=lengths.sum()), lengths))
     results = []
     for device in DEVICES:
-        table = make(device, 6, f"train_{name}_{dtype.name}", dtype=dtype)
+        table = make(device, 6, f"train_{name}_{dtype.name}", dtype=dtype, filter_ratio=1.0)
         initial = read(table, universe)
         optimizer = sok.OptimizerWrapper(OPTIMIZERS[name]())
 
         @tf.function
         def step(ids):
             with tf.GradientTape() as tape:
-                out = sok.lookup_sparse([table], [ids], combiners=["mean"])[0]
+                out = sok.lookup_sparse([table], [ids], combiners=["mean"],
+                                        use_low_frequency_filter=fused)[0]
                 loss = tf.reduce_sum(out * out)
             optimizer.apply_gradients([(tape.gradient(loss, table), table)])
 
@@ -254,7 +265,7 @@ def test_training_agrees_across_devices_and_with_tf(name, dtype):
                 step(tf.RaggedTensor.from_row_lengths(keys_of(universe[rows]), lengths))
         results.append((table, initial))
     tables = [table for table, _ in results]
-    assert_same_tables(tables)
+    assert_same_tables(tables, exact=False)
     if dtype != tf.float32 or name in ("adam", "rmsprop_centered"):
         return  # 16-bit rows (rounded after every step), and Adam and RMSprop (Keras' sparse
                 # updates move untouched rows; tests/test_optimizers.py has lazy references)
