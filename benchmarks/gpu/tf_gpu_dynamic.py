@@ -100,8 +100,22 @@ def measure(table, static, present, batch, rng):
     # Correctness first: the lookup equals the table's own rows of those keys.
     np.testing.assert_array_equal(forward(False).numpy(),
                                   table.sparse_read(keys, insert=False).numpy())
+    def forward_backward():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(forward(True))
+        return tf.reduce_sum(tape.gradient(loss, table).values)
+
+    fixed_grad = tf.IndexedSlices(tf.ones([batch, DIM]), keys)
+    apply_opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(1e-9))
+
+    def apply_only():
+        apply_opt.apply_gradients([(fixed_grad, table)])
+        return tf.constant(0.0)
+
     result = interleaved({
         "sok_find_ms": lambda: tf.reduce_sum(table.sparse_read(keys, insert=False)),
+        "sok_fwd_bwd_ms": forward_backward,
+        "sok_apply_ms": apply_only,
         "sok_eval_ms": lambda: tf.reduce_sum(forward(False)),
         "sok_fwd_ms": lambda: tf.reduce_sum(forward(True)),
         "sok_train_ms": train([table], sok_opt, lambda: forward(True)),

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <type_traits>
 
 #include "kit_src/core/cuda_scratch.cuh"
 #include "kit_src/core/optimizers/sparse_apply.cuh"
@@ -66,13 +67,13 @@ __device__ __forceinline__ bool KeyAt(const GpuKeys& keys, int64_t i, int64_t* k
 }
 
 // The slot holding `key`, or -1. Stops at an empty slot (the load limit keeps some) or after
-// visiting every slot.
+// visiting every slot. Plain loads: for kernels where no thread claims slots.
 __device__ int64_t FindSlot(const Slot* slots, int64_t mask, int64_t key) {
   int64_t p = static_cast<int64_t>(HashKey(key) & static_cast<uint64_t>(mask));
   for (int64_t step = 0; step <= mask; ++step, p = (p + 1) & mask) {
-    const unsigned long long row = LoadRowAcquire(slots + p);
+    const unsigned long long row = slots[p].row;
     if (row == kEmptyRow) return -1;
-    if (row < kClaimedRow && LoadKey(slots + p) == key) return p;
+    if (row < kClaimedRow && slots[p].key == key) return p;
   }
   return -1;
 }
@@ -216,23 +217,49 @@ __device__ __forceinline__ void Touch(uint64_t* meta, EvictStrategy evict, uint6
   }
 }
 
-// out row i = key i's row widened (zeros when missing); a use for eviction when `touch`.
+// Lanes per key when a group of lanes copies a row: a power of two up to 32, about one lane
+// per element.
+int RowLanes(int64_t dim) {
+  int lanes = 1;
+  while (lanes < 32 && lanes < dim) lanes *= 2;
+  return lanes;
+}
+
+// out row i = key i's row widened (zeros when missing), a group of `lanes` lanes per key;
+// with `find`, each lane of the group probes for the key itself (the same slots: one memory
+// transaction for the group), else rows[i] holds its row. A use for eviction when `touch`.
 template <typename T>
-__global__ void ReadRows(GpuKeys keys, const int64_t* rows, int64_t missing_row, RowArrays t,
-                         float* out, bool touch, EvictStrategy evict, uint64_t clock) {
-  const int64_t total = keys.n * t.dim;
+__global__ void ReadRows(GpuKeys keys, const int64_t* rows, bool find, const Slot* slots,
+                         int64_t mask, int64_t missing_row, RowArrays t, float* out, int lanes,
+                         bool touch, EvictStrategy evict, uint64_t clock) {
   const T* values = static_cast<const T*>(t.values);
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
-       e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t i = e / t.dim, d = e - i * t.dim;
-    if (keys.stride == 2 && keys.data[2 * i] != keys.table) continue;
-    const int64_t r = rows[i];
+  const int lane = threadIdx.x % lanes;
+  const int64_t groups = int64_t{gridDim.x} * blockDim.x / lanes;
+  for (int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / lanes; i < keys.n;
+       i += groups) {
+    int64_t key;
+    if (!KeyAt(keys, i, &key)) continue;
+    int64_t r = missing_row;
+    if (find) {
+      const int64_t p = FindSlot(slots, mask, key);
+      if (p >= 0) r = static_cast<int64_t>(slots[p].row);
+    } else {
+      r = rows[i];
+    }
+    float* row_out = out + i * t.dim;
     if (r == missing_row) {
-      out[e] = 0.0f;
+      for (int64_t d = lane; d < t.dim; d += lanes) row_out[d] = 0.0f;
       continue;
     }
-    out[e] = Widen(values[r * t.dim + d]);
-    if (touch && d == 0) Touch(t.row_meta + r, evict, clock);
+    const T* row = values + r * t.dim;
+    if (std::is_same<T, float>::value && t.dim % 4 == 0) {  // float4: a quarter of the loads
+      const float4* from = reinterpret_cast<const float4*>(row);
+      float4* to = reinterpret_cast<float4*>(row_out);
+      for (int64_t d = lane; d < t.dim / 4; d += lanes) to[d] = from[d];
+    } else {
+      for (int64_t d = lane; d < t.dim; d += lanes) row_out[d] = Widen(row[d]);
+    }
+    if (touch && lane == 0) Touch(t.row_meta + r, evict, clock);
   }
 }
 
@@ -406,6 +433,10 @@ GpuHashTable::GpuHashTable(const HashTableOptions& options, const RowInitializer
     : options_(options), initializer_(initializer), memory_(memory), created_us_(NowMicros()) {}
 
 GpuHashTable::~GpuHashTable() {
+  for (Snapshot& snapshot : snapshots_) {
+    if (snapshot.taken) cudaEventDestroy(snapshot.taken);
+    if (snapshot.host) cudaFreeHost(snapshot.host);
+  }
   for (void* p : {static_cast<void*>(counters_), slots_, static_cast<void*>(row_keys_),
                   static_cast<void*>(row_meta_), values_, static_cast<void*>(state_),
                   static_cast<void*>(free_rows_)}) {
@@ -465,7 +496,59 @@ Status GpuHashTable::Init(cudaStream_t stream) {
   if (init_status_.ok()) init_status_ = Rebuild(SlotsFor(rows), 0, stream);
   if (init_status_.ok()) init_status_ = GrowRows(rows, 0, stream);
   if (init_status_.ok()) SetBounds(Exact{});
+  for (Snapshot& snapshot : snapshots_) {
+    if (!init_status_.ok()) break;
+    void* host = nullptr;
+    init_status_ = CudaStatus(cudaMallocHost(&host, sizeof(Counters)), "init");
+    snapshot.host = static_cast<Counters*>(host);
+    if (init_status_.ok()) {
+      init_status_ = CudaStatus(cudaEventCreateWithFlags(&snapshot.taken, cudaEventDisableTiming),
+                                "init");
+    }
+  }
   return init_status_;
+}
+
+void GpuHashTable::TakeSnapshot(int64_t reserved, cudaStream_t stream) {
+  for (Snapshot& snapshot : snapshots_) {
+    if (snapshot.pending) snapshot.reserved_after += reserved;
+  }
+  Snapshot& next = snapshots_[next_snapshot_];
+  if (next.pending && cudaEventQuery(next.taken) != cudaSuccess) return;  // the stream lags
+  if (cudaMemcpyAsync(next.host, counters_, sizeof(Counters), cudaMemcpyDeviceToHost, stream) !=
+          cudaSuccess ||
+      cudaEventRecord(next.taken, stream) != cudaSuccess) {
+    next.pending = false;
+    return;
+  }
+  next.pending = true;
+  next.reserved_after = reserved;  // this call's inserts are enqueued after the copy
+  next_snapshot_ = (next_snapshot_ + 1) % kSnapshots;
+}
+
+bool GpuHashTable::RefreshFromSnapshot() {
+  Snapshot* newest = nullptr;
+  for (Snapshot& snapshot : snapshots_) {
+    if (!snapshot.pending || cudaEventQuery(snapshot.taken) != cudaSuccess) continue;
+    if (newest == nullptr || snapshot.reserved_after < newest->reserved_after) newest = &snapshot;
+  }
+  if (newest == nullptr) return false;
+  const Counters& c = *newest->host;
+  SetBounds(Exact{static_cast<int64_t>(c.size), static_cast<int64_t>(c.used),
+                  static_cast<int64_t>(c.next_row), static_cast<int64_t>(c.free_count)});
+  spare_keys_ -= newest->reserved_after;
+  spare_slots_ -= newest->reserved_after;
+  spare_rows_ -= newest->reserved_after;
+  for (Snapshot& snapshot : snapshots_) {  // older ones, and this one, are spent
+    if (snapshot.pending && snapshot.reserved_after >= newest->reserved_after) {
+      snapshot.pending = false;
+    }
+  }
+  return true;
+}
+
+void GpuHashTable::DropSnapshots() {
+  for (Snapshot& snapshot : snapshots_) snapshot.pending = false;
 }
 
 void GpuHashTable::SetBounds(const Exact& e) {
@@ -598,14 +681,17 @@ Status GpuHashTable::Evict(int64_t count, int64_t next_row, cudaStream_t stream)
 Status GpuHashTable::Reserve(const GpuKeys& keys, float admit, uint64_t clock,
                              cudaStream_t stream) {
   const int64_t n = keys.n;
-  if (n <= spare_keys_ && n <= spare_slots_ && n <= spare_rows_) {
+  const auto fits = [&] { return n <= spare_keys_ && n <= spare_slots_ && n <= spare_rows_; };
+  if (fits() || (RefreshFromSnapshot() && fits())) {
     spare_keys_ -= n;
     spare_slots_ -= n;
     spare_rows_ -= n;
+    TakeSnapshot(n, stream);
     return Status::Ok();
   }
   Exact e;
   SOK_RETURN_IF_ERROR(ReadCounters(&e, stream));
+  DropSnapshots();  // all older than this exact read
   // Short of room for n new keys somewhere: count the call's new keys exactly, so growth and
   // eviction see the true number (as the CPU table does).
   int64_t incoming = n;
@@ -644,6 +730,7 @@ Status GpuHashTable::Reserve(const GpuKeys& keys, float admit, uint64_t clock,
   spare_keys_ -= needed;
   spare_slots_ -= needed;
   spare_rows_ -= needed;
+  TakeSnapshot(needed, stream);
   return Status::Ok();
 }
 
@@ -679,16 +766,25 @@ Status GpuHashTable::Lookup(const GpuKeys& keys, bool insert, float* values, flo
   SOK_RETURN_IF_ERROR(init_status_);
   const uint64_t clock = ++clock_;
   if (keys.n == 0) return Status::Ok();
+  // Reads only: one kernel probes and copies. Find-or-insert: the probe (and claims), then
+  // the fresh rows' initial values, then the copy.
   int64_t* rows = nullptr;
-  Status status = Scratch(keys.n, &rows);
-  if (status.ok() && insert) status = Reserve(keys, admit, clock, stream);
-  if (status.ok()) status = FindOrInsert(keys, insert, admit, clock, StampNow(), rows, stream);
+  Status status;
+  if (insert) {
+    status = Scratch(keys.n, &rows);
+    if (status.ok()) status = Reserve(keys, admit, clock, stream);
+    if (status.ok()) status = FindOrInsert(keys, true, admit, clock, StampNow(), rows, stream);
+  }
   if (status.ok()) {
     const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
     const bool touch = insert && options_.evict != EvictStrategy::kNone;
+    const int lanes = RowLanes(options_.value_type == ValueType::kFloat32 && options_.dim % 4 == 0
+                                   ? options_.dim / 4
+                                   : options_.dim);
     VisitValueType(options_.value_type, [&](auto value) {
-      ReadRows<decltype(value)><<<Blocks(keys.n * options_.dim), kThreads, 0, stream>>>(
-          keys, rows, row_capacity_, arrays, values, touch, options_.evict, clock);
+      ReadRows<decltype(value)><<<Blocks(keys.n * lanes), kThreads, 0, stream>>>(
+          keys, rows, !insert, static_cast<const Slot*>(slots_), num_slots_ - 1, row_capacity_,
+          arrays, values, lanes, touch, options_.evict, clock);
     });
     status = CudaStatus(cudaGetLastError(), "lookup");
   }
@@ -754,6 +850,7 @@ Status GpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values
   if (n > row_capacity_) SOK_RETURN_IF_ERROR(GrowRows(n, 0, stream));
   SOK_RETURN_IF_ERROR(Rebuild(SlotsFor(std::max<int64_t>(n, 1)), 0, stream));
   SetBounds(Exact{});
+  DropSnapshots();
   if (n == 0) return Status::Ok();
   spare_keys_ -= n;
   spare_slots_ -= n;

@@ -14,9 +14,11 @@
 //
 // No call synchronises while the table has room: the host keeps lower bounds on the room
 // left (keys before max_capacity, slots before the load limit, rows in the pool), lowered by
-// each call's key count, and reads the exact counters (one synchronisation) only when a bound
-// runs out; then it counts the call's new keys, evicts, rebuilds or grows as needed. Export
-// synchronises to size its output. Every call is ordered on the stream it is given; the
+// each call's key count. After each insert the counters are copied to pinned memory behind
+// an event; when a bound runs out, the newest copy the stream has passed (less what later
+// calls reserved) raises it again without waiting. Only when that leaves too little room are
+// the exact counters read (one synchronisation), the call's new keys counted, and keys evicted
+// or arrays rebuilt or grown. Export synchronises to size its output. Every call is ordered on the stream it is given; the
 // table's own mutex serialises callers.
 #pragma once
 
@@ -156,6 +158,20 @@ class GpuHashTable {
   int64_t* free_rows_ = nullptr;    // [row_capacity_]
   // Lower bounds on the room left, exact after ReadCounters.
   int64_t spare_keys_ = 0, spare_slots_ = 0, spare_rows_ = 0;
+  // Copies of the counters taken after inserts, and what calls reserved after each.
+  struct Snapshot {
+    Counters* host = nullptr;  // pinned
+    cudaEvent_t taken = nullptr;
+    bool pending = false;
+    int64_t reserved_after = 0;
+  };
+  static constexpr int kSnapshots = 4;
+  Snapshot snapshots_[kSnapshots];
+  int next_snapshot_ = 0;
+  // Raises the bounds from the newest snapshot the stream has passed; true if it found one.
+  bool RefreshFromSnapshot();
+  void TakeSnapshot(int64_t reserved, cudaStream_t stream);
+  void DropSnapshots();
   std::vector<void*> scratch_;      // this call's scratch, freed (stream-ordered) at its end
 };
 
