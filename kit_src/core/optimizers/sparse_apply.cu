@@ -44,16 +44,6 @@ __global__ void HeadFlags(const int64_t* sorted_ids, int64_t n, int32_t* head) {
   }
 }
 
-__global__ void ZeroRuns(float* summed, const int32_t* num_runs, int64_t dim,
-                         const LookupCheck* check) {
-  if (Failed(check)) return;
-  const int64_t total = *num_runs * dim;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    summed[i] = 0.0f;
-  }
-}
-
 // Sums the gradients of equal ids: a block takes kUsesPerChunk consecutive sorted uses, one
 // thread per element, and adds each run's partial sum once (an atomic only where a run
 // crosses a chunk: a hot id's thousands of uses are summed by many blocks in parallel).
@@ -80,29 +70,30 @@ __global__ void SumRuns(const int32_t* order, const int32_t* run_of, const float
 }
 
 // One step of the rule per element of every touched row (elementwise rules: dim 1, state
-// sections of length 1).
+// sections of length 1): a block per row, its threads across the row's elements.
 template <typename Value, typename Hyper>
 __global__ void ApplyRuns(const int64_t* run_id, const int32_t* num_runs, const float* summed,
                           SparseApplyTable table, int sections, Hyper hyper,
                           const LookupCheck* check) {
   if (Failed(check)) return;
-  const int64_t dim = table.dim, total = *num_runs * dim;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t run = i / dim, d = i - run * dim, row = run_id[run];
-    float g = summed[i];
-    Value* value = reinterpret_cast<Value*>(table.values) + row * dim + d;
-    float w = Widen(*value);
-    float state[kMaxSections];
-    float* section[kMaxSections];
-    for (int s = 0; s < sections; ++s) {
-      section[s] = table.num_slots > 0 ? table.slots[s] + row * dim + d
-                                       : table.state + row * table.state_dim + s * dim + d;
-      state[s] = *section[s];
+  const int64_t dim = table.dim, runs = *num_runs;
+  for (int64_t run = blockIdx.x; run < runs; run += gridDim.x) {
+    const int64_t row = run_id[run];
+    Value* values = reinterpret_cast<Value*>(table.values) + row * dim;
+    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+      float g = summed[run * dim + d];
+      float w = Widen(values[d]);
+      float state[kMaxSections];
+      float* section[kMaxSections];
+      for (int s = 0; s < sections; ++s) {
+        section[s] = table.num_slots > 0 ? table.slots[s] + row * dim + d
+                                         : table.state + row * table.state_dim + s * dim + d;
+        state[s] = *section[s];
+      }
+      ApplyRule(&w, state, &g, 1, hyper);
+      values[d] = Narrow<Value>(w);
+      for (int s = 0; s < sections; ++s) *section[s] = state[s];
     }
-    ApplyRule(&w, state, &g, 1, hyper);
-    *value = Narrow<Value>(w);
-    for (int s = 0; s < sections; ++s) *section[s] = state[s];
   }
 }
 
@@ -168,14 +159,14 @@ cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper, int
                                      items, stream);
   HeadFlags<<<GridBlocks(n, 256), 256, 0, stream>>>(sorted_ids, n, positions);  // reused
   cub::DeviceScan::InclusiveSum(temp, scan_bytes, positions, run_of, items, stream);
-  ZeroRuns<<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(summed, num_runs, table.dim, check);
+  cudaMemsetAsync(summed, 0, n * table.dim * sizeof(float), stream);  // SumRuns adds into it
   const int threads = static_cast<int>(std::min<int64_t>(256, (table.dim + 31) / 32 * 32));
   const int64_t chunks = (n + kUsesPerChunk - 1) / kUsesPerChunk;
   SumRuns<<<GridBlocks(chunks, 1), threads, 0, stream>>>(
       order, run_of, gradient.values, n, table.dim, summed, check);
   VisitRule(rule, hyper, hyper_count, nesterov, [&](const auto& h) {
     VisitValueType(table.value_type, [&](auto value) {
-      ApplyRuns<decltype(value)><<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(
+      ApplyRuns<decltype(value)><<<GridBlocks(n, 1), threads, 0, stream>>>(
           run_id, num_runs, summed, table, sections, h, check);
     });
   });
