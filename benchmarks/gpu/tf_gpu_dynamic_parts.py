@@ -50,16 +50,48 @@ def main():
             raw_ops.sok_dynamic_apply(table.handle, keys, grads, hyper, rule="sgd", state_dim=0)
             return tf.constant(0.0)
 
+        small_keys, small_grads = keys[:4096], grads[:4096]
+
+        def small_apply():
+            raw_ops.sok_dynamic_apply(table.handle, small_keys, small_grads, hyper, rule="sgd",
+                                      state_dim=0)
+            return tf.constant(0.0)
+
+        static = sok.Variable(tf.zeros([KEYS, DIM]), name="parts_static")
+        rows = tf.constant(rng.integers(0, KEYS, size=BATCH), tf.int64)
+
+        def static_apply():
+            raw_ops.sok_static_apply(table=static.handle, slots=[], indices=rows, grads=grads,
+                                     hyper=hyper, rule="sgd")
+            return tf.constant(0.0)
+
+        def small_static_apply():
+            raw_ops.sok_static_apply(table=static.handle, slots=[], indices=rows[:4096],
+                                     grads=small_grads, hyper=hyper, rule="sgd")
+            return tf.constant(0.0)
+
         def wrapped_apply():
             wrapper.apply_gradients([(slices, table)])
             return tf.constant(0.0)
 
+        # Host time to enqueue one apply (eager, no wait), against the same with a wait.
+        for _ in range(3):
+            raw_apply()
+        start = time.perf_counter()
+        for _ in range(50):
+            raw_apply()
+        enqueued = (time.perf_counter() - start) / 50 * 1e3
+        float(tf.reduce_sum(table.sparse_read(keys[:4], insert=False)))
+        print(f"apply, eager, host enqueue: {enqueued:.3f} ms", flush=True)
         if os.environ.get("PARTS_ONCE"):  # for a kernel profiler: three eager applies
             for _ in range(3):
                 raw_apply()
             print(float(tf.reduce_sum(table.sparse_read(keys[:4], insert=False))))
             return
         for name, step in [("apply, hyper in host memory", raw_apply),
+                           ("apply of 4096 keys, hyper in host memory", small_apply),
+                           ("static apply (Sok>StaticApply), same shape", static_apply),
+                           ("static apply of 4096 rows", small_static_apply),
                            ("apply through OptimizerWrapper", wrapped_apply),
                            ("find-or-insert", lambda: tf.reduce_sum(table.sparse_read(keys))),
                            ("find", lambda: tf.reduce_sum(table.sparse_read(keys, insert=False)))]:

@@ -190,8 +190,8 @@ struct RowArrays {
 template <typename T>
 __global__ void InitFreshRows(GpuKeys keys, const int64_t* rows, const uint8_t* fresh,
                               RowArrays t, InitKind kind, float init_a, float init_b,
-                              uint64_t seed, float initial) {
-  const int64_t width = max(t.dim, t.state_dim);
+                              uint64_t seed, float initial, bool initial_values) {
+  const int64_t width = max(initial_values ? t.dim : 0, t.state_dim);
   const int64_t total = keys.n * width;
   T* values = static_cast<T*>(t.values);
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
@@ -200,7 +200,7 @@ __global__ void InitFreshRows(GpuKeys keys, const int64_t* rows, const uint8_t* 
     int64_t key;
     if (!fresh[i] || !KeyAt(keys, i, &key)) continue;
     const int64_t r = rows[i];
-    if (d < t.dim) {
+    if (initial_values && d < t.dim) {
       values[r * t.dim + d] = Narrow<T>(InitialValue(kind, init_a, init_b, seed, key, d));
     }
     if (d < t.state_dim) t.state[r * t.state_dim + d] = d < t.dim ? initial : 0.0f;
@@ -225,27 +225,34 @@ int RowLanes(int64_t dim) {
   return lanes;
 }
 
-// out row i = key i's row widened (zeros when missing), a group of `lanes` lanes per key;
-// with `find`, each lane of the group probes for the key itself (the same slots: one memory
-// transaction for the group), else rows[i] holds its row. A use for eviction when `touch`.
+// out row i = key i's row widened (zeros when missing), a group of `lanes` lanes (dividing
+// 32) per key; with `find` the group's first lane probes for the key and hands the row to the
+// others, else rows[i] holds it. A use for eviction when `touch`.
 template <typename T>
 __global__ void ReadRows(GpuKeys keys, const int64_t* rows, bool find, const Slot* slots,
                          int64_t mask, int64_t missing_row, RowArrays t, float* out, int lanes,
                          bool touch, EvictStrategy evict, uint64_t clock) {
   const T* values = static_cast<const T*>(t.values);
-  const int lane = threadIdx.x % lanes;
-  const int64_t groups = int64_t{gridDim.x} * blockDim.x / lanes;
-  for (int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / lanes; i < keys.n;
-       i += groups) {
-    int64_t key;
-    if (!KeyAt(keys, i, &key)) continue;
+  const int warp_lane = threadIdx.x % 32, lane = warp_lane % lanes, per_warp = 32 / lanes;
+  const int leader = warp_lane - lane;
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int64_t warps = int64_t{gridDim.x} * blockDim.x / 32;
+  // The loop's bound depends on the warp only: every lane reaches the shuffle.
+  for (int64_t base = warp * per_warp; base < keys.n; base += warps * per_warp) {
+    const int64_t i = base + warp_lane / lanes;
+    int64_t key = 0;
+    const bool selected = i < keys.n && KeyAt(keys, i, &key);
     int64_t r = missing_row;
     if (find) {
-      const int64_t p = FindSlot(slots, mask, key);
-      if (p >= 0) r = static_cast<int64_t>(slots[p].row);
-    } else {
+      if (selected && lane == 0) {
+        const int64_t p = FindSlot(slots, mask, key);
+        if (p >= 0) r = static_cast<int64_t>(slots[p].row);
+      }
+      r = __shfl_sync(0xffffffffu, r, leader);
+    } else if (selected) {
       r = rows[i];
     }
+    if (!selected) continue;
     float* row_out = out + i * t.dim;
     if (r == missing_row) {
       for (int64_t d = lane; d < t.dim; d += lanes) row_out[d] = 0.0f;
@@ -263,22 +270,29 @@ __global__ void ReadRows(GpuKeys keys, const int64_t* rows, bool find, const Slo
   }
 }
 
-// Writes values ([n, dim], rounded) and state ([n, state_cols], when given) to the rows; the
-// write stamp `now`, a use at `clock` when `touch`.
+// Writes values ([n, dim], rounded) and state ([n, state_cols], when given) to the rows, a
+// group of `lanes` lanes per key; the write stamp `now`, a use at `clock` when `touch`.
 template <typename T>
 __global__ void WriteRows(const int64_t* rows, int64_t n, int64_t missing_row, RowArrays t,
                           const float* values_in, const float* state_in, int64_t state_cols,
-                          uint32_t now, bool touch, EvictStrategy evict, uint64_t clock) {
-  const int64_t width = max(t.dim, state_cols);
+                          uint32_t now, bool touch, EvictStrategy evict, uint64_t clock,
+                          int lanes) {
   T* values = static_cast<T*>(t.values);
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n * width;
-       e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t i = e / width, d = e - i * width;
+  const int lane = threadIdx.x % lanes;
+  const int64_t groups = int64_t{gridDim.x} * blockDim.x / lanes;
+  for (int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / lanes; i < n;
+       i += groups) {
     const int64_t r = rows[i];
     if (r == missing_row) continue;
-    if (d < t.dim) values[r * t.dim + d] = Narrow<T>(values_in[i * t.dim + d]);
-    if (state_in && d < state_cols) t.state[r * t.state_dim + d] = state_in[i * state_cols + d];
-    if (d == 0) {
+    for (int64_t d = lane; d < t.dim; d += lanes) {
+      values[r * t.dim + d] = Narrow<T>(values_in[i * t.dim + d]);
+    }
+    if (state_in) {
+      for (int64_t d = lane; d < state_cols; d += lanes) {
+        t.state[r * t.state_dim + d] = state_in[i * state_cols + d];
+      }
+    }
+    if (lane == 0) {
       uint64_t* meta = t.row_meta + r;
       *meta = (*meta & ~kStampBits) | now;
       if (touch) Touch(meta, evict, clock);
@@ -735,7 +749,8 @@ Status GpuHashTable::Reserve(const GpuKeys& keys, float admit, uint64_t clock,
 }
 
 Status GpuHashTable::FindOrInsert(const GpuKeys& keys, bool insert, float admit, uint64_t clock,
-                                  uint32_t now, int64_t* rows, cudaStream_t stream) {
+                                  uint32_t now, int64_t* rows, cudaStream_t stream,
+                                  bool initial_values) {
   uint8_t* fresh = nullptr;
   if (insert) SOK_RETURN_IF_ERROR(Scratch(keys.n, &fresh));
   const ProbeArgs args{static_cast<Slot*>(slots_), num_slots_ - 1, counters_, free_rows_,
@@ -744,11 +759,12 @@ Status GpuHashTable::FindOrInsert(const GpuKeys& keys, bool insert, float admit,
   if (!insert) return CudaStatus(cudaGetLastError(), "find");
   FoldTaken<<<1, 1, 0, stream>>>(counters_, row_capacity_);
   const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
-  const int64_t width = std::max(options_.dim, options_.state_dim);
+  const int64_t width = std::max(initial_values ? options_.dim : 0, options_.state_dim);
+  if (width == 0) return CudaStatus(cudaGetLastError(), "insert");
   VisitValueType(options_.value_type, [&](auto value) {
     InitFreshRows<decltype(value)><<<Blocks(keys.n * width), kThreads, 0, stream>>>(
         keys, rows, fresh, arrays, static_cast<InitKind>(initializer_.kind), initializer_.a,
-        initializer_.b, initializer_.seed, options_.state_initial_value);
+        initializer_.b, initializer_.seed, options_.state_initial_value, initial_values);
   });
   return CudaStatus(cudaGetLastError(), "insert");
 }
@@ -803,14 +819,14 @@ Status GpuHashTable::Assign(const int64_t* keys, int64_t n, const float* values,
   if (status.ok()) status = Reserve(all, 1.0f, clock_ + 1, stream);
   const uint64_t clock = ++clock_;
   const uint32_t now = StampNow();
-  if (status.ok()) status = FindOrInsert(all, true, 1.0f, clock, now, rows, stream);
+  if (status.ok()) status = FindOrInsert(all, true, 1.0f, clock, now, rows, stream, false);
   if (status.ok()) {
     const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
-    const int64_t width = std::max(options_.dim, state ? options_.state_dim : 0);
+    const int lanes = RowLanes(std::max(options_.dim, state ? options_.state_dim : 0));
     VisitValueType(options_.value_type, [&](auto value) {
-      WriteRows<decltype(value)><<<Blocks(n * width), kThreads, 0, stream>>>(
+      WriteRows<decltype(value)><<<Blocks(n * lanes), kThreads, 0, stream>>>(
           rows, n, row_capacity_, arrays, values, state, state ? options_.state_dim : 0, now,
-          true, options_.evict, clock);
+          true, options_.evict, clock, lanes);
     });
     status = CudaStatus(cudaGetLastError(), "assign");
   }
@@ -859,15 +875,16 @@ Status GpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values
   int64_t* rows = nullptr;
   const uint32_t now = StampNow();
   Status status = Scratch(n, &rows);
-  if (status.ok()) status = FindOrInsert(all, true, 1.0f, clock_, now, rows, stream);
+  if (status.ok()) status = FindOrInsert(all, true, 1.0f, clock_, now, rows, stream, false);
   if (status.ok()) {
     const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
     const int64_t cols = state ? std::min(state_dim, options_.state_dim) : 0;
     // The restored state is [n, state_dim]: WriteRows reads it with that stride.
-    const int64_t width = std::max(options_.dim, cols);
+    const int lanes = RowLanes(std::max(options_.dim, cols));
     VisitValueType(options_.value_type, [&](auto value) {
-      WriteRows<decltype(value)><<<Blocks(n * width), kThreads, 0, stream>>>(
-          rows, n, row_capacity_, arrays, values, state, cols, now, false, options_.evict, 0);
+      WriteRows<decltype(value)><<<Blocks(n * lanes), kThreads, 0, stream>>>(
+          rows, n, row_capacity_, arrays, values, state, cols, now, false, options_.evict, 0,
+          lanes);
     });
     status = CudaStatus(cudaGetLastError(), "restore");
   }
