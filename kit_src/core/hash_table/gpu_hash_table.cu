@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "kit_src/core/cuda_scratch.cuh"
-#include "kit_src/core/optimizers/sparse_apply.cuh"
+#include "kit_src/core/optimizers/rule_by_name.h"
 #include "kit_src/core/value_storage.cuh"
 
 namespace sok {
@@ -300,12 +300,62 @@ __global__ void WriteRows(const int64_t* rows, int64_t n, int64_t missing_row, R
   }
 }
 
-__global__ void StampRows(const int64_t* rows, int64_t n, int64_t missing_row, uint64_t* row_meta,
-                          uint32_t now) {
+// The optimizer step without sorting: the rows' own index dedups the gradient. A row's first
+// use (lowest index) claims it in row_first; that use's gradient row accumulates the others'
+// (atomics), then one block per claiming use applies the rule to the row and frees the claim.
+constexpr int32_t kUnclaimed = 0x7f7f7f7f;  // memset byte 0x7f: above any use index
+
+__global__ void ClaimRows(const int64_t* keys, int64_t n, const Slot* slots, int64_t mask,
+                          int64_t* rows, int32_t* row_first) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t p = FindSlot(slots, mask, keys[i]);
+    const int64_t r = p >= 0 ? static_cast<int64_t>(slots[p].row) : -1;
+    rows[i] = r;
+    if (r >= 0) atomicMin(row_first + r, static_cast<int32_t>(i));
+  }
+}
+
+// head: the claiming use copies its gradient in; others: they add theirs to it.
+__global__ void GatherGradients(const int64_t* rows, const int32_t* row_first, int64_t n,
+                                int64_t dim, const float* grads, float* summed, bool head) {
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
     const int64_t r = rows[i];
-    if (r != missing_row) row_meta[r] = (row_meta[r] & ~kStampBits) | now;
+    if (r < 0) continue;
+    const int64_t first = row_first[r];
+    if ((first == i) != head) continue;
+    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+      if (head) {
+        summed[i * dim + d] = grads[i * dim + d];
+      } else {
+        atomicAdd(summed + first * dim + d, grads[i * dim + d]);
+      }
+    }
+  }
+}
+
+template <typename Value, typename Hyper>
+__global__ void ApplyClaimed(const int64_t* rows, int32_t* row_first, int64_t n,
+                             const float* summed, RowArrays t, int sections, Hyper hyper,
+                             uint32_t now) {
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const int64_t r = rows[i];
+    if (r < 0 || row_first[r] != i) continue;
+    Value* values = static_cast<Value*>(t.values) + r * t.dim;
+    for (int64_t d = threadIdx.x; d < t.dim; d += blockDim.x) {
+      float g = summed[i * t.dim + d];
+      float w = Widen(values[d]);
+      float state[3];
+      for (int s = 0; s < sections; ++s) state[s] = t.state[r * t.state_dim + s * t.dim + d];
+      ApplyRule(&w, state, &g, 1, hyper);
+      values[d] = Narrow<Value>(w);
+      for (int s = 0; s < sections; ++s) t.state[r * t.state_dim + s * t.dim + d] = state[s];
+    }
+    __syncthreads();  // every thread has read the claim
+    if (threadIdx.x == 0) {
+      row_first[r] = kUnclaimed;
+      t.row_meta[r] = (t.row_meta[r] & ~kStampBits) | now;
+    }
   }
 }
 
@@ -453,7 +503,7 @@ GpuHashTable::~GpuHashTable() {
   }
   for (void* p : {static_cast<void*>(counters_), slots_, static_cast<void*>(row_keys_),
                   static_cast<void*>(row_meta_), values_, static_cast<void*>(state_),
-                  static_cast<void*>(free_rows_)}) {
+                  static_cast<void*>(free_rows_), static_cast<void*>(row_first_)}) {
     if (p) memory_->Free(p);
   }
 }
@@ -611,14 +661,18 @@ Status GpuHashTable::GrowRows(int64_t rows, int64_t next_row, cudaStream_t strea
   if (status.ok()) status = AllocateArray(memory_, (rows + 1) * value_bytes, &values, "values");
   if (status.ok()) status = AllocateArray(memory_, (rows + 1) * options_.state_dim, &state, "optimizer state");
   if (status.ok()) status = AllocateArray(memory_, rows, &free_rows, "free list");
+  int32_t* row_first = nullptr;
+  if (status.ok()) status = AllocateArray(memory_, rows + 1, &row_first, "update claims");
   if (!status.ok()) {
     for (void* p : {static_cast<void*>(keys), static_cast<void*>(meta), static_cast<void*>(values),
-                    static_cast<void*>(state), static_cast<void*>(free_rows)}) {
+                    static_cast<void*>(state), static_cast<void*>(free_rows),
+                    static_cast<void*>(row_first)}) {
       if (p) memory_->Free(p);
     }
     return status;
   }
   cudaMemsetAsync(meta, 0, (rows + 1) * sizeof(uint64_t), stream);
+  cudaMemsetAsync(row_first, 0x7f, (rows + 1) * sizeof(int32_t), stream);  // kUnclaimed
   if (row_capacity_ > 0) {
     const int64_t kept = std::min(next_row, row_capacity_);
     cudaMemcpyAsync(keys, row_keys_, kept * sizeof(int64_t), cudaMemcpyDeviceToDevice, stream);
@@ -629,10 +683,12 @@ Status GpuHashTable::GrowRows(int64_t rows, int64_t next_row, cudaStream_t strea
     cudaMemcpyAsync(free_rows, free_rows_, row_capacity_ * sizeof(int64_t),
                     cudaMemcpyDeviceToDevice, stream);
     for (void* p : {static_cast<void*>(row_keys_), static_cast<void*>(row_meta_), values_,
-                    static_cast<void*>(state_), static_cast<void*>(free_rows_)}) {
+                    static_cast<void*>(state_), static_cast<void*>(free_rows_),
+                    static_cast<void*>(row_first_)}) {
       memory_->Free(p);
     }
   }
+  row_first_ = row_first;
   row_keys_ = keys;
   row_meta_ = meta;
   values_ = values;
@@ -956,39 +1012,41 @@ Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t 
                            bool nesterov, int64_t state_dim, float state_initial_value,
                            const int64_t* keys, int64_t n, const float* grads,
                            cudaStream_t stream) {
+  // The rule must find the state it expects (checked before anything runs).
+  bool fits = true;
+  SOK_RETURN_IF_ERROR(VisitRule(rule, hyper, hyper_count, nesterov, [&](const auto& h) {
+    fits = RuleStateFloats(h, options_.dim) <= std::max(state_dim, options_.state_dim);
+  }));
+  if (!fits || state_dim % options_.dim != 0 || state_dim > 3 * options_.dim) {
+    return Status::InvalidArgument("rule " + rule + " does not fit a state of " +
+                                   std::to_string(state_dim) + " floats per key");
+  }
   SOK_RETURN_IF_ERROR(EnsureState(state_dim, state_initial_value, stream));
   std::lock_guard<std::mutex> lock(mutex_);
   if (n == 0) return Status::Ok();
   int64_t* rows = nullptr;
-  LookupCheck* check = nullptr;
+  float* summed = nullptr;
   Status status = Scratch(n, &rows);
-  if (status.ok()) status = Scratch(1, &check);
-  if (status.ok()) status = FindOrInsert(GpuKeys{keys, n, 1, 0}, false, 1.0f, 0, 0, rows, stream);
-  if (status.ok()) status = CudaStatus(ResetLookupCheck(check, stream), "apply");
+  if (status.ok()) status = Scratch(n * options_.dim, &summed);
   if (status.ok()) {
-    SparseApplyTable table;
-    table.values = static_cast<float*>(values_);
-    table.state = state_;
-    table.rows = row_capacity_ + 1;  // missing keys update the spare last row
-    table.dim = options_.dim;
-    table.state_dim = options_.state_dim;
-    table.value_type = options_.value_type;
-    const cudaError_t applied = SparseApplyGpuAsync(
-        rule, hyper, hyper_count, nesterov, table, SparseGradient{rows, grads, n},
-        [&](size_t bytes) -> void* {
-          char* p = nullptr;
-          return Scratch(static_cast<int64_t>(bytes), &p).ok() ? p : nullptr;
-        },
-        check, stream);
-    if (applied == cudaErrorInvalidValue) {
-      status = Status::InvalidArgument("rule " + rule + " does not fit a state of " +
-                                       std::to_string(options_.state_dim) + " floats per key");
-    } else {
-      status = CudaStatus(applied, "apply");
-    }
-  }
-  if (status.ok()) {
-    StampRows<<<Blocks(n), kThreads, 0, stream>>>(rows, n, row_capacity_, row_meta_, StampNow());
+    const int64_t dim = options_.dim;
+    const int threads = static_cast<int>(std::min<int64_t>(256, (dim + 31) / 32 * 32));
+    const int blocks = GridBlocks(n, 1);
+    ClaimRows<<<Blocks(n), kThreads, 0, stream>>>(keys, n, static_cast<const Slot*>(slots_),
+                                                  num_slots_ - 1, rows, row_first_);
+    GatherGradients<<<blocks, threads, 0, stream>>>(rows, row_first_, n, dim, grads, summed,
+                                                    true);
+    GatherGradients<<<blocks, threads, 0, stream>>>(rows, row_first_, n, dim, grads, summed,
+                                                    false);
+    const RowArrays arrays{row_keys_, row_meta_, values_, state_, dim, options_.state_dim};
+    const int sections = static_cast<int>(options_.state_dim / dim);
+    const uint32_t now = StampNow();
+    VisitRule(rule, hyper, hyper_count, nesterov, [&](const auto& h) {
+      VisitValueType(options_.value_type, [&](auto value) {
+        ApplyClaimed<decltype(value)><<<blocks, threads, 0, stream>>>(
+            rows, row_first_, n, summed, arrays, sections, h, now);
+      });
+    });
     status = CudaStatus(cudaGetLastError(), "apply");
   }
   FreeScratch();
