@@ -316,15 +316,33 @@ __global__ void ClaimRows(const int64_t* keys, int64_t n, const Slot* slots, int
   }
 }
 
+// Uses are handled by groups of `lanes` lanes (dividing 32), several to a warp, so many rows
+// are in flight at once; loop bounds depend on the warp only (the apply synchronises lanes).
+struct UseGroups {
+  int lane, per_warp, warp_lane;
+  int64_t first, stride;
+  __device__ explicit UseGroups(int lanes) {
+    warp_lane = threadIdx.x % 32;
+    lane = warp_lane % lanes;
+    per_warp = 32 / lanes;
+    first = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32 * per_warp;
+    stride = int64_t{gridDim.x} * blockDim.x / 32 * per_warp;
+  }
+};
+
 // head: the claiming use copies its gradient in; others: they add theirs to it.
 __global__ void GatherGradients(const int64_t* rows, const int32_t* row_first, int64_t n,
-                                int64_t dim, const float* grads, float* summed, bool head) {
-  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+                                int64_t dim, const float* grads, float* summed, bool head,
+                                int lanes) {
+  const UseGroups g(lanes);
+  for (int64_t base = g.first; base < n; base += g.stride) {
+    const int64_t i = base + g.warp_lane / lanes;
+    if (i >= n) continue;
     const int64_t r = rows[i];
     if (r < 0) continue;
     const int64_t first = row_first[r];
     if ((first == i) != head) continue;
-    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+    for (int64_t d = g.lane; d < dim; d += lanes) {
       if (head) {
         summed[i * dim + d] = grads[i * dim + d];
       } else {
@@ -337,22 +355,26 @@ __global__ void GatherGradients(const int64_t* rows, const int32_t* row_first, i
 template <typename Value, typename Hyper>
 __global__ void ApplyClaimed(const int64_t* rows, int32_t* row_first, int64_t n,
                              const float* summed, RowArrays t, int sections, Hyper hyper,
-                             uint32_t now) {
-  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    const int64_t r = rows[i];
-    if (r < 0 || row_first[r] != i) continue;
-    Value* values = static_cast<Value*>(t.values) + r * t.dim;
-    for (int64_t d = threadIdx.x; d < t.dim; d += blockDim.x) {
-      float g = summed[i * t.dim + d];
-      float w = Widen(values[d]);
-      float state[3];
-      for (int s = 0; s < sections; ++s) state[s] = t.state[r * t.state_dim + s * t.dim + d];
-      ApplyRule(&w, state, &g, 1, hyper);
-      values[d] = Narrow<Value>(w);
-      for (int s = 0; s < sections; ++s) t.state[r * t.state_dim + s * t.dim + d] = state[s];
+                             uint32_t now, int lanes) {
+  const UseGroups g(lanes);
+  for (int64_t base = g.first; base < n; base += g.stride) {
+    const int64_t i = base + g.warp_lane / lanes;
+    const int64_t r = i < n ? rows[i] : -1;
+    const bool claimed = r >= 0 && row_first[r] == i;
+    if (claimed) {
+      Value* values = static_cast<Value*>(t.values) + r * t.dim;
+      for (int64_t d = g.lane; d < t.dim; d += lanes) {
+        float grad = summed[i * t.dim + d];
+        float w = Widen(values[d]);
+        float state[3];
+        for (int s = 0; s < sections; ++s) state[s] = t.state[r * t.state_dim + s * t.dim + d];
+        ApplyRule(&w, state, &grad, 1, hyper);
+        values[d] = Narrow<Value>(w);
+        for (int s = 0; s < sections; ++s) t.state[r * t.state_dim + s * t.dim + d] = state[s];
+      }
     }
-    __syncthreads();  // every thread has read the claim
-    if (threadIdx.x == 0) {
+    __syncwarp();  // every lane of the group has read the claim
+    if (claimed && g.lane == 0) {
       row_first[r] = kUnclaimed;
       t.row_meta[r] = (t.row_meta[r] & ~kStampBits) | now;
     }
@@ -1030,21 +1052,21 @@ Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t 
   if (status.ok()) status = Scratch(n * options_.dim, &summed);
   if (status.ok()) {
     const int64_t dim = options_.dim;
-    const int threads = static_cast<int>(std::min<int64_t>(256, (dim + 31) / 32 * 32));
-    const int blocks = GridBlocks(n, 1);
+    const int lanes = RowLanes(dim);
+    const int blocks = Blocks(n * lanes);
     ClaimRows<<<Blocks(n), kThreads, 0, stream>>>(keys, n, static_cast<const Slot*>(slots_),
                                                   num_slots_ - 1, rows, row_first_);
-    GatherGradients<<<blocks, threads, 0, stream>>>(rows, row_first_, n, dim, grads, summed,
-                                                    true);
-    GatherGradients<<<blocks, threads, 0, stream>>>(rows, row_first_, n, dim, grads, summed,
-                                                    false);
+    GatherGradients<<<blocks, kThreads, 0, stream>>>(rows, row_first_, n, dim, grads, summed,
+                                                     true, lanes);
+    GatherGradients<<<blocks, kThreads, 0, stream>>>(rows, row_first_, n, dim, grads, summed,
+                                                     false, lanes);
     const RowArrays arrays{row_keys_, row_meta_, values_, state_, dim, options_.state_dim};
     const int sections = static_cast<int>(options_.state_dim / dim);
     const uint32_t now = StampNow();
     VisitRule(rule, hyper, hyper_count, nesterov, [&](const auto& h) {
       VisitValueType(options_.value_type, [&](auto value) {
-        ApplyClaimed<decltype(value)><<<blocks, threads, 0, stream>>>(
-            rows, row_first_, n, summed, arrays, sections, h, now);
+        ApplyClaimed<decltype(value)><<<blocks, kThreads, 0, stream>>>(
+            rows, row_first_, n, summed, arrays, sections, h, now, lanes);
       });
     });
     status = CudaStatus(cudaGetLastError(), "apply");
