@@ -69,7 +69,8 @@ class DynamicVariable(PlacedTable, trackable.Trackable):
       initializer: "random"/"normal" (default, N(0, 0.05)), "uniform", "zeros", "ones", a float
         string, or a Keras RandomNormal / RandomUniform / Constant initializer. The initial row
         of a key depends only on (seed, key), so every worker count agrees.
-      var_type: None, "hbm" or "hybrid" (storage hints; rows live in host memory on CPU).
+      var_type: None, "hbm" or "hybrid" (hints: the table lives where it is created, in GPU
+        memory under a GPU device, in host memory on the CPU).
       name: the table's name (also seeds its initializer).
       key_type: tf.int64 (default) or tf.int32.
       dtype: how rows are stored: tf.float32 (default), tf.float16 or tf.bfloat16 (half the
