@@ -301,18 +301,23 @@ __global__ void WriteRows(const int64_t* rows, int64_t n, int64_t missing_row, R
 }
 
 // The optimizer step without sorting: the rows' own index dedups the gradient. A row's first
-// use (lowest index) claims it in row_first; that use's gradient row accumulates the others'
-// (atomics), then one block per claiming use applies the rule to the row and frees the claim.
+// use (lowest index) claims it in row_first and row_uses counts its uses; for a row used more
+// than once the first use's row of `summed` accumulates every use's gradient (atomics), then
+// one lane group per claiming use applies the rule to the row (from its own gradient when it
+// is the only use) and frees the claim.
 constexpr int32_t kUnclaimed = 0x7f7f7f7f;  // memset byte 0x7f: above any use index
 
 __global__ void ClaimRows(const int64_t* keys, int64_t n, const Slot* slots, int64_t mask,
-                          int64_t* rows, int32_t* row_first) {
+                          int64_t* rows, int32_t* row_first, int32_t* row_uses) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t p = FindSlot(slots, mask, keys[i]);
     const int64_t r = p >= 0 ? static_cast<int64_t>(slots[p].row) : -1;
     rows[i] = r;
-    if (r >= 0) atomicMin(row_first + r, static_cast<int32_t>(i));
+    if (r >= 0) {
+      atomicMin(row_first + r, static_cast<int32_t>(i));
+      atomicAdd(row_uses + r, 1);
+    }
   }
 }
 
@@ -331,9 +336,9 @@ struct UseGroups {
 };
 
 // head: the claiming use copies its gradient in; others: they add theirs to it.
-__global__ void GatherGradients(const int64_t* rows, const int32_t* row_first, int64_t n,
-                                int64_t dim, const float* grads, float* summed, bool head,
-                                int lanes) {
+__global__ void GatherGradients(const int64_t* rows, const int32_t* row_first,
+                                const int32_t* row_uses, int64_t n, int64_t dim,
+                                const float* grads, float* summed, bool head, int lanes) {
   const UseGroups g(lanes);
   for (int64_t base = g.first; base < n; base += g.stride) {
     const int64_t i = base + g.warp_lane / lanes;
@@ -341,7 +346,7 @@ __global__ void GatherGradients(const int64_t* rows, const int32_t* row_first, i
     const int64_t r = rows[i];
     if (r < 0) continue;
     const int64_t first = row_first[r];
-    if ((first == i) != head) continue;
+    if ((first == i) != head || row_uses[r] == 1) continue;
     for (int64_t d = g.lane; d < dim; d += lanes) {
       if (head) {
         summed[i * dim + d] = grads[i * dim + d];
@@ -353,9 +358,9 @@ __global__ void GatherGradients(const int64_t* rows, const int32_t* row_first, i
 }
 
 template <typename Value, typename Hyper>
-__global__ void ApplyClaimed(const int64_t* rows, int32_t* row_first, int64_t n,
-                             const float* summed, RowArrays t, int sections, Hyper hyper,
-                             uint32_t now, int lanes) {
+__global__ void ApplyClaimed(const int64_t* rows, int32_t* row_first, int32_t* row_uses,
+                             int64_t n, const float* grads, const float* summed, RowArrays t,
+                             int sections, Hyper hyper, uint32_t now, int lanes) {
   const UseGroups g(lanes);
   for (int64_t base = g.first; base < n; base += g.stride) {
     const int64_t i = base + g.warp_lane / lanes;
@@ -363,8 +368,9 @@ __global__ void ApplyClaimed(const int64_t* rows, int32_t* row_first, int64_t n,
     const bool claimed = r >= 0 && row_first[r] == i;
     if (claimed) {
       Value* values = static_cast<Value*>(t.values) + r * t.dim;
+      const float* gradient = (row_uses[r] == 1 ? grads : summed) + i * t.dim;
       for (int64_t d = g.lane; d < t.dim; d += lanes) {
-        float grad = summed[i * t.dim + d];
+        float grad = gradient[d];
         float w = Widen(values[d]);
         float state[3];
         for (int s = 0; s < sections; ++s) state[s] = t.state[r * t.state_dim + s * t.dim + d];
@@ -376,6 +382,7 @@ __global__ void ApplyClaimed(const int64_t* rows, int32_t* row_first, int64_t n,
     __syncwarp();  // every lane of the group has read the claim
     if (claimed && g.lane == 0) {
       row_first[r] = kUnclaimed;
+      row_uses[r] = 0;
       t.row_meta[r] = (t.row_meta[r] & ~kStampBits) | now;
     }
   }
@@ -525,7 +532,8 @@ GpuHashTable::~GpuHashTable() {
   }
   for (void* p : {static_cast<void*>(counters_), slots_, static_cast<void*>(row_keys_),
                   static_cast<void*>(row_meta_), values_, static_cast<void*>(state_),
-                  static_cast<void*>(free_rows_), static_cast<void*>(row_first_)}) {
+                  static_cast<void*>(free_rows_), static_cast<void*>(row_first_),
+                  static_cast<void*>(row_uses_)}) {
     if (p) memory_->Free(p);
   }
 }
@@ -683,18 +691,20 @@ Status GpuHashTable::GrowRows(int64_t rows, int64_t next_row, cudaStream_t strea
   if (status.ok()) status = AllocateArray(memory_, (rows + 1) * value_bytes, &values, "values");
   if (status.ok()) status = AllocateArray(memory_, (rows + 1) * options_.state_dim, &state, "optimizer state");
   if (status.ok()) status = AllocateArray(memory_, rows, &free_rows, "free list");
-  int32_t* row_first = nullptr;
+  int32_t *row_first = nullptr, *row_uses = nullptr;
   if (status.ok()) status = AllocateArray(memory_, rows + 1, &row_first, "update claims");
+  if (status.ok()) status = AllocateArray(memory_, rows + 1, &row_uses, "update counts");
   if (!status.ok()) {
     for (void* p : {static_cast<void*>(keys), static_cast<void*>(meta), static_cast<void*>(values),
                     static_cast<void*>(state), static_cast<void*>(free_rows),
-                    static_cast<void*>(row_first)}) {
+                    static_cast<void*>(row_first), static_cast<void*>(row_uses)}) {
       if (p) memory_->Free(p);
     }
     return status;
   }
   cudaMemsetAsync(meta, 0, (rows + 1) * sizeof(uint64_t), stream);
   cudaMemsetAsync(row_first, 0x7f, (rows + 1) * sizeof(int32_t), stream);  // kUnclaimed
+  cudaMemsetAsync(row_uses, 0, (rows + 1) * sizeof(int32_t), stream);
   if (row_capacity_ > 0) {
     const int64_t kept = std::min(next_row, row_capacity_);
     cudaMemcpyAsync(keys, row_keys_, kept * sizeof(int64_t), cudaMemcpyDeviceToDevice, stream);
@@ -706,11 +716,12 @@ Status GpuHashTable::GrowRows(int64_t rows, int64_t next_row, cudaStream_t strea
                     cudaMemcpyDeviceToDevice, stream);
     for (void* p : {static_cast<void*>(row_keys_), static_cast<void*>(row_meta_), values_,
                     static_cast<void*>(state_), static_cast<void*>(free_rows_),
-                    static_cast<void*>(row_first_)}) {
+                    static_cast<void*>(row_first_), static_cast<void*>(row_uses_)}) {
       memory_->Free(p);
     }
   }
   row_first_ = row_first;
+  row_uses_ = row_uses;
   row_keys_ = keys;
   row_meta_ = meta;
   values_ = values;
@@ -1055,18 +1066,19 @@ Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t 
     const int lanes = RowLanes(dim);
     const int blocks = Blocks(n * lanes);
     ClaimRows<<<Blocks(n), kThreads, 0, stream>>>(keys, n, static_cast<const Slot*>(slots_),
-                                                  num_slots_ - 1, rows, row_first_);
-    GatherGradients<<<blocks, kThreads, 0, stream>>>(rows, row_first_, n, dim, grads, summed,
-                                                     true, lanes);
-    GatherGradients<<<blocks, kThreads, 0, stream>>>(rows, row_first_, n, dim, grads, summed,
-                                                     false, lanes);
+                                                  num_slots_ - 1, rows, row_first_,
+                                                  row_uses_);
+    for (const bool head : {true, false}) {
+      GatherGradients<<<blocks, kThreads, 0, stream>>>(rows, row_first_, row_uses_, n, dim,
+                                                       grads, summed, head, lanes);
+    }
     const RowArrays arrays{row_keys_, row_meta_, values_, state_, dim, options_.state_dim};
     const int sections = static_cast<int>(options_.state_dim / dim);
     const uint32_t now = StampNow();
     VisitRule(rule, hyper, hyper_count, nesterov, [&](const auto& h) {
       VisitValueType(options_.value_type, [&](auto value) {
         ApplyClaimed<decltype(value)><<<blocks, kThreads, 0, stream>>>(
-            rows, row_first_, n, summed, arrays, sections, h, now, lanes);
+            rows, row_first_, row_uses_, n, grads, summed, arrays, sections, h, now, lanes);
       });
     });
     status = CudaStatus(cudaGetLastError(), "apply");

@@ -160,6 +160,7 @@ class GpuHashTable {
   int64_t* free_rows_ = nullptr;    // [row_capacity_]
   int32_t* row_first_ = nullptr;    // [row_capacity_ + 1] a row's first use in a running
                                     // update, kUnclaimed between updates
+  int32_t* row_uses_ = nullptr;     // [row_capacity_ + 1] its uses in that update, else 0
   // Lower bounds on the room left, exact after ReadCounters.
   int64_t spare_keys_ = 0, spare_slots_ = 0, spare_rows_ = 0;
   // Copies of the counters taken after inserts, and what calls reserved after each.
