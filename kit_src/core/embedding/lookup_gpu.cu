@@ -25,16 +25,6 @@ __device__ __forceinline__ int64_t ReadId(const void* ids, bool ids64, int64_t i
                : static_cast<int64_t>(static_cast<const int32_t*>(ids)[i]);
 }
 
-// The item among `count` descriptors whose `first` field is the last at or below i.
-template <typename Lookup>
-__device__ __forceinline__ int32_t FindLookup(const Lookup* lookups, int32_t count, int64_t i) {
-  int32_t lo = 0, hi = count - 1;
-  while (lo < hi) {
-    const int32_t mid = (lo + hi + 1) / 2;
-    if (lookups[mid].first <= i) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
 __device__ __forceinline__ int32_t FindSampleLookup(const GpuPooledLookup* lookups, int32_t count,
                                                     int64_t g) {
   int32_t lo = 0, hi = count - 1;

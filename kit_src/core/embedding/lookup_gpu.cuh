@@ -35,6 +35,18 @@ struct GpuPartitionLookup {
   int64_t rows = 0;           // global rows of the table
 };
 
+// The lookup among `count` descriptors (sorted by their `first` field) whose ids hold item i
+// of all lookups' ids laid end to end.
+template <typename Lookup>
+__device__ __forceinline__ int32_t FindLookup(const Lookup* lookups, int32_t count, int64_t i) {
+  int32_t lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi + 1) / 2;
+    if (lookups[mid].first <= i) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 // Phase 1 of the partition: every id (all lookups laid end to end, `total` of them) becomes a
 // sort key (worker, table, local row) packed in `key_bits` bits; bad ids are recorded in
 // `check` (group = lookup). ids64: the lookups' ids are int64 (else int32).

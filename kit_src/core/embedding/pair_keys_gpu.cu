@@ -17,16 +17,6 @@ int Blocks(int64_t n) { return GridBlocks(n, kThreads); }
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n);         \
        i += int64_t{gridDim.x} * blockDim.x)
 
-__device__ __forceinline__ int32_t FindLookup(const GpuPartitionLookup* lookups, int32_t count,
-                                              int64_t i) {
-  int32_t lo = 0, hi = count - 1;
-  while (lo < hi) {
-    const int32_t mid = (lo + hi + 1) / 2;
-    if (lookups[mid].first <= i) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
-
 __global__ void PairSortKeys(const GpuPartitionLookup* lookups, int32_t num_lookups, bool ids64,
                              int64_t total, int32_t num_workers, int table_bits, uint64_t* ids,
                              uint32_t* group, int32_t* order) {

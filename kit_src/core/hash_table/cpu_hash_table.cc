@@ -9,33 +9,16 @@
 #include <string>
 
 namespace sok {
-namespace {
-
-constexpr double kMaxLoad = 0.7;
-
-int64_t SlotsFor(int64_t keys) {
-  int64_t slots = 16;
-  while (static_cast<double>(slots) * kMaxLoad < static_cast<double>(keys)) slots *= 2;
-  return slots;
-}
-
-}  // namespace
 
 CpuHashTable::CpuHashTable(const HashTableOptions& options, const RowInitializer& initializer)
     : options_(options), initializer_(initializer), created_us_(NowMicros()) {
   SetLayout();
-  Rehash(SlotsFor(std::max<int64_t>(1, std::min(options.init_capacity, options.max_capacity))));
+  Rehash(SlotsForKeys(std::max<int64_t>(1, std::min(options.init_capacity, options.max_capacity))));
 }
 
 int64_t CpuHashTable::size() const {
   std::shared_lock<std::shared_mutex> lock(mutex_);
   return size_;
-}
-
-int64_t CpuHashTable::NowMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 namespace {
@@ -84,10 +67,7 @@ void CpuHashTable::InitializeNarrowValue(int64_t key, int64_t slot) {
   WriteValue(wide.data(), slot);
 }
 
-uint32_t CpuHashTable::StampAt(int64_t time_us) const {
-  const int64_t ms = (time_us - created_us_) / 1000;
-  return static_cast<uint32_t>(std::clamp<int64_t>(ms, 0, kStampBits));
-}
+uint32_t CpuHashTable::StampAt(int64_t time_us) const { return WriteStampAt(created_us_, time_us); }
 
 int64_t CpuHashTable::Home(int64_t key) const {
   return static_cast<int64_t>(HashKey(key) & static_cast<uint64_t>(mask_));
@@ -253,8 +233,8 @@ Status CpuHashTable::Reserve(int64_t incoming) {
       EraseSlot(FindSlot(key, Home(key)));
     }
   }
-  if (static_cast<double>(size_ + incoming) > static_cast<double>(mask_ + 1) * kMaxLoad) {
-    Rehash(SlotsFor(size_ + incoming));
+  if (static_cast<double>(size_ + incoming) > static_cast<double>(mask_ + 1) * kMaxSlotLoad) {
+    Rehash(SlotsForKeys(size_ + incoming));
   }
   return Status::Ok();
 }
@@ -280,7 +260,7 @@ Status CpuHashTable::Lookup(const int64_t* keys, int64_t n, bool insert, float* 
   }
   std::unique_lock<std::shared_mutex> lock(mutex_);
   if (size_ + n <= options_.max_capacity &&
-      static_cast<double>(size_ + n) <= static_cast<double>(mask_ + 1) * kMaxLoad) {
+      static_cast<double>(size_ + n) <= static_cast<double>(mask_ + 1) * kMaxSlotLoad) {
     // Room for every key even if all are new: one parallel find-or-insert pass.
     InsertPass(keys, nullptr, n, values, clock, admit_probability, parallel_for);
     return Status::Ok();
@@ -373,7 +353,7 @@ Status CpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values
   }
   EnsureState(state_dim, options_.state_initial_value);
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  Rehash(SlotsFor(std::max<int64_t>(n, 1)));  // empties: Rehash keeps only occupied slots
+  Rehash(SlotsForKeys(std::max<int64_t>(n, 1)));  // empties: Rehash keeps only occupied slots
   for (int64_t s = 0; s <= mask_; ++s) slots_[s].meta.store(0, std::memory_order_relaxed);
   size_ = 0;
   const uint32_t now = StampNow();

@@ -167,7 +167,6 @@ class CpuHashTable {
     meta.store((meta.load(std::memory_order_relaxed) & ~kStampBits) | stamp,
                std::memory_order_relaxed);
   }
-  static int64_t NowMicros();
   uint32_t StampAt(int64_t time_us) const;  // saturating ms since creation
   uint32_t StampNow() const { return StampAt(NowMicros()); }
   int64_t Home(int64_t key) const;

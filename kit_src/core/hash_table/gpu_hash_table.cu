@@ -27,7 +27,6 @@ namespace {
 
 using Counters = GpuHashTable::Counters;
 constexpr int kThreads = 256;
-constexpr double kMaxLoad = 0.7;  // live and erased slots over all slots
 
 int Blocks(int64_t n) { return GridBlocks(n, kThreads); }
 
@@ -40,12 +39,7 @@ constexpr unsigned long long kEmptyRow = ~0ull;         // never used: probes st
 constexpr unsigned long long kErasedRow = ~0ull - 1;    // was used: probes pass it
 constexpr unsigned long long kClaimedRow = ~0ull - 2;   // an insert is writing the key
 
-int64_t SlotsFor(int64_t keys) {
-  int64_t slots = 16;
-  while (static_cast<double>(slots) * kMaxLoad < static_cast<double>(keys)) slots *= 2;
-  return slots;
-}
-int64_t MaxUsed(int64_t slots) { return static_cast<int64_t>(static_cast<double>(slots) * kMaxLoad); }
+int64_t MaxUsed(int64_t slots) { return static_cast<int64_t>(static_cast<double>(slots) * kMaxSlotLoad); }
 
 __device__ __forceinline__ unsigned long long LoadRowAcquire(const Slot* slot) {
   unsigned long long row;
@@ -507,12 +501,6 @@ Status CudaStatus(cudaError_t error, const char* what) {
                           cudaGetErrorString(error));
 }
 
-int64_t NowMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 }  // namespace
 
 #define SOK_RETURN_IF_ERROR(expr)        \
@@ -555,12 +543,7 @@ void GpuHashTable::FreeScratch() {
   scratch_.clear();
 }
 
-int64_t GpuHashTable::RowWords() const { return options_.dim; }
-
-uint32_t GpuHashTable::StampAt(int64_t time_us) const {
-  const int64_t ms = (time_us - created_us_) / 1000;
-  return static_cast<uint32_t>(std::clamp<int64_t>(ms, 0, kStampBits));
-}
+uint32_t GpuHashTable::StampAt(int64_t time_us) const { return WriteStampAt(created_us_, time_us); }
 uint32_t GpuHashTable::StampNow() const { return StampAt(NowMicros()); }
 
 namespace {
@@ -587,7 +570,7 @@ Status GpuHashTable::Init(cudaStream_t stream) {
   if (init_status_.ok()) {
     init_status_ = CudaStatus(cudaMemsetAsync(counters_, 0, sizeof(Counters), stream), "init");
   }
-  if (init_status_.ok()) init_status_ = Rebuild(SlotsFor(rows), 0, stream);
+  if (init_status_.ok()) init_status_ = Rebuild(SlotsForKeys(rows), 0, stream);
   if (init_status_.ok()) init_status_ = GrowRows(rows, 0, stream);
   if (init_status_.ok()) SetBounds(Exact{});
   for (Snapshot& snapshot : snapshots_) {
@@ -820,7 +803,7 @@ Status GpuHashTable::Reserve(const GpuKeys& keys, float admit, uint64_t clock,
   // An evicted key this call uses again comes back as new: room for those too.
   const int64_t needed = incoming + evicted;
   if (e.used + needed > MaxUsed(num_slots_)) {
-    SOK_RETURN_IF_ERROR(Rebuild(SlotsFor(e.size + needed), e.next_row, stream));
+    SOK_RETURN_IF_ERROR(Rebuild(SlotsForKeys(e.size + needed), e.next_row, stream));
     e.used = e.size;
   }
   if (needed > row_capacity_ - e.next_row + e.free_count) {
@@ -953,7 +936,7 @@ Status GpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values
   SOK_RETURN_IF_ERROR(CudaStatus(
       cudaMemsetAsync(row_meta_, 0, (row_capacity_ + 1) * sizeof(uint64_t), stream), "clear"));
   if (n > row_capacity_) SOK_RETURN_IF_ERROR(GrowRows(n, 0, stream));
-  SOK_RETURN_IF_ERROR(Rebuild(SlotsFor(std::max<int64_t>(n, 1)), 0, stream));
+  SOK_RETURN_IF_ERROR(Rebuild(SlotsForKeys(std::max<int64_t>(n, 1)), 0, stream));
   SetBounds(Exact{});
   DropSnapshots();
   if (n == 0) return Status::Ok();

@@ -138,7 +138,6 @@ class GpuHashTable {
   template <typename T>
   Status Scratch(int64_t count, T** out);
   void FreeScratch();
-  int64_t RowWords() const;  // 4-byte words of a stored value
 
   HashTableOptions options_;
   RowInitializer initializer_;

@@ -4,6 +4,8 @@
 // metadata word. Host and device code (nvcc sees __host__ __device__).
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 
@@ -75,5 +77,27 @@ constexpr int kScoreShift = 32;
 constexpr uint64_t kMaxScore = (uint64_t{1} << 30) - 1;
 constexpr uint64_t kScoreBits = kMaxScore << kScoreShift;
 constexpr uint64_t kStampBits = 0xffffffffu;
+
+// Open addressing keeps used slots (live, or erased on the GPU) at most this share of all.
+constexpr double kMaxSlotLoad = 0.7;
+
+// A power of two of slots that holds `keys` within kMaxSlotLoad.
+inline int64_t SlotsForKeys(int64_t keys) {
+  int64_t slots = 16;
+  while (static_cast<double>(slots) * kMaxSlotLoad < static_cast<double>(keys)) slots *= 2;
+  return slots;
+}
+
+// Write stamps: microseconds since the Unix epoch, and a time as milliseconds since the
+// table's creation (saturating in 32 bits).
+inline int64_t NowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+inline uint32_t WriteStampAt(int64_t created_us, int64_t time_us) {
+  return static_cast<uint32_t>(
+      std::clamp<int64_t>((time_us - created_us) / 1000, 0, static_cast<int64_t>(kStampBits)));
+}
 
 }  // namespace sok

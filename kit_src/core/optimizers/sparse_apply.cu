@@ -7,7 +7,6 @@
 #include "kit_src/core/cuda_scratch.cuh"
 #include "kit_src/core/optimizers/rule_by_name.h"
 #include "kit_src/core/optimizers/update_rules.h"
-#include "kit_src/core/value_storage.cuh"
 
 namespace sok {
 namespace {
@@ -71,7 +70,7 @@ __global__ void SumRuns(const int32_t* order, const int32_t* run_of, const float
 
 // One step of the rule per element of every touched row (elementwise rules: dim 1, state
 // sections of length 1): a block per row, its threads across the row's elements.
-template <typename Value, typename Hyper>
+template <typename Hyper>
 __global__ void ApplyRuns(const int64_t* run_id, const int32_t* num_runs, const float* summed,
                           SparseApplyTable table, int sections, Hyper hyper,
                           const LookupCheck* check) {
@@ -79,10 +78,10 @@ __global__ void ApplyRuns(const int64_t* run_id, const int32_t* num_runs, const 
   const int64_t dim = table.dim, runs = *num_runs;
   for (int64_t run = blockIdx.x; run < runs; run += gridDim.x) {
     const int64_t row = run_id[run];
-    Value* values = reinterpret_cast<Value*>(table.values) + row * dim;
+    float* values = table.values + row * dim;
     for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
       float g = summed[run * dim + d];
-      float w = Widen(values[d]);
+      float w = values[d];
       float state[kMaxSections];
       float* section[kMaxSections];
       for (int s = 0; s < sections; ++s) {
@@ -91,7 +90,7 @@ __global__ void ApplyRuns(const int64_t* run_id, const int32_t* num_runs, const 
         state[s] = *section[s];
       }
       ApplyRule(&w, state, &g, 1, hyper);
-      values[d] = Narrow<Value>(w);
+      values[d] = w;
       for (int s = 0; s < sections; ++s) *section[s] = state[s];
     }
   }
@@ -165,10 +164,8 @@ cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper, int
   SumRuns<<<GridBlocks(chunks, 1), threads, 0, stream>>>(
       order, run_of, gradient.values, n, table.dim, summed, check);
   VisitRule(rule, hyper, hyper_count, nesterov, [&](const auto& h) {
-    VisitValueType(table.value_type, [&](auto value) {
-      ApplyRuns<decltype(value)><<<GridBlocks(n, 1), threads, 0, stream>>>(
-          run_id, num_runs, summed, table, sections, h, check);
-    });
+    ApplyRuns<<<GridBlocks(n, 1), threads, 0, stream>>>(run_id, num_runs, summed, table,
+                                                         sections, h, check);
   });
   return cudaGetLastError();
 }

@@ -11,12 +11,11 @@
 #include <string>
 
 #include "kit_src/core/embedding/lookup_gpu.cuh"
-#include "kit_src/core/hash_table/table_math.h"
 
 namespace sok {
 
 struct SparseApplyTable {
-  float* values = nullptr;  // [rows, dim] of value_type, device memory
+  float* values = nullptr;  // [rows, dim], device memory
   float* state = nullptr;   // [rows, state_dim] laid out as the rule reads it, or null
   int64_t rows = 0;
   int64_t dim = 0;
@@ -25,8 +24,6 @@ struct SparseApplyTable {
   // variables), section after section as the rule reads them; num_slots * dim = state_dim.
   float* slots[3] = {nullptr, nullptr, nullptr};
   int num_slots = 0;
-  ValueType value_type = ValueType::kFloat32;  // a dynamic table's 16-bit rows: widened for
-                                               // the step, rounded after
 };
 
 // Device scratch of `bytes` bytes for one call, or null when out of memory.

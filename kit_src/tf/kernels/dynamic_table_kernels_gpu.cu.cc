@@ -154,9 +154,7 @@ class DynamicTableImportGpuOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     const int64_t n = keys.NumElements();
     OP_REQUIRES_OK(ctx, CheckMatrix(values, n, table->dim(), "restored values"));
-    OP_REQUIRES(ctx, state.dims() == 2 && (state.dim_size(0) == n || state.dim_size(1) == 0),
-                tf::errors::InvalidArgument("restored state must be [", n, ", state_dim], got ",
-                                            state.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckRestoredState(state, n));
     const int64_t state_dim = state.dim_size(1);
     SOK_OP_REQUIRES_OK(ctx, table->gpu_table().Replace(
                                 keys.flat<int64_t>().data(), n, values.flat<float>().data(),
@@ -259,9 +257,7 @@ class DynamicGatherRowsGpuOp : public tf::OpKernel {
   }
   void Compute(tf::OpKernelContext* ctx) override {
     const int num_tables = ctx->num_inputs() - 1;
-    OP_REQUIRES(ctx, admit_probability_.empty() ||
-                         static_cast<int>(admit_probability_.size()) == num_tables,
-                tf::errors::InvalidArgument("admit_probability needs one entry per table"));
+    OP_REQUIRES_OK(ctx, CheckAdmitProbability(admit_probability_, num_tables));
     const tf::Tensor& keys = ctx->input(num_tables);
     OP_REQUIRES_OK(ctx, CheckKeyPairsShape(keys));
     const int64_t n = keys.dim_size(0);

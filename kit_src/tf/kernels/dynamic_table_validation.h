@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "kit_src/core/hash_table/cpu_hash_table.h"
 #include "kit_src/core/optimizers/rule_by_name.h"
@@ -54,6 +55,24 @@ inline ::tensorflow::Status CheckKeyPairsShape(const ::tensorflow::Tensor& keys)
                                                  keys.shape().DebugString());
   }
   return ::tensorflow::Status();
+}
+
+// Sok>DynamicTableImport's state: [n, state_dim], or [any, 0] for none.
+inline ::tensorflow::Status CheckRestoredState(const ::tensorflow::Tensor& state, int64_t n) {
+  if (state.dims() == 2 && (state.dim_size(0) == n || state.dim_size(1) == 0)) {
+    return ::tensorflow::Status();
+  }
+  return ::tensorflow::errors::InvalidArgument("restored state must be [", n,
+                                               ", state_dim], got ", state.shape().DebugString());
+}
+
+// Sok>DynamicGatherRows' admit_probability: empty, or one entry per table.
+inline ::tensorflow::Status CheckAdmitProbability(const std::vector<float>& admit_probability,
+                                                  int num_tables) {
+  if (admit_probability.empty() || static_cast<int>(admit_probability.size()) == num_tables) {
+    return ::tensorflow::Status();
+  }
+  return ::tensorflow::errors::InvalidArgument("admit_probability needs one entry per table");
 }
 
 inline ::tensorflow::Status PairNamesNoTable(int64_t pair, int64_t table, int64_t num_tables) {
