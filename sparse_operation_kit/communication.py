@@ -1,13 +1,23 @@
 """Which worker this is, how many there are, and the all-to-all between them.
 
 `init` picks the communication tool once per process: Horovod (initialised by the caller
-first, as in SOK) or a single worker.
+first, as in SOK) or a single worker. With several Horovod workers that see GPUs (and an op
+library built with CUDA), the lookups' all-to-alls run through the plugin's own NCCL exchange
+(Sok>AllToAll on this worker's GPU, one communicator made here); otherwise through
+`hvd.alltoall`. `SOK_EXCHANGE=horovod` (or `nccl`, to insist) overrides the choice.
+
+Every worker must run the same collectives in the same order. Horovod negotiates its own
+order; the NCCL exchanges are chained instead: in a graph each one gets a control dependency
+on the previous one, so two lookups' exchanges never run in different orders on two workers.
 """
 import dataclasses
+import os
+import warnings
 
 import tensorflow as tf
 
 _VALID_TOOLS = ("horovod", "single")
+_VALID_EXCHANGES = ("auto", "nccl", "horovod")
 
 
 @dataclasses.dataclass
@@ -17,6 +27,7 @@ class _State:
     num_workers: int = 1
     hvd: object = None
     use_legacy_optimizer: bool = True
+    exchange_device: str = None  # this worker's GPU when the NCCL exchange is in use
 
 
 _state = _State()
@@ -49,6 +60,7 @@ def init(comm_tool="horovod", use_legacy_optimizer=True):
         if not hvd.is_initialized():
             raise RuntimeError("call hvd.init() before sok.init(comm_tool='horovod')")
         _state.rank, _state.num_workers, _state.hvd = hvd.rank(), hvd.size(), hvd
+        _state.exchange_device = _init_gpu_exchange(hvd)
     _state.use_legacy_optimizer = use_legacy_optimizer
     _state.initialized = True
 
@@ -73,15 +85,128 @@ def num_workers():
     return _state.num_workers
 
 
+def _has_gpu_kernel(op_name):
+    from tensorflow.python.framework import kernels  # noqa: PLC0415
+
+    from sparse_operation_kit._ops import _load  # noqa: PLC0415
+
+    _load()
+    return any(kernel.device_type == "GPU"
+               for kernel in kernels.get_registered_kernels_for_op(op_name).kernel)
+
+
+def _exchange_choice():
+    choice = os.environ.get("SOK_EXCHANGE", "auto")
+    if choice not in _VALID_EXCHANGES:
+        raise ValueError(f"SOK_EXCHANGE is {choice!r}; valid values are {_VALID_EXCHANGES}")
+    return choice
+
+
+def _init_gpu_exchange(hvd):
+    """This worker's GPU (a TF device name) once its NCCL communicator exists, else None.
+
+    A worker that sees several GPUs uses the one at its local rank (pin one per worker with
+    `tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")`, as SOK's examples do)."""
+    choice = _exchange_choice()
+    gpus = tf.config.list_logical_devices("GPU")
+    if choice == "horovod" or hvd.size() == 1 or (choice == "auto" and not gpus):
+        return None
+    problem = None
+    if not gpus:
+        problem = "TensorFlow sees no GPU"
+    elif not tf.executing_eagerly():
+        problem = "sok.init() ran inside a graph"
+    elif not _has_gpu_kernel("Sok>NcclInit"):
+        problem = "the op library was built without CUDA (SOK_BUILD_CUDA=1)"
+    if problem is None:
+        device = gpus[hvd.local_rank() if len(gpus) > hvd.local_rank() and len(gpus) > 1 else 0]
+        problem = _make_communicator(hvd, device.name)
+        if problem is None:
+            return device.name
+    if choice == "nccl":
+        raise RuntimeError(f"SOK_EXCHANGE=nccl but the GPU exchange is unavailable: {problem}")
+    warnings.warn(f"sparse_operation_kit exchanges through hvd.alltoall: {problem}")
+    return None
+
+
+def _make_communicator(hvd, device):
+    """Rank 0 makes a NCCL id, Horovod broadcasts it, every worker joins; returns None or,
+    on every worker alike, why it could not (byte 0 of the broadcast says whether rank 0
+    made an id, so no worker waits for one that never comes)."""
+    from sparse_operation_kit._ops import raw_ops  # noqa: PLC0415
+
+    made, problem = tf.zeros([129], tf.uint8), None
+    if hvd.rank() == 0:
+        try:
+            with tf.device("/CPU:0"):
+                made = tf.concat([tf.ones([1], tf.uint8), raw_ops.sok_nccl_unique_id()], 0)
+        except tf.errors.OpError as error:
+            problem = error.message
+    with tf.device("/CPU:0"):
+        made = hvd.broadcast(made, root_rank=0, name="sok_nccl_unique_id").numpy()
+    if made[0] != 1:
+        return problem or "rank 0 could not load NCCL"
+    with tf.device(device):
+        raw_ops.sok_nccl_init(tf.constant(made[1:]), rank=hvd.rank(), num_workers=hvd.size())
+    return None
+
+
+def _ordered(make_exchange):
+    """Creates an exchange after the previous one of the same graph (eagerly, ops already
+    run in program order); returns what make_exchange returns."""
+    if tf.executing_eagerly():
+        return make_exchange()
+    graph = tf.compat.v1.get_default_graph()
+    previous = getattr(graph, "_sok_last_exchange", None)
+    with tf.control_dependencies([] if previous is None else [previous]):
+        result = make_exchange()
+    graph._sok_last_exchange = result.op
+    return result
+
+
 def alltoall(tensor, splits):
     """Sends rows `splits[w]` of `tensor` (in order) to worker w.
 
     Returns (received rows grouped by source worker, rows received from each worker).
-    Differentiable: the gradient travels back along the same routes.
+    Differentiable: the gradient travels back along the same routes. With the NCCL exchange
+    the receive counts are exchanged first (the one wait of the step: the output's size
+    depends on the peers).
     """
     if _state.num_workers == 1:
         return tensor, splits
-    return _state.hvd.alltoall(tensor, splits=splits)
+    if _state.exchange_device is None:
+        return _state.hvd.alltoall(tensor, splits=splits)
+    from sparse_operation_kit._ops import raw_ops  # noqa: PLC0415
+
+    with tf.device(_state.exchange_device):
+        received_splits = _ordered(lambda: raw_ops.sok_all_to_all_counts(send_splits=splits))
+    return alltoall_known(tensor, splits, received_splits), received_splits
+
+
+def alltoall_known(tensor, send_splits, recv_splits):
+    """alltoall when this worker also knows what it receives (rows going back along the
+    routes of an earlier alltoall): nothing waits. Returns the received rows."""
+    if _state.num_workers == 1:
+        return tensor
+    if _state.exchange_device is None:
+        return _state.hvd.alltoall(tensor, splits=send_splits)[0]
+    from sparse_operation_kit._ops import raw_ops  # noqa: PLC0415
+
+    with tf.device(_state.exchange_device):
+        return _ordered(lambda: raw_ops.sok_all_to_all(tensor, send_splits, recv_splits))
+
+
+def exchange_device():
+    """This worker's GPU when lookups exchange through NCCL, else None."""
+    return _state.exchange_device
+
+
+@tf.RegisterGradient("Sok>AllToAll")
+def _all_to_all_grad(op, grad):
+    return [alltoall_known(tf.convert_to_tensor(grad), op.inputs[2], op.inputs[1]), None, None]
+
+
+tf.no_gradient("Sok>AllToAllCounts")
 
 
 def allreduce_sum(tensor):

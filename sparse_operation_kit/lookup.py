@@ -188,11 +188,12 @@ def _fused_group(lookups, dim, dynamic=False, training=True, low_frequency_filte
             shards=[table.handle for table in tables], keys=received_keys, dtype=tf.float32,
             dim=dim)
     # Output distribution (with compress, vectors and their gradients travel as float16).
+    # The rows go back along the keys' routes: each worker knows what it receives.
     if compress and communication.num_workers() > 1:
-        rows, _ = communication.alltoall(tf.cast(rows, tf.float16), received_splits)
+        rows = communication.alltoall_known(tf.cast(rows, tf.float16), received_splits, splits)
         rows = tf.cast(rows, tf.float32)
     else:
-        rows, _ = communication.alltoall(rows, received_splits)
+        rows = communication.alltoall_known(rows, received_splits, splits)
     return raw_ops.sok_combine_forward(rows=rows, position=position, row_splits=row_splits,
                                        weights=weights, combiners=combiners, validate=validate)
 

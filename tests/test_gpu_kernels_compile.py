@@ -22,6 +22,7 @@ DYNAMIC_PATH_OPS = ["Sok>DynamicTableHandle", "Sok>DynamicTableCreate", "Sok>Dyn
                     "Sok>DynamicTableErase", "Sok>DynamicTableExport",
                     "Sok>DynamicTableExportWritten", "Sok>DynamicGatherRows",
                     "Sok>SplitDynamicGradient", "Sok>DynamicApply"]
+EXCHANGE_OPS = ["Sok>NcclInit", "Sok>AllToAllCounts", "Sok>AllToAll"]  # + NcclUniqueId on CPU
 
 LIST_KERNELS = """
 import json, tensorflow as tf
@@ -30,6 +31,11 @@ import sparse_operation_kit as sok
 dir(sok.raw_ops)
 print(json.dumps(sorted({k.op for k in kernels.get_all_registered_kernels().kernel
                          if k.op.startswith("Sok>") and k.device_type == "GPU"})))
+try:  # NCCL loads at run time (Sok>NcclUniqueId, CPU): a missing library is a clear error
+    sok.raw_ops.sok_nccl_unique_id()
+    print("NCCL loaded")
+except tf.errors.OpError as error:
+    print("NCCL error:", error.message)
 """
 
 
@@ -47,6 +53,12 @@ def test_cuda_build_registers_gpu_kernels(tmp_path):
     result = subprocess.run([sys.executable, "-c", LIST_KERNELS], capture_output=True, text=True,
                             env=dict(env, SOK_OPS_LIBRARY=library), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    gpu_ops = json.loads(result.stdout.strip().splitlines()[-1])
-    missing = [op for op in STATIC_PATH_OPS + DYNAMIC_PATH_OPS if op not in gpu_ops]
+    lines = result.stdout.strip().splitlines()
+    gpu_ops = json.loads(lines[-2])
+    missing = [op for op in STATIC_PATH_OPS + DYNAMIC_PATH_OPS + EXCHANGE_OPS if op not in gpu_ops]
     assert not missing, f"no GPU kernel for {missing} (TF {tf.__version__})"
+    result = subprocess.run([sys.executable, "-c", LIST_KERNELS], capture_output=True, text=True,
+                            env=dict(env, SOK_OPS_LIBRARY=library,
+                                     SOK_NCCL_LIBRARY="/nonexistent/libnccl.so.2"), timeout=300)
+    assert "NCCL error: cannot load NCCL (/nonexistent/libnccl.so.2)" in result.stdout, (
+        result.stdout[-2000:] + result.stderr[-2000:])

@@ -4,21 +4,32 @@ import subprocess
 import sys
 
 import pytest
+import tensorflow as tf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+if not os.path.exists(HOROVODRUN):  # Horovod installed with pip --target (the GPU machine)
+    HOROVODRUN = None
+LAUNCH = "import sys; from horovod.runner.launch import run_commandline; sys.exit(run_commandline())"
+NUM_GPUS = len(tf.config.list_physical_devices("GPU"))
 
 
-def horovodrun(script, *args, num_workers=2, timeout=300):
-    """Runs `script` on `num_workers` Gloo workers; returns the combined output."""
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1")
-    command = [HOROVODRUN, "-np", str(num_workers), "-H", f"localhost:{num_workers}", "--gloo",
-               sys.executable, os.path.join(HERE, "multiworker", script), *args]
+def horovodrun(script, *args, num_workers=2, timeout=300, expect_success=True, **env_extra):
+    """Runs `script` on `num_workers` workers (Gloo launch; on GPUs one each, exchanging
+    through NCCL); returns the combined output."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+               TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1", **env_extra)
+    launcher = [HOROVODRUN] if HOROVODRUN else [sys.executable, "-c", LAUNCH]
+    command = launcher + ["-np", str(num_workers), "-H", f"localhost:{num_workers}", "--gloo",
+                          sys.executable, os.path.join(HERE, "multiworker", script), *args]
     result = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True,
                             timeout=timeout)
     output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
+    if expect_success:
+        assert result.returncode == 0, output[-6000:]
+    else:
+        assert result.returncode != 0, output[-3000:]
     return output
 
 
@@ -53,3 +64,20 @@ def test_dynamic_tables_match_single_worker_reference(optimizer, function):
 def test_plan_with_dp_localized_and_distributed_groups_matches_single_worker():
     output = horovodrun("train_plan.py")
     assert output.count("PASS rank=") == 2, output[-3000:]
+
+
+@pytest.mark.skipif(NUM_GPUS < 2, reason="the NCCL exchange needs a GPU per worker")
+def test_nccl_exchange_equals_horovod_alltoall_and_routes_gradients_back():
+    output = horovodrun("exchange.py")
+    assert output.count("PASS rank=") == 2, output[-3000:]
+
+
+@pytest.mark.skipif(NUM_GPUS > 0, reason="checks the refusal where there is no GPU")
+def test_insisting_on_the_nccl_exchange_without_gpus_is_a_clear_error():
+    output = horovodrun("train_plan.py", expect_success=False, SOK_EXCHANGE="nccl")
+    assert "SOK_EXCHANGE=nccl but the GPU exchange is unavailable: TensorFlow sees no GPU" in output
+
+
+def test_unknown_exchange_name_is_rejected():
+    output = horovodrun("train_plan.py", expect_success=False, SOK_EXCHANGE="mpi")
+    assert "SOK_EXCHANGE is 'mpi'; valid values are ('auto', 'nccl', 'horovod')" in output

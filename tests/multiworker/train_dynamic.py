@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 import sparse_operation_kit as sok
-from verdict import report
+from verdict import placement_failures, report, start_worker
 
 DIM = 6
 UNIVERSE = 40
@@ -40,8 +40,7 @@ def main():
     parser.add_argument("--function", action="store_true")
     args = parser.parse_args()
 
-    hvd.init()
-    sok.init(comm_tool="horovod")
+    start_worker(hvd, sok)
     rank, num_workers = hvd.rank(), hvd.size()
     rng = np.random.default_rng(77)
     universes = [rng.integers(-(1 << 62), 1 << 62, size=UNIVERSE) for _ in MODES]
@@ -87,7 +86,7 @@ def main():
         for t, (u, r) in enumerate(zip(universes, rows)):
             touched[t].update(u[r].tolist())
 
-    failures = []
+    failures = placement_failures(sok, tables)
     for t, (table, ref, universe) in enumerate(zip(tables, ref_tables, universes)):
         keys, values = sok.export(table)
         keys, values = keys.numpy(), values.numpy()

@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 import sparse_operation_kit as sok
-from verdict import report
+from verdict import placement_failures, report, start_worker
 
 SIZES, DIM, GLOBAL_BATCH, STEPS = [40, 60, 70, 200], 4, 18, 5
 PLAN = [  # table 0 dp; 1 localized on worker 0; 2 localized on worker 1; 3 row-sharded
@@ -23,8 +23,7 @@ PLAN = [  # table 0 dp; 1 localized on worker 0; 2 localized on worker 1; 3 row-
 
 
 def main():
-    hvd.init()
-    sok.init(comm_tool="horovod")
+    start_worker(hvd, sok)
     rank = hvd.rank()
     path = f"/tmp/sok_plan_{hvd.size()}_{rank}.json"
     sok.write_plan(PLAN, path)
@@ -65,7 +64,7 @@ def main():
             ref_loss = tf.add_n([tf.reduce_sum(o * o) for o in outs]) / GLOBAL_BATCH
         ref_optimizer.apply_gradients(zip(tape.gradient(ref_loss, references), references))
 
-    failures = []
+    failures = placement_failures(sok, tables)
     for i, (table, ref) in enumerate(zip(tables, references)):
         if isinstance(table, sok.Variable):
             expected = ref.numpy()[table.global_row_ids()]

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 import sparse_operation_kit as sok
-from verdict import report
+from verdict import placement_failures, report, start_worker
 
 # (rows, dim, mode): two tables of dim 8 (one distributed, one localized) fused in one group,
 # and a dim-4 table localized on the last worker.
@@ -124,8 +124,7 @@ def main():
                         help="float16 all-to-all: equal to the reference within float16 rounding")
     args = parser.parse_args()
 
-    hvd.init()
-    sok.init(comm_tool="horovod")
+    start_worker(hvd, sok)
     rank, num_workers = hvd.rank(), hvd.size()
     rng = np.random.default_rng(2024)
     inits = [rng.normal(size=[rows, dim]).astype(np.float32) for rows, dim, _ in TABLES]
@@ -175,7 +174,7 @@ def main():
         train_step(*slice_inputs(lookups, begin, end), tf.constant(targets[begin:end]))
         reference_step(lookups, tf.constant(targets))
 
-    failures = []
+    failures = placement_failures(sok, tables)
     # float16 exchanges round each vector and gradient once (relative 2^-11) per step.
     rtol, atol = (1e-2, 1e-3) if args.compress else (1e-5, 1e-6)
     deviation = 0.0

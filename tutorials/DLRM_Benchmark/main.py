@@ -44,6 +44,8 @@ def parse_args(argv=None):
                         help="steps between evaluations (default: once per epoch)")
     parser.add_argument("--use_synthetic_dataset", action="store_true")
     parser.add_argument("--synthetic_steps", type=int, default=200)
+    parser.add_argument("--synthetic_vocab", choices=["notebook", "criteo_tb"], default="notebook",
+                        help="vocabularies of the synthetic data (criteo_tb capped at 4M rows)")
     parser.add_argument("--early_stop", type=float, default=-1.0,
                         help="stop once the test AUC reaches this value (-1: never)")
     parser.add_argument("--epochs", type=int, default=1)
@@ -96,20 +98,22 @@ def main(argv=None):
     import horovod.tensorflow as hvd
 
     hvd.init()
+    gpus = tf.config.list_physical_devices("GPU")  # one GPU per worker, as SOK's main.py
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
     threads = max(1, (os.cpu_count() or 1) // hvd.local_size())
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     sok.init(comm_tool="horovod")
     rank, workers = hvd.rank(), hvd.size()
-    if args.embedding in ("keras", "none") and workers > 1:
-        raise ValueError(f"--embedding {args.embedding} is a single-worker comparison; run it "
-                         "with -np 1")
     if args.amp:
         tf.keras.mixed_precision.set_global_policy("mixed_float16")
     log = print if rank == 0 else (lambda *a, **k: None)
 
     if args.use_synthetic_dataset:
-        vocab = VOCABULARIES["notebook"]
+        vocab = [min(v, 4_000_000) for v in VOCABULARIES[args.synthetic_vocab]]
         train = SyntheticDataset(vocab, args.global_batch_size, rank, workers, args.synthetic_steps)
         test = SyntheticDataset(vocab, args.global_batch_size, rank, workers, 4, seed=99)
     else:
@@ -124,6 +128,8 @@ def main(argv=None):
                                args.decay_start_step * scale, args.decay_steps * scale)
     model = DLRM(vocab, args.embedding_dim, args.embedding, args.custom_interact, args.xla,
                  args.compress)
+    if workers > 1:  # every worker starts from rank 0's dense part
+        hvd.broadcast_variables(model.dense_variables, root_rank=0)
     make_optimizer = {"sgd": tf.keras.optimizers.legacy.SGD,
                       "adagrad": tf.keras.optimizers.legacy.Adagrad,
                       "adam": tf.keras.optimizers.legacy.Adam}[args.optimizer]
@@ -138,6 +144,8 @@ def main(argv=None):
     def allreduce_dense(grad):
         if workers == 1:
             return grad
+        if isinstance(grad, tf.IndexedSlices):  # a replicated Keras table: rows allgathered
+            return hvd.allreduce(grad, op=hvd.Sum)
         grad = tf.convert_to_tensor(grad)
         return hvd.allreduce(sok.raw_ops.sok_unfoldable(grad), op=hvd.Sum,
                              compression=compression)
@@ -155,7 +163,8 @@ def main(argv=None):
             grads = dense_optimizer.get_unscaled_gradients(grads)
         table_grads, dense_grads = grads[:len(model.tables)], grads[len(model.tables):]
         dense_grads = [allreduce_dense(g) for g in dense_grads]
-        if args.embedding == "keras":
+        if args.embedding == "keras":  # replicated tables (plain data parallelism)
+            table_grads = [allreduce_dense(g) for g in table_grads]
             dense_optimizer.apply_gradients(zip(table_grads + dense_grads, variables))
         else:
             if model.tables:

@@ -34,8 +34,11 @@ class DLRM:
                                                init_capacity=min(v, 1 << 22))
                            for i, v in enumerate(vocab_sizes)]
         elif embedding == "keras":
-            self.keras_tables = [tf.keras.layers.Embedding(v, dim, embeddings_initializer=initializer())
-                                 for v in vocab_sizes]
+            # Seeded: replicas on several workers start equal without a broadcast of the tables.
+            self.keras_tables = [tf.keras.layers.Embedding(
+                v, dim, embeddings_initializer=tf.keras.initializers.RandomUniform(-0.05, 0.05,
+                                                                                   seed=i))
+                for i, v in enumerate(vocab_sizes)]
             for table in self.keras_tables:
                 table.build(None)
             self.tables = [table.embeddings for table in self.keras_tables]
@@ -59,7 +62,8 @@ class DLRM:
 
     def embeddings(self, categorical, training):
         if self.embedding == "keras":
-            return [table(categorical[:, i]) for i, table in enumerate(self.keras_tables)]
+            return [tf.cast(table(categorical[:, i]), tf.float32)  # float16 under --amp
+                    for i, table in enumerate(self.keras_tables)]
         if self.embedding == "none":
             count, dim = self.zero_features
             return [tf.zeros([tf.shape(categorical)[0], dim])] * count

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# On a GPU machine with 2+ GPUs, after ../shared/gpu_tf's `device_setup.sh --horovod`
+# (TensorFlow 2.16.2 + Horovod with NCCL in /tmp/site): builds the op library with its GPU
+# kernels, then, by STAGES (default "tests bench dlrm"):
+#   tests  tests/test_multiworker.py on 2 GPUs (SOK_TEST_EXPECT_GPU=1: tables on each worker's
+#          GPU, exchanges through NCCL), every multi-worker test against its reference
+#   bench  benchmarks/gpu/tf_multi_gpu.py (G6, G6x) and torch_a2a.py (PyTorch's NCCL
+#          all-to-all at the same sizes), combined into tf_multi_gpu.json
+#   dlrm   tutorials/DLRM_Benchmark/main.py on 2 GPUs: generated Criteo-format data on 2 GPUs
+#          and on the CPUs (the same data, for the AUC), synthetic data for samples/s against
+#          Keras tables on one GPU
+# Logs and JSON land in $OUT (default benchmarks/results).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export OUT=${OUT:-benchmarks/results} PYTHONUNBUFFERED=1
+source .ferry/bin/env.sh
+export PYTHONPATH=$PWD:$PYTHONPATH
+STAGES=${STAGES:-tests bench dlrm}
+NOISE="Unable to register\|C-API\|importlib\|DeprecationWarning\|_pytest/\|pluggy/\|Extension modules\|cpu_feature_guard\|rebuild TensorFlow"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/tf_multi_gpu_device.txt"
+start=$(date +%s)
+SOK_BUILD_CUDA=1 SOK_CUDA_ARCHS=90 python3 scripts/build_plugin.py > "$OUT/tf_multi_gpu_build.log" 2>&1 \
+  || { tail -40 "$OUT/tf_multi_gpu_build.log"; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
+
+if [[ $STAGES == *tests* ]]; then
+  echo "== tests/test_multiworker.py on 2 GPUs" | tee "$OUT/tf_multi_gpu_tests.log"
+  SOK_TEST_EXPECT_GPU=1 timeout 540 python3 -m pytest -q -rf --tb=short -p no:cacheprovider \
+    tests/test_multiworker.py 2>&1 | grep -v "$NOISE" >> "$OUT/tf_multi_gpu_tests.log"
+  tail -4 "$OUT/tf_multi_gpu_tests.log"
+fi
+
+if [[ $STAGES == *bench* ]]; then
+  timeout 400 bash -c "$(declare -f horovodrun); horovodrun -np 2 -H localhost:2 --gloo python3 benchmarks/gpu/tf_multi_gpu.py" 2>&1 \
+    | grep -v "$NOISE" > "$OUT/tf_multi_gpu_bench.log"
+  grep "^G6\|^exchange\|Error" "$OUT/tf_multi_gpu_bench.log" | cut -c1-600
+  env -u PYTHONPATH -u LD_LIBRARY_PATH timeout 120 python3 -m torch.distributed.run \
+    --nproc_per_node 2 benchmarks/gpu/torch_a2a.py 2>&1 | grep "^torch\|Error" | tee -a "$OUT/tf_multi_gpu_bench.log"
+fi
+
+if [[ $STAGES == *dlrm* ]]; then
+  D=tutorials/DLRM_Benchmark
+  DATA=/tmp/dlrm_data
+  SLOTS=$(python3 -c "import sys; sys.path.insert(0, '$D'); from criteo_format import VOCABULARIES; print(VOCABULARIES['notebook'])")
+  if [ ! -d $DATA/train ]; then
+    python3 $D/gen_data.py $DATA/raw --train_samples 1000000 --test_samples 100000 > $DATA.ceiling 2>&1
+    for split in train test; do
+      python3 $D/split_bin.py $DATA/raw/$split.bin $DATA/$split --slot_size_array="$SLOTS" \
+        --dense_type int32 --label_type int32 --category_type int32 --dense_log True > /dev/null
+    done
+  fi
+  grep ceiling $DATA.ceiling | tee "$OUT/tf_multi_gpu_dlrm.log"
+  AUC_FLAGS="--data_dir $DATA --global_batch_size 4096 --optimizer adam --lr 0.002 --warmup_steps 20 --custom_interact --epochs 1 --log_interval 100"
+  dlrm() {  # dlrm LABEL [VAR=value...] COMMAND...
+    local label=$1; shift
+    echo "== $label" >> "$OUT/tf_multi_gpu_dlrm.log"
+    timeout 240 env "$@" 2>&1 | grep -v "$NOISE" | grep "FINAL\|Error\|error" | tail -3 \
+      | tee -a "$OUT/tf_multi_gpu_dlrm.log"
+  }
+  run_h() { local np=$1; shift; bash -c "$(declare -f horovodrun); horovodrun -np $np -H localhost:$np --gloo python3 $D/main.py $*"; }
+  export -f run_h horovodrun; export D
+  dlrm "AUC, generated data, 2 GPUs (TF32 matmuls)" bash -c "run_h 2 $AUC_FLAGS"
+  dlrm "AUC, generated data, 2 GPUs, NVIDIA_TF32_OVERRIDE=0" NVIDIA_TF32_OVERRIDE=0 bash -c "run_h 2 $AUC_FLAGS"
+  dlrm "AUC, generated data, the same job on the CPUs" CUDA_VISIBLE_DEVICES= bash -c "run_h 2 $AUC_FLAGS"
+  SYN="--use_synthetic_dataset --synthetic_steps 60 --optimizer adam --lr 0.001 --custom_interact --log_interval 20 --synthetic_vocab criteo_tb"
+  dlrm "synthetic criteo_tb (4M cap), sok tables, 2 GPUs, global batch 65536, --compress" bash -c "run_h 2 $SYN --global_batch_size 65536 --compress"
+  dlrm "synthetic criteo_tb (4M cap), sok tables, 2 GPUs, global batch 65536, --amp" bash -c "run_h 2 $SYN --global_batch_size 65536 --amp"
+  dlrm "synthetic criteo_tb (4M cap), Keras tables replicated, 2 GPUs, global batch 65536, --compress" bash -c "run_h 2 $SYN --global_batch_size 65536 --compress --embedding keras"
+  dlrm "synthetic criteo_tb (4M cap), Keras tables, 1 GPU, batch 32768" bash -c "run_h 1 $SYN --global_batch_size 32768 --embedding keras"
+  dlrm "synthetic criteo_tb (4M cap), Keras tables, 1 GPU, batch 32768, --amp" bash -c "run_h 1 $SYN --global_batch_size 32768 --embedding keras --amp"
+fi
+exit 0
