@@ -4,7 +4,7 @@ import re
 import subprocess
 import sys
 
-from test_multiworker import HOROVODRUN, ROOT
+from test_multiworker import LAUNCHER, ROOT
 
 DLRM = os.path.join(ROOT, "tutorials", "DLRM_Benchmark")
 sys.path.insert(0, DLRM)
@@ -25,7 +25,7 @@ def test_two_workers_learn_the_planted_signal(tmp_path):
                        capture_output=True)
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
-        [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+        LAUNCHER + ["-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
          os.path.join(DLRM, "main.py"), "--data_dir", str(tmp_path), "--global_batch_size", "1024",
          "--optimizer", "adam", "--lr", "0.003", "--warmup_steps", "5", "--embedding_dim", "16",
          "--custom_interact", "--epochs", "2", "--log_interval", "50"],
@@ -42,7 +42,7 @@ def test_amp_xla_compress_dynamic_tables_run_on_two_workers():
     """The flag combinations run end to end (synthetic data) and show in the final table."""
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
-        [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+        LAUNCHER + ["-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
          os.path.join(DLRM, "main.py"), "--use_synthetic_dataset", "--synthetic_steps", "8",
          "--global_batch_size", "256", "--embedding_dim", "8", "--embedding", "dynamic",
          "--amp", "--xla", "--compress", "--custom_interact", "--eval_in_last", "--lr", "0.1"],
@@ -53,3 +53,20 @@ def test_amp_xla_compress_dynamic_tables_run_on_two_workers():
     # xla, custom interact (float16 under amp), amp, compress
     assert "| at end | True | True | True | True |" in row, row
     assert "| dynamic |" in row
+
+
+DENSE_CHECKSUM = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from model import DLRM
+model = DLRM([5] * 26, dim=8, embedding="none")
+print(repr(sum(float(abs(v.numpy()).sum()) for v in model.dense_variables)))
+"""
+
+
+def test_every_worker_starts_from_the_same_dense_part():
+    # The dense part is replicated and its gradients allreduced: separate processes (workers)
+    # must build the same initial weights, with no broadcast.
+    sums = [subprocess.run([sys.executable, "-c", DENSE_CHECKSUM, DLRM], check=True,
+                           capture_output=True, text=True).stdout.split()[-1] for _ in range(2)]
+    assert sums[0] == sums[1] and float(sums[0]) > 0, sums

@@ -13,6 +13,7 @@ if not os.path.exists(HOROVODRUN):  # Horovod installed with pip --target (the G
     HOROVODRUN = None
 LAUNCH = "import sys; from horovod.runner.launch import run_commandline; sys.exit(run_commandline())"
 NUM_GPUS = len(tf.config.list_physical_devices("GPU"))
+LAUNCHER = [HOROVODRUN] if HOROVODRUN else [sys.executable, "-c", LAUNCH]
 
 
 def horovodrun(script, *args, num_workers=2, timeout=300, expect_success=True, **env_extra):
@@ -20,8 +21,7 @@ def horovodrun(script, *args, num_workers=2, timeout=300, expect_success=True, *
     through NCCL); returns the combined output."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
                TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1", **env_extra)
-    launcher = [HOROVODRUN] if HOROVODRUN else [sys.executable, "-c", LAUNCH]
-    command = launcher + ["-np", str(num_workers), "-H", f"localhost:{num_workers}", "--gloo",
+    command = LAUNCHER + ["-np", str(num_workers), "-H", f"localhost:{num_workers}", "--gloo",
                           sys.executable, os.path.join(HERE, "multiworker", script), *args]
     result = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True,
                             timeout=timeout)

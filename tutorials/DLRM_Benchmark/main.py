@@ -128,8 +128,6 @@ def main(argv=None):
                                args.decay_start_step * scale, args.decay_steps * scale)
     model = DLRM(vocab, args.embedding_dim, args.embedding, args.custom_interact, args.xla,
                  args.compress)
-    if workers > 1:  # every worker starts from rank 0's dense part
-        hvd.broadcast_variables(model.dense_variables, root_rank=0)
     make_optimizer = {"sgd": tf.keras.optimizers.legacy.SGD,
                       "adagrad": tf.keras.optimizers.legacy.Adagrad,
                       "adam": tf.keras.optimizers.legacy.Adam}[args.optimizer]

@@ -12,10 +12,16 @@ import sparse_operation_kit as sok
 from sparse_operation_kit.interaction import dot_interaction_reference
 
 
-def mlp(widths, last_activation="relu", name=None):
-    layers = [tf.keras.layers.Dense(w, activation="relu") for w in widths[:-1]]
-    layers.append(tf.keras.layers.Dense(widths[-1], activation=last_activation,
-                                        dtype="float32" if last_activation is None else None))
+def mlp(widths, last_activation="relu", name=None, seed=0):
+    """Dense layers with seeded initializers: every worker builds the same starting weights
+    (the dense part is replicated and its gradients allreduced), with no broadcast."""
+    def dense(i, width, **kwargs):
+        return tf.keras.layers.Dense(
+            width, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed + i),
+            **kwargs)
+    layers = [dense(i, w, activation="relu") for i, w in enumerate(widths[:-1])]
+    layers.append(dense(len(widths) - 1, widths[-1], activation=last_activation,
+                        dtype="float32" if last_activation is None else None))
     return tf.keras.Sequential(layers, name=name)
 
 
@@ -48,7 +54,7 @@ class DLRM:
         else:
             raise ValueError(f"unknown embedding {embedding!r}; use static, dynamic, keras or none")
         self.bottom = mlp([512, 256, dim], name="bottom")
-        self.top = mlp([1024, 1024, 512, 256, 1], last_activation=None, name="top")
+        self.top = mlp([1024, 1024, 512, 256, 1], last_activation=None, name="top", seed=100)
         self.bottom.build([None, 13])
         self.top.build([None, dim + (len(vocab_sizes) + 1) * len(vocab_sizes) // 2])
         self._bottom = tf.function(self.bottom, jit_compile=True) if xla else self.bottom
