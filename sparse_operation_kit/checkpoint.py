@@ -36,7 +36,20 @@ _DYNAMIC_SLOTS = {"SGD": ["momentum"], "Adagrad": ["accumulator"], "Adam": ["m",
 
 
 def file_name(variable):
+    """The files' base name: the variable's name ("table:0" for static and dynamic tables, as
+    SOK names them) with every other character than a letter or digit as "_"."""
     return re.sub(r"[^0-9A-Za-z]", "_", variable.name)
+
+
+def _existing_base(path, variable):
+    """Where the variable's files are: under file_name, or, for a dynamic table dumped before
+    its name carried ":0", under its bare name."""
+    base = os.path.join(path, file_name(variable))
+    if isinstance(variable, DynamicVariable) and not os.path.exists(base + "-key"):
+        legacy = os.path.join(path, re.sub(r"[^0-9A-Za-z]", "_", variable.name.split(":")[0]))
+        if os.path.exists(legacy + "-key"):
+            return legacy
+    return base
 
 
 def _header(table_name, file_type, slot_name, dtype):
@@ -65,7 +78,8 @@ def _read(path, table_name, file_type, width):
     name = data[:256].decode("utf-8").strip()
     kind = struct.unpack(">I", data[256:260])[0]
     code = struct.unpack(">I", data[292:296])[0]
-    if name != table_name:
+    # SOK leaves the name blank; ":0" is optional (dynamic tables were named without it).
+    if name and name.split(":")[0] != table_name.split(":")[0]:
         raise ValueError(f"{path} holds table '{name}', expected '{table_name}'")
     if kind != file_type or code not in CODE_DTYPES:
         raise ValueError(f"{path} has file type {kind} / dtype code {code}, expected type "
@@ -145,7 +159,7 @@ def load(path, variables, optimizer=None):
     """Reads every variable's files, checks them all, then keeps the rows this worker owns."""
     staged = []
     for variable in variables:
-        base = os.path.join(path, file_name(variable))
+        base = _existing_base(path, variable)
         dim = int(variable.shape[1])
         keys = _read(base + "-key", variable.name, KEY, 1).astype(np.int64)
         weights = _read(base + "-weight", variable.name, WEIGHT, dim)

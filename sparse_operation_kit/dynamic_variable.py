@@ -2,8 +2,11 @@
 
 A `DynamicVariable` is a [None, dimension] table keyed by any int64 (or int32) id. It holds
 the keys this worker owns: key k lives on worker uint64(k) % N ("distributed") or on worker
-K ("localized:K"). It acts as a resource variable for `tf.GradientTape`, whose gradients with
-respect to it are `tf.IndexedSlices` keyed by id; `sok.OptimizerWrapper` applies them.
+K ("localized:K"). As in SOK it is a TensorFlow resource variable whose handle is the hash
+table: Keras tracks it (`model.trainable_variables`), `tf.nn.embedding_lookup(v, ids)` and
+`tf.gather(v, ids)` read rows (inserting missing ids), and `tf.GradientTape` gives
+`tf.IndexedSlices` keyed by id, which `sok.OptimizerWrapper` applies. It has no dense value:
+`tf.convert_to_tensor(v)` is an error that says so.
 `tf.train.Checkpoint` saves and restores the keys a worker holds with their rows and
 optimizer state (restores replace the whole table).
 """
@@ -12,7 +15,7 @@ import zlib
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.trackable import base as trackable
+from tensorflow.python.ops import resource_variable_ops
 
 from sparse_operation_kit import communication
 from sparse_operation_kit._ops import raw_ops
@@ -61,7 +64,7 @@ def _parse_initializer(initializer):
 _VALUE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
 
 
-class DynamicVariable(PlacedTable, trackable.Trackable):
+class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
     """A hash-backed embedding table of rows [dimension] keyed by int64 or int32 ids.
 
     Args:
@@ -77,15 +80,15 @@ class DynamicVariable(PlacedTable, trackable.Trackable):
         memory). Reads, lookups and gradients are float32 whatever the storage; each write
         (insert, assign, optimizer update) rounds to it. Optimizer state stays float32.
       mode: None / "distributed" (key k on worker uint64(k) % N) or "localized:K".
+      trainable: whether GradientTape watches it and Keras lists it as trainable.
+      constraint: as tf.Variable's (applied by optimizers that apply constraints).
       **config: init_capacity, max_capacity (keys this worker holds), evict_strategy
         ("lru" or "lfu"; without it a full table raises ResourceExhaustedError),
         filter_ratio, and SOK's HierarchicalKV hints.
     """
 
-    _should_act_as_resource_variable = True  # so GradientTape watches and differentiates it
-
     def __init__(self, dimension, initializer=None, var_type=None, name=None, key_type=None,
-                 dtype=None, mode=None, **config):
+                 dtype=None, mode=None, trainable=True, constraint=None, **config):
         communication._require_init()
         unknown = sorted(set(config) - set(VALID_CONFIG))
         if unknown:
@@ -95,13 +98,13 @@ class DynamicVariable(PlacedTable, trackable.Trackable):
             raise ValueError(f"dimension must be a positive int, got {dimension!r}")
         if var_type not in _VAR_TYPES:
             raise ValueError(f"unknown var_type {var_type!r}; valid types are {_VAR_TYPES}")
-        self._key_type = tf.as_dtype(key_type or tf.int64)
-        if self._key_type not in (tf.int64, tf.int32):
-            raise TypeError(f"key_type must be int64 or int32, got {self._key_type.name}")
-        self._dtype = tf.as_dtype(dtype or tf.float32)
-        if self._dtype not in _VALUE_DTYPES:
+        key_dtype = tf.as_dtype(key_type or tf.int64)
+        if key_dtype not in (tf.int64, tf.int32):
+            raise TypeError(f"key_type must be int64 or int32, got {key_dtype.name}")
+        value_dtype = tf.as_dtype(dtype or tf.float32)
+        if value_dtype not in _VALUE_DTYPES:
             raise TypeError(f"dtype must be one of {[d.name for d in _VALUE_DTYPES]}, got "
-                            f"{self._dtype.name}")
+                            f"{value_dtype.name}")
         evict = config.get("evict_strategy")
         if evict is not None and evict not in EVICT_STRATEGIES:
             raise ValueError(f"unknown evict_strategy {evict!r}; valid strategies are "
@@ -116,20 +119,26 @@ class DynamicVariable(PlacedTable, trackable.Trackable):
             raise ValueError(f"filter_ratio must be in [0, 1], got {filter_ratio}")
         kind, a, b = _parse_initializer(initializer)
 
+        self._key_type = key_dtype
         self._dimension = int(dimension)
         self._placement = parse_mode(mode, communication.num_workers())
-        self._name = name or f"DynamicVariable_{next(_counter)}"
+        self._name = (name or f"DynamicVariable_{next(_counter)}").split(":")[0]
         self._config = dict(config)
         self._filter_ratio = filter_ratio
-        self._unique_id = f"sok_dynamic_{self._name}_{id(self)}"
-        self.trainable = True
+        unique_id = f"sok_dynamic_{self._name}_{id(self)}"
         with tf.init_scope():
-            self._handle = raw_ops.sok_dynamic_table_handle(shared_name=self._unique_id)
+            handle = raw_ops.sok_dynamic_table_handle(shared_name=unique_id)
             raw_ops.sok_dynamic_table_create(
-                self._handle, dim=self._dimension, init_capacity=init_capacity,
+                handle, dim=self._dimension, init_capacity=init_capacity,
                 max_capacity=max_capacity, evict_strategy=evict or "none", initializer=kind,
                 init_a=a, init_b=b, seed=zlib.crc32(self._name.encode()),
-                value_dtype=self._dtype.name)
+                value_dtype=value_dtype.name)
+        # A resource variable over the table's handle (as SOK's): name "<name>:0", dtype the
+        # storage dtype, shape [None, dimension]; the dense-value methods are overridden below.
+        super().__init__(trainable=trainable, shape=[None, self._dimension], dtype=value_dtype,
+                         handle=handle, constraint=constraint, name=self._name,
+                         unique_id=unique_id, handle_name=self._name, in_graph_mode=False,
+                         validate_shape=False)
 
     def __del__(self):
         try:
@@ -138,22 +147,31 @@ class DynamicVariable(PlacedTable, trackable.Trackable):
         except Exception:  # noqa: BLE001  (interpreter shutdown: nothing left to free)
             return
 
-    # --- what GradientTape and tf.Module look at -------------------------------------------
-    @property
-    def handle(self):
-        return self._handle
+    # --- no dense value: what a tf.Variable would read densely is an error that says why ------
+    def _no_dense_value(self, *_, **__):
+        raise TypeError(
+            f"sok.DynamicVariable '{self._name}' has no dense value (its rows are keyed by any "
+            "int64 id, not a [rows, dim] array): read rows with tf.nn.embedding_lookup(v, ids), "
+            "tf.gather(v, ids) or v.sparse_read(ids), and all of them with sok.export(v)")
 
-    @property
-    def dtype(self):
-        return self._dtype
+    _dense_var_to_tensor = value = read_value = read_value_no_copy = numpy = _no_dense_value
+    gather_nd = assign_add = assign_sub = _no_dense_value
 
-    @property
-    def shape(self):
-        return tf.TensorShape([None, self._dimension])
+    def _read_variable_op(self, no_copy=False):
+        self._no_dense_value()
 
-    @property
-    def name(self):
-        return self._name
+    def is_initialized(self, name=None):
+        return tf.constant(True)
+
+    # Compared and hashed by identity (a tf.Variable compares element-wise).
+    def __eq__(self, other):
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
+
+    def __hash__(self):
+        return id(self)
 
     @property
     def _shared_name(self):  # the name checkpoints record for resource-variable-like objects
@@ -168,8 +186,9 @@ class DynamicVariable(PlacedTable, trackable.Trackable):
     def filter_ratio(self):
         return self._filter_ratio
 
+    @property
     def size(self):
-        """Keys held on this worker."""
+        """Keys held on this worker (an int64 scalar tensor), as SOK's property."""
         return raw_ops.sok_dynamic_table_size(self._handle)
 
     def owns(self, keys):
@@ -180,15 +199,28 @@ class DynamicVariable(PlacedTable, trackable.Trackable):
         owners = keys.astype(np.uint64) % np.uint64(communication.num_workers())
         return owners == np.uint64(communication.rank())
 
-    def sparse_read(self, ids, insert=True):
-        """Rows of locally held `ids` ([n, dimension]); missing ids are inserted with their
-        initial value (insert=True) or read as zeros."""
-        ids = tf.cast(tf.reshape(ids, [-1]), tf.int64)
-        return raw_ops.sok_dynamic_table_lookup(self._handle, ids, dim=self._dimension,
-                                                insert=insert)
+    def sparse_read(self, ids, name=None, insert=True):
+        """Rows of locally held `ids` (ids.shape + [dimension], float32); missing ids are
+        inserted with their initial value (insert=True) or read as zeros. What tf.gather and
+        tf.nn.embedding_lookup call; differentiable (IndexedSlices keyed by id)."""
+        ids = tf.convert_to_tensor(ids)
+        if ids.dtype not in (tf.int32, tf.int64):
+            raise TypeError(f"ids of sok.DynamicVariable '{self._name}' must be int32 or int64, "
+                            f"got {ids.dtype.name}")
+        resource_variable_ops.variable_accessed(self)
+        with tf.name_scope(name or "sparse_read"):
+            flat = tf.cast(tf.reshape(ids, [-1]), tf.int64)
+            rows = raw_ops.sok_dynamic_table_lookup(self._handle, flat, dim=self._dimension,
+                                                    insert=insert)
+            if ids.shape.rank == 1:
+                return rows
+            return tf.reshape(rows, tf.concat([tf.shape(ids), [self._dimension]], 0))
 
-    def assign(self, keys, values):
+    def assign(self, keys, values=None, use_locking=None, name=None, read_value=False):
         """Inserts or overwrites the rows of `keys` on this worker."""
+        if values is None:
+            raise TypeError(f"sok.DynamicVariable '{self._name}' has no dense value to assign; "
+                            "give keys and their rows: assign(keys, values)")
         keys = tf.cast(tf.reshape(keys, [-1]), tf.int64)
         values = tf.convert_to_tensor(values, tf.float32)
         return raw_ops.sok_dynamic_table_assign(self._handle, keys, values, tf.zeros([0, 0]))
@@ -218,7 +250,7 @@ class DynamicVariable(PlacedTable, trackable.Trackable):
             restored_tensors["state"])
 
     def __repr__(self):
-        return (f"<sok.DynamicVariable '{self._name}' dimension={self._dimension} "
+        return (f"<sok.DynamicVariable '{self.name}' dimension={self._dimension} "
                 f"key_type={self._key_type.name} mode={self.mode}>")
 
 

@@ -35,8 +35,8 @@ def test_files_follow_sok_format(tmp_path):
     sok.dump(str(tmp_path), [static, dynamic], optimizer)
     names = sorted(os.listdir(tmp_path))
     assert names == sorted(["static_table_0-key", "static_table_0-weight",
-                            "static_table_0-Adagrad-accumulator", "dyn_table-key",
-                            "dyn_table-weight", "dyn_table-Adagrad-accumulator"])
+                            "static_table_0-Adagrad-accumulator", "dyn_table_0-key",
+                            "dyn_table_0-weight", "dyn_table_0-Adagrad-accumulator"])
     data = (tmp_path / "static_table_0-weight").read_bytes()
     assert data[:256].decode().strip() == "static/table:0" and data[:256].startswith(b" ")
     assert struct.unpack(">I", data[256:260])[0] == 1           # weight
@@ -67,9 +67,9 @@ def test_truncated_or_mismatched_files_change_nothing(tmp_path):
     static, dynamic, optimizer = trained_tables()
     sok.dump(str(tmp_path), [static, dynamic])
     before = snapshot(static, dynamic)
-    weight = tmp_path / "dyn_table-weight"
+    weight = tmp_path / "dyn_table_0-weight"
     weight.write_bytes(weight.read_bytes()[:-3])
-    with pytest.raises(ValueError, match="dyn_table-weight is truncated or has the wrong width"):
+    with pytest.raises(ValueError, match="dyn_table_0-weight is truncated or has the wrong width"):
         sok.load(str(tmp_path), [static, dynamic])
     for a, b in zip(before, snapshot(static, dynamic)):
         np.testing.assert_array_equal(a, b)
@@ -95,4 +95,22 @@ def test_dump_from_two_workers_loads_into_one(tmp_path):
     np.testing.assert_array_equal(
         dynamic.sparse_read(tf.constant(keys), insert=False).numpy(),
         np.repeat(keys[:, None].astype(np.float32) % 1000, 3, axis=1))
-    assert dynamic.size().numpy() == 5
+    assert dynamic.size.numpy() == 5
+
+
+def test_loads_sok_headers_with_blank_names_and_older_dynamic_file_names(tmp_path):
+    # SOK leaves the header's table name blank; dumps made before a DynamicVariable's name
+    # carried ":0" named its files from the bare name ("dyn_table-key").
+    static, dynamic, optimizer = trained_tables()
+    sok.dump(str(tmp_path), [static, dynamic], optimizer)
+    saved = snapshot(static, dynamic)
+    for path in tmp_path.iterdir():
+        data = path.read_bytes()
+        path.write_bytes(b" " * 256 + data[256:])
+        if path.name.startswith("dyn_table_0-"):
+            path.rename(tmp_path / path.name.replace("dyn_table_0-", "dyn_table-"))
+    static.assign(np.zeros([6, 4], np.float32))
+    dynamic.sparse_read(tf.constant([777], tf.int64))
+    sok.load(str(tmp_path), [static, dynamic], optimizer)
+    for a, b in zip(saved, snapshot(static, dynamic)):
+        np.testing.assert_array_equal(a, b)

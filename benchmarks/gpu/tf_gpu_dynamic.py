@@ -74,7 +74,7 @@ def prefilled_table(present):
                                 init_capacity=KEYS + (KEYS >> 3))
     for start in range(0, KEYS, 1 << 20):
         table.sparse_read(tf.constant(present[start:start + (1 << 20)]))
-    assert int(table.size()) == KEYS
+    assert int(table.size) == KEYS
     return table
 
 
@@ -122,7 +122,7 @@ def measure(table, static, present, batch, rng):
         "static_train_ms": train([static], static_opt, lambda: sok.lookup_sparse(
             [static], [static_ragged], combiners=["sum"])[0]),
     }, loop=20 if batch <= 65536 else 5)
-    assert int(table.size()) == KEYS  # every key was present: nothing inserted
+    assert int(table.size) == KEYS  # every key was present: nothing inserted
     return result
 
 

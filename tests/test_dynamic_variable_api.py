@@ -1,0 +1,120 @@
+"""DynamicVariable as SOK's: a TensorFlow resource variable whose handle is the hash table.
+Written as a SOK user's script would use it; references are the table's own rows read back
+and NumPy."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+
+DIM = 4
+
+
+def rows_of(table, keys):
+    return table.sparse_read(tf.constant(keys, tf.int64), insert=False).numpy()
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_embedding_lookup_and_gather_read_rows_and_insert_missing_ids(mode):
+    table = sok.DynamicVariable(DIM, name="lookup_api")
+    ids = tf.constant([[3, -7], [1 << 40, 3]], tf.int64)
+
+    def read():
+        return tf.nn.embedding_lookup(table, ids), tf.gather(table, tf.reshape(ids, [-1]))
+
+    looked_up, gathered = read() if mode == "eager" else tf.function(read)()
+    assert looked_up.shape == [2, 2, DIM] and gathered.shape == [4, DIM]
+    expected = rows_of(table, [3, -7, 1 << 40, 3])  # inserted by the reads above
+    np.testing.assert_array_equal(looked_up.numpy().reshape(4, DIM), expected)
+    np.testing.assert_array_equal(gathered.numpy(), expected)
+    assert table.size.numpy() == 3
+    assert np.abs(expected).sum() > 0  # initial rows, not zeros
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_sok_training_loop_trains_a_dynamic_table_through_keras_tracking(mode):
+    # SOK's pattern: tables found in model.trainable_variables by sok.filter_variables, the
+    # gradient from tf.nn.embedding_lookup, sok.OptimizerWrapper for the tables.
+    class Model(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.table = sok.DynamicVariable(DIM, name="keras_tracked", initializer="uniform")
+            self.dense = tf.keras.layers.Dense(1, kernel_initializer="ones")
+
+        def call(self, ids):
+            return self.dense(tf.reduce_sum(tf.nn.embedding_lookup(self.table, ids), axis=1))
+
+    model = Model()
+    ids = tf.constant([[5, 9], [9, 9]], tf.int64)
+    model(ids)
+    sok_vars, other_vars = sok.filter_variables(model.trainable_variables)
+    assert sok_vars == [model.table] and len(other_vars) == 2
+    before = rows_of(model.table, [5, 9])
+    table_optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.5))
+    dense_optimizer = tf.keras.optimizers.legacy.SGD(0.0)
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(ids))
+        sok_grads, dense_grads = tape.gradient(loss, [sok_vars, other_vars])
+        table_optimizer.apply_gradients(zip(sok_grads, sok_vars))
+        dense_optimizer.apply_gradients(zip(dense_grads, other_vars))
+        return sok_grads[0]
+
+    grad = step() if mode == "eager" else tf.function(step)()
+    assert isinstance(grad, tf.IndexedSlices)
+    # d loss / d row = (times the id appears) * dense kernel (ones): 5 once, 9 three times.
+    np.testing.assert_allclose(rows_of(model.table, [5, 9]),
+                               before - 0.5 * np.array([[1.0], [3.0]]), rtol=1e-6)
+
+
+def test_gradient_is_indexed_slices_keyed_by_id():
+    table = sok.DynamicVariable(DIM, name="grad_api")
+    ids = tf.constant([11, -2, 11], tf.int64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.gather(table, ids) * tf.constant([[1.0], [2.0], [3.0]]))
+    grad = tape.gradient(loss, table)
+    assert isinstance(grad, tf.IndexedSlices)
+    np.testing.assert_array_equal(grad.indices.numpy(), [11, -2, 11])
+    np.testing.assert_array_equal(grad.values.numpy(), np.repeat([[1.0], [2.0], [3.0]], DIM, 1))
+
+
+def test_variable_attributes_as_sok():
+    table = sok.DynamicVariable(DIM, name="attrs", trainable=False, constraint=tf.identity)
+    assert isinstance(table, tf.Variable)
+    assert table.name == "attrs:0" and table.shape.as_list() == [None, DIM]
+    assert not table.trainable and table.constraint is tf.identity
+    with tf.GradientTape() as tape:  # not trainable: not watched
+        loss = tf.reduce_sum(tf.gather(table, tf.constant([1], tf.int64)))
+    assert tape.gradient(loss, table) is None
+    assert int(table.size) == 1
+    other = sok.DynamicVariable(DIM, name="attrs_other")
+    assert table != other and table == table and len({table, other}) == 2
+
+
+def test_a_dense_value_is_an_error_that_says_why():
+    table = sok.DynamicVariable(DIM, name="no_dense")
+    message = "sok.DynamicVariable 'no_dense' has no dense value"
+    with pytest.raises(TypeError, match=message):
+        tf.convert_to_tensor(table)
+    with pytest.raises(TypeError, match=message):
+        table.numpy()
+    with pytest.raises(TypeError, match=message):
+        table + 1.0
+    with pytest.raises(TypeError, match="give keys and their rows"):
+        table.assign(np.zeros([3, DIM], np.float32))
+    with pytest.raises(TypeError, match="ids of sok.DynamicVariable 'no_dense' must be int32 or "
+                                        "int64, got float32"):
+        tf.gather(table, tf.constant([1.0]))
+
+
+def test_checkpoint_round_trip_still_holds_rows(tmp_path):
+    table = sok.DynamicVariable(DIM, name="ckpt_api")
+    keys = [4, 8, -15]
+    table.sparse_read(tf.constant(keys, tf.int64))  # inserts them
+    saved = rows_of(table, keys)
+    checkpoint = tf.train.Checkpoint(table=table)
+    path = checkpoint.write(str(tmp_path / "ckpt"))
+    table.assign(tf.constant(keys, tf.int64), np.zeros([3, DIM], np.float32))
+    checkpoint.read(path).assert_consumed()
+    np.testing.assert_array_equal(rows_of(table, keys), saved)
