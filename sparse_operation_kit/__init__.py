@@ -3,10 +3,10 @@
 A drop-in replacement for NVIDIA SparseOperationKit v2's Python API that also runs on CPU.
 Importing prints nothing and loads the op library only when an op first runs.
 """
-import tensorflow as _tf
 
 from sparse_operation_kit._ops import raw_ops
-from sparse_operation_kit.communication import init
+from sparse_operation_kit import communication
+from sparse_operation_kit.communication import init, set_comm_tool
 from sparse_operation_kit.dynamic_variable import (DynamicVariable, assign, export,
                                                     incremental_model_dump,
                                                     sparse_read_and_evict)
@@ -18,14 +18,16 @@ from sparse_operation_kit.optimizer import SGD, OptimizerWrapper
 from sparse_operation_kit.planner import (EmbeddingCollection, EmbeddingPlanner,
                                           EmbeddingTableConfig, generate_plan, read_plan,
                                           validate_plan, write_plan)
-from sparse_operation_kit.variables import Variable, filter_variables
-
-tf_version = tuple(int(part) for part in _tf.__version__.split(".")[:2])
+from sparse_operation_kit.variables import (DistributedVariable, LocalizedVariable, Variable,
+                                            filter_variables)
+from sparse_operation_kit import distributed_variable, dump_load, utils
+from sparse_operation_kit.utils import tf_version
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "Variable", "DynamicVariable", "lookup_sparse", "all2all_dense_embedding",
+    "init", "set_comm_tool", "communication", "Variable", "DistributedVariable",
+    "LocalizedVariable", "DynamicVariable", "lookup_sparse", "all2all_dense_embedding",
     "filter_variables", "export", "assign", "sparse_read_and_evict", "OptimizerWrapper", "SGD",
     "dot_interaction", "layers", "dump", "load", "incremental_model_dump", "EmbeddingTableConfig", "EmbeddingPlanner",
     "EmbeddingCollection", "generate_plan", "validate_plan", "read_plan", "write_plan", "raw_ops", "tf_version",

@@ -12,6 +12,7 @@ on the previous one, so two lookups' exchanges never run in different orders on 
 """
 import dataclasses
 import os
+import sys
 import warnings
 
 import tensorflow as tf
@@ -70,8 +71,19 @@ def is_initialized():
 
 
 def _require_init():
+    """Variables and lookups work without sok.init(), as in SOK: the first use initialises
+    sok for Horovod when it is initialised in this process, else for a single worker."""
     if not _state.initialized:
-        raise RuntimeError("call sok.init() before creating sok variables or looking them up")
+        hvd = sys.modules.get("horovod.tensorflow")
+        running = hvd is not None and hvd.is_initialized()
+        init("horovod" if running else "single")
+
+
+def set_comm_tool(comm_tool):
+    """SOK's name for choosing the tool before any variable exists: as `init(comm_tool)`."""
+    if _state.initialized:
+        raise RuntimeError(f"set_comm_tool({comm_tool!r}) after sok was initialised")
+    init(comm_tool)
 
 
 def rank():
@@ -83,6 +95,52 @@ def rank():
 def num_workers():
     _require_init()
     return _state.num_workers
+
+
+# SOK's names (sok.communication.*): one GPU per worker, so a worker's GPU id is its rank.
+num_ranks = num_gpus = num_workers
+global_gpu_id = rank
+
+
+def local_rank():
+    """This worker's index among the workers of its host."""
+    _require_init()
+    return _state.hvd.local_rank() if _state.hvd is not None else 0
+
+
+_REDUCE_OPS = ("sum", "average", "mean", "max", "min")
+
+
+def allreduce(tensor, op="sum"):
+    """`tensor` reduced over workers: op "sum" (default), "average" / "mean", "max", "min"
+    (or a Horovod op such as hvd.Sum)."""
+    _require_init()
+    name = op if isinstance(op, str) else None
+    if name is not None and name not in _REDUCE_OPS:
+        raise ValueError(f"unknown allreduce op {op!r}; valid ops are {_REDUCE_OPS}")
+    if _state.num_workers == 1:
+        return tf.convert_to_tensor(tensor) if not isinstance(tensor, tf.IndexedSlices) else tensor
+    hvd = _state.hvd
+    if name is not None:
+        op = {"sum": hvd.Sum, "average": hvd.Average, "mean": hvd.Average, "max": hvd.Max,
+              "min": hvd.Min}[name]
+    return hvd.allreduce(tensor, op=op)
+
+
+def allgather(tensor):
+    """Every worker's `tensor` concatenated along axis 0, in rank order."""
+    _require_init()
+    if _state.num_workers == 1:
+        return tf.convert_to_tensor(tensor)
+    return _state.hvd.allgather(tensor)
+
+
+def broadcast(tensor, root=0):
+    """Worker `root`'s `tensor` on every worker."""
+    _require_init()
+    if _state.num_workers == 1:
+        return tf.convert_to_tensor(tensor)
+    return _state.hvd.broadcast(tensor, root_rank=root)
 
 
 def _has_gpu_kernel(op_name):

@@ -298,7 +298,8 @@ def incremental_model_dump(variables, time_threshold):
 
 
 def assign(variable, keys, values):
-    """Writes `values` to the rows of `keys` that this worker holds."""
+    """Writes `values` to the rows of `keys` on this worker, which must hold them all (a
+    static table's global row ids; any key of a dynamic table this worker owns)."""
     if isinstance(variable, DynamicVariable):
         return variable.assign(keys, values)
     from sparse_operation_kit.variables import Variable  # noqa: PLC0415
@@ -306,7 +307,17 @@ def assign(variable, keys, values):
     if not isinstance(variable, Variable):
         raise TypeError(f"sok.assign takes a sok.Variable or sok.DynamicVariable, got "
                         f"{type(variable).__name__}")
-    local = np.searchsorted(variable.global_row_ids(), np.asarray(keys, np.int64))
+    keys = np.asarray(keys, np.int64).reshape(-1)
+    owned = variable.global_row_ids()
+    local = np.searchsorted(owned, keys)
+    found = local < len(owned)
+    found[found] = owned[local[found]] == keys[found]
+    if not found.all():
+        bad = int(keys[~found][0])
+        raise ValueError(f"sok.assign: row {bad} of '{variable.name}' is not held by worker "
+                         f"{communication.rank()} of {communication.num_workers()} (mode "
+                         f"{variable.mode}, {variable.global_rows} rows); assign each row on "
+                         "the worker that owns it. Nothing was written")
     return variable.scatter_update(tf.IndexedSlices(tf.convert_to_tensor(values, tf.float32),
                                                     tf.constant(local, tf.int64)))
 

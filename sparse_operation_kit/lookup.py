@@ -28,6 +28,7 @@ from sparse_operation_kit.variables import DISTRIBUTED, Variable
 
 COMBINERS = ("sum", "mean", "sqrtn")
 _ID_DTYPES = (tf.int32, tf.int64)
+_WEIGHT_DTYPES = (tf.float32, tf.float16, tf.bfloat16, tf.float64)
 
 
 class _Lookup(collections.namedtuple("_Lookup",
@@ -74,10 +75,10 @@ def _flatten_weights(sp_weights, index):
     else:
         raise TypeError(f"sp_weights[{index}] must be a tf.SparseTensor or tf.RaggedTensor like "
                         f"its ids, got {type(sp_weights).__name__}")
-    if values.dtype != tf.float32:
+    if values.dtype not in _WEIGHT_DTYPES:
         raise TypeError(f"sp_weights[{index}] has dtype {values.dtype.name}; weights must be "
-                        "float32")
-    return values
+                        "float32, float16, bfloat16 or float64")
+    return tf.cast(values, tf.float32)  # pooling sums in float32 whatever the weights' type
 
 
 def _check_table(param, index):
@@ -269,7 +270,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
         is treated as replicated on every worker). Several lookups may share one table.
       sp_ids: list, one per lookup, of 2-D `tf.SparseTensor` or `tf.RaggedTensor` of int32 or
         int64 ids, [local_batch, None].
-      sp_weights: None, or a list like sp_ids of float32 per-id weights (entries may be None).
+      sp_weights: None, or a list like sp_ids of per-id weights (entries may be None), float32
+        or float16 / bfloat16 / float64 (pooled in float32).
       combiners: list of "sum", "mean" (the default) or "sqrtn".
       use_low_frequency_filter: admit each new key of a dynamic table with probability
         `filter_ratio` (its config); a key not admitted reads as zeros and is not stored.

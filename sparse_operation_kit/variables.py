@@ -90,15 +90,28 @@ class Variable(PlacedTable, resource_variable_ops.ResourceVariable):
         whole table) and `initializer` (a Keras initializer or its name), which fills only the
         local shard.
       mode: None / "distributed" (rows round-robin over workers) or "localized:K".
-      Other arguments as `tf.Variable` (name, trainable, dtype).
+      Other arguments as `tf.Variable`'s, in its positional order (initial_value, trainable,
+      validate_shape, caching_device, name, variable_def, dtype, import_scope, constraint,
+      synchronization, aggregation, shape), as SOK passes them on.
 
     Attributes:
       mode, target_gpu (-1 when distributed), num_gpus, global_rows, dimension.
     """
 
-    def __init__(self, initial_value=None, mode=None, trainable=True, name=None, dtype=None,
-                 shape=None, initializer=None, **kwargs):
+    def __init__(self, initial_value=None, trainable=True, validate_shape=True,
+                 caching_device=None, name=None, variable_def=None, dtype=None,
+                 import_scope=None, constraint=None, synchronization=None, aggregation=None,
+                 shape=None, initializer=None, mode=None, **kwargs):
+        if variable_def is not None or import_scope is not None:
+            raise ValueError("sok.Variable cannot be built from a variable_def / import_scope "
+                             "(TF1 graph protos); give initial_value or shape and initializer")
         communication._require_init()
+        kwargs.update(validate_shape=validate_shape, caching_device=caching_device,
+                      constraint=constraint)
+        if synchronization is not None:
+            kwargs["synchronization"] = synchronization
+        if aggregation is not None:
+            kwargs["aggregation"] = aggregation
         rank, num_workers = communication.rank(), communication.num_workers()
         placement = parse_mode(mode, num_workers)
         if initial_value is not None:
@@ -148,3 +161,20 @@ def filter_variables(variables):
     for variable in variables:
         (sok_vars if is_sok_variable(variable) else other_vars).append(variable)
     return sok_vars, other_vars
+
+
+class DistributedVariable(Variable):
+    """SOK's class for `sok.Variable(..., mode="distributed")`: rows round-robin over workers."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.pop("mode", None)
+        super().__init__(*args, mode="distributed", **kwargs)
+
+
+class LocalizedVariable(Variable):
+    """SOK's class for `sok.Variable(..., mode="localized:K")`: the table on worker
+    `target_gpu`."""
+
+    def __init__(self, *args, target_gpu=0, **kwargs):
+        kwargs.pop("mode", None)
+        super().__init__(*args, mode=f"localized:{int(target_gpu)}", **kwargs)

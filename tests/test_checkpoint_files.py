@@ -87,6 +87,9 @@ def test_dump_from_two_workers_loads_into_one(tmp_path):
 
     output = horovodrun("dump_tables.py", str(tmp_path))
     assert output.count("DUMPED rank=") == 2
+    assert output.count("COMM OK rank=") == 2, output[-3000:]
+    assert "ASSIGN_REFUSED rank=0: sok.assign: row 1 of 'static_mw:0' is not held by worker 0 of 2" \
+        in output
     static = sok.Variable(np.zeros([7, 3], np.float32), name="static_mw")
     dynamic = sok.DynamicVariable(3, name="dynamic_mw")
     sok.load(str(tmp_path), [static, dynamic])

@@ -1,0 +1,5 @@
+"""SOK's module name for the static tables (`sparse_operation_kit.distributed_variable`)."""
+from sparse_operation_kit.variables import (DistributedVariable, LocalizedVariable, Variable,
+                                            filter_variables)
+
+__all__ = ["Variable", "DistributedVariable", "LocalizedVariable", "filter_variables"]
