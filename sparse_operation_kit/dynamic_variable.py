@@ -11,6 +11,7 @@ table: Keras tracks it (`model.trainable_variables`), `tf.nn.embedding_lookup(v,
 optimizer state (restores replace the whole table).
 """
 import itertools
+import warnings
 import zlib
 
 import numpy as np
@@ -22,10 +23,35 @@ from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.variables import DISTRIBUTED, PlacedTable, parse_mode
 
 EVICT_STRATEGIES = ("lru", "lfu")
-# Accepted for compatibility with SOK's HierarchicalKV options; hints for storage placement.
+# SOK's (HierarchicalKV's) names for them; kCustomized takes user scores, which sok's API has
+# no place for: it evicts by LRU, with a warning.
+_EVICT_NAMES = {"lru": "lru", "lfu": "lfu", "klru": "lru", "klfu": "lfu",
+                "kcustomized": "lru", "customized": "lru"}
+# SOK's defaults for its hybrid tables: 64Mi keys a worker, then LRU eviction.
+DEFAULT_MAX_CAPACITY = 64 * 1024 * 1024
+DEFAULT_EVICT = "lru"
+# HierarchicalKV options SOK accepts that do not apply to this table (its slot array and row
+# pool size and place themselves): accepted, with a warning.
 _HINT_CONFIG = ("max_hbm_for_vectors", "max_load_factor", "max_bucket_size", "block_size",
-                "device_id", "io_by_cpu")
+                "device_id", "io_by_cpu", "use_constant_memory", "reserved_key_start_bit",
+                "num_of_buckets_per_alloc", "dim")
 VALID_CONFIG = ("init_capacity", "max_capacity", "evict_strategy", "filter_ratio") + _HINT_CONFIG
+
+
+def _evict_strategy(config):
+    """'lru', 'lfu' or None (a full table refuses new keys), from SOK's or sok's names."""
+    evict = config.get("evict_strategy", DEFAULT_EVICT)
+    if evict is None:
+        return None
+    name = getattr(evict, "name", evict)  # an enum member such as SOK's EvictStrategy.kLru
+    strategy = _EVICT_NAMES.get(str(name).split(".")[-1].lower())
+    if strategy is None:
+        raise ValueError(f"unknown evict_strategy {evict!r}; valid strategies are "
+                         "'lru' / 'kLru', 'lfu' / 'kLfu', 'kCustomized' (as LRU), or None to "
+                         "fail when full")
+    if str(name).lower().endswith("customized"):
+        warnings.warn("evict_strategy kCustomized: sok keeps no user scores; evicting by LRU")
+    return strategy
 _VAR_TYPES = (None, "hbm", "hybrid")
 _counter = itertools.count()
 
@@ -82,9 +108,11 @@ class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
       mode: None / "distributed" (key k on worker uint64(k) % N) or "localized:K".
       trainable: whether GradientTape watches it and Keras lists it as trainable.
       constraint: as tf.Variable's (applied by optimizers that apply constraints).
-      **config: init_capacity, max_capacity (keys this worker holds), evict_strategy
-        ("lru" or "lfu"; without it a full table raises ResourceExhaustedError),
-        filter_ratio, and SOK's HierarchicalKV hints.
+      **config: init_capacity, max_capacity (keys this worker holds; default 64Mi, as
+        SOK's hybrid tables), evict_strategy ("lru" / "kLru", the default as in SOK, "lfu" /
+        "kLfu", "kCustomized" evicting by LRU, or None: a full table then raises
+        ResourceExhaustedError), filter_ratio, and SOK's other HierarchicalKV options
+        (accepted with a warning: they do not apply here).
     """
 
     def __init__(self, dimension, initializer=None, var_type=None, name=None, key_type=None,
@@ -105,11 +133,12 @@ class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
         if value_dtype not in _VALUE_DTYPES:
             raise TypeError(f"dtype must be one of {[d.name for d in _VALUE_DTYPES]}, got "
                             f"{value_dtype.name}")
-        evict = config.get("evict_strategy")
-        if evict is not None and evict not in EVICT_STRATEGIES:
-            raise ValueError(f"unknown evict_strategy {evict!r}; valid strategies are "
-                             f"{EVICT_STRATEGIES} (or None to fail when full)")
-        max_capacity = int(config.get("max_capacity", 1 << 40))
+        evict = _evict_strategy(config)
+        ignored = sorted(set(config) & set(_HINT_CONFIG))
+        if ignored:
+            warnings.warn(f"DynamicVariable options {ignored} do not apply to sok's table (its "
+                          "slots and rows size and place themselves) and are ignored")
+        max_capacity = int(config.get("max_capacity", DEFAULT_MAX_CAPACITY))
         init_capacity = int(config.get("init_capacity", min(1024 * 1024, max_capacity)))
         if max_capacity < 1 or init_capacity < 1:
             raise ValueError(f"capacities must be positive, got init_capacity={init_capacity}, "

@@ -82,7 +82,7 @@ def test_initializers(initializer, low, high):
 
 
 def test_full_table_without_eviction_fails_and_changes_nothing():
-    table = sok.DynamicVariable(2, initializer="zeros", max_capacity=10)
+    table = sok.DynamicVariable(2, initializer="zeros", max_capacity=10, evict_strategy=None)
     table.assign(keys_of(range(8)), np.ones([8, 2], np.float32))
     before = exported(table)
     with pytest.raises(tf.errors.ResourceExhaustedError, match="max_capacity is 10"):

@@ -178,7 +178,8 @@ def test_heavy_collisions_growth_and_duplicates_in_one_batch(device):
 def test_erase_reinsert_cycles_do_not_leak_capacity(device):
     # A table of 1000 keys at most, filled to 90%, then 300 rounds of erasing and inserting
     # 300 keys: erased slots must be reused or cleared, never let the table fill up.
-    table = make(device, 4, "cycles", max_capacity=1000, init_capacity=1000)
+    table = make(device, 4, "cycles", max_capacity=1000, init_capacity=1000,
+                 evict_strategy=None)  # filling up must fail, not evict
     rng = np.random.default_rng(4)
     live = list(rng.choice(1 << 60, size=900, replace=False))
     read(table, live)
@@ -210,7 +211,7 @@ def test_eviction_choices_agree_across_devices(strategy):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_full_table_without_eviction_refuses_and_changes_nothing(device):
-    table = make(device, 2, "full", max_capacity=50, initializer="ones")
+    table = make(device, 2, "full", max_capacity=50, initializer="ones", evict_strategy=None)
     read(table, range(40))
     before = export_sorted(table)
     with pytest.raises(tf.errors.ResourceExhaustedError, match="max_capacity is 50"):

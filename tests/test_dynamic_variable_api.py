@@ -118,3 +118,30 @@ def test_checkpoint_round_trip_still_holds_rows(tmp_path):
     table.assign(tf.constant(keys, tf.int64), np.zeros([3, DIM], np.float32))
     checkpoint.read(path).assert_consumed()
     np.testing.assert_array_equal(rows_of(table, keys), saved)
+
+
+def test_options_as_sok():
+    from sparse_operation_kit import dynamic_variable  # noqa: PLC0415
+
+    assert dynamic_variable.DEFAULT_MAX_CAPACITY == 64 * 1024 * 1024
+    # SOK's default: a full table evicts by LRU.
+    table = sok.DynamicVariable(2, name="sok_default", max_capacity=4, var_type="hybrid")
+    for key in range(10):
+        table.sparse_read(tf.constant([key], tf.int64))
+    assert int(table.size) == 4
+    for name, survivor in [("kLru", 1), ("kLfu", 0)]:
+        table = sok.DynamicVariable(2, name=f"names_{name}", max_capacity=2, evict_strategy=name,
+                                    var_type="hbm")
+        for key in [0, 0, 0, 1, 2]:  # key 0 read most often, key 1 most recently before 2
+            table.sparse_read(tf.constant([key], tf.int64))
+        np.testing.assert_array_equal(np.sort(sok.export(table)[0].numpy()), sorted([survivor, 2]))
+    with pytest.warns(UserWarning, match="kCustomized: sok keeps no user scores; evicting by LRU"):
+        sok.DynamicVariable(2, name="customized", evict_strategy="kCustomized")
+    with pytest.warns(UserWarning, match=r"options \['max_load_factor'\] do not apply"):
+        sok.DynamicVariable(2, name="hinted", max_load_factor=0.5)
+    with pytest.raises(ValueError, match="unknown DynamicVariable config \\['capacity'\\]; valid "
+                                         "keys are \\('init_capacity'"):
+        sok.DynamicVariable(2, capacity=5)
+    with pytest.raises(ValueError, match="unknown evict_strategy 'fifo'; valid strategies are "
+                                         "'lru' / 'kLru'"):
+        sok.DynamicVariable(2, evict_strategy="fifo")
