@@ -20,6 +20,7 @@ import tensorflow as tf
 from sparse_operation_kit import communication
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable
+from sparse_operation_kit.optimizer import dynamic_slot_names
 from sparse_operation_kit.variables import DISTRIBUTED, Variable
 
 HEADER_BYTES = 296
@@ -28,11 +29,6 @@ DTYPE_CODES = {np.dtype(np.int32): 0, np.dtype(np.int64): 1, np.dtype(np.uint32)
                np.dtype(np.uint64): 3, np.dtype(np.float16): 4, np.dtype(np.float32): 5,
                np.dtype(np.float64): 6}
 CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
-# Dynamic tables keep optimizer state as consecutive [dim] slots after each row.
-_DYNAMIC_SLOTS = {"SGD": ["momentum"], "Adagrad": ["accumulator"], "Adam": ["m", "v"],
-                  "Adamax": ["m", "v"], "Adadelta": ["accum_grad", "accum_var"],
-                  "RMSprop": ["rms", "momentum"], "Ftrl": ["accumulator", "linear"],
-                  "Nadam": ["m", "v"]}
 
 
 def file_name(variable):
@@ -98,7 +94,7 @@ def _local_rows(variable, optimizer):
     if isinstance(variable, DynamicVariable):
         keys, values, state = (t.numpy() for t in raw_ops.sok_dynamic_table_export(variable.handle))
         slots = {}
-        names = _DYNAMIC_SLOTS.get(type(optimizer.optimizer).__name__, []) if optimizer else []
+        names = dynamic_slot_names(optimizer) if optimizer else []
         dim = variable.dimension
         for i, slot in enumerate(names):
             if state.shape[1] >= (i + 1) * dim:
@@ -123,8 +119,27 @@ def _gather(array):
     return communication._state.hvd.allgather(tf.constant(array)).numpy()
 
 
+def _arguments(variables, optimizer):
+    """SOK's forms: one variable or a list; an optimizer or a one-element list of one. Two
+    tables whose files would share a name (unnamed tables are all "Variable:0") are refused."""
+    variables = list(variables) if isinstance(variables, (list, tuple)) else [variables]
+    if isinstance(optimizer, (list, tuple)):
+        if len(optimizer) > 1:
+            raise ValueError(f"give one optimizer (or a list of one), got {len(optimizer)}")
+        optimizer = optimizer[0] if optimizer else None
+    seen = {}
+    for variable in variables:
+        name = file_name(variable)
+        if name in seen and seen[name] is not variable:
+            raise ValueError(f"tables '{seen[name].name}' and '{variable.name}' would share the "
+                             f"files {name}-*: give each table its own name")
+        seen[name] = variable
+    return variables, optimizer
+
+
 def dump(path, variables, optimizer=None):
     """Writes every variable's rows (all workers' shards gathered, rank 0 writes)."""
+    variables, optimizer = _arguments(variables, optimizer)
     os.makedirs(path, exist_ok=True)
     for variable in variables:
         keys, weights, slots = _local_rows(variable, optimizer)
@@ -157,6 +172,7 @@ def _owned(variable, keys):
 
 def load(path, variables, optimizer=None):
     """Reads every variable's files, checks them all, then keeps the rows this worker owns."""
+    variables, optimizer = _arguments(variables, optimizer)
     staged = []
     for variable in variables:
         base = _existing_base(path, variable)
@@ -183,7 +199,7 @@ def load(path, variables, optimizer=None):
         staged.append((variable, keys[mine], np.array(weights[mine], np.float32), slots))
     for variable, keys, weights, slots in staged:  # all checked: now change the tables
         if isinstance(variable, DynamicVariable):
-            names = _DYNAMIC_SLOTS.get(type(getattr(optimizer, "optimizer", optimizer)).__name__, [])
+            names = dynamic_slot_names(optimizer) if optimizer else []
             state = [slots[n] for n in names if n in slots]
             state = np.concatenate(state, axis=1) if state and len(state) == len(names) else \
                 np.zeros([len(keys), 0], np.float32)
@@ -201,7 +217,7 @@ def _slot_names(variable, optimizer):
     if optimizer is None:
         return []
     if isinstance(variable, DynamicVariable):
-        return _DYNAMIC_SLOTS.get(type(optimizer).__name__, [])
+        return dynamic_slot_names(optimizer)
     return optimizer.get_slot_names() if hasattr(optimizer, "get_slot_names") else []
 
 

@@ -40,8 +40,11 @@ def init(comm_tool="horovod", use_legacy_optimizer=True):
     Args:
       comm_tool: "horovod" (call `hvd.init()` first) or "single" for one worker. With
         "horovod" but Horovod not installed, runs as a single worker.
-      use_legacy_optimizer: accepted for SOK compatibility; `OptimizerWrapper` handles both
-        optimizer generations.
+      use_legacy_optimizer: as in SOK (the default), `tf.keras.optimizers.<Name>` and
+        `tf.optimizers.<Name>` then name the legacy Keras optimizers, so one optimizer object
+        can update sok tables through `OptimizerWrapper` in one step and `tf.Variable`s in
+        another. With False nothing in TensorFlow changes (`OptimizerWrapper` handles both
+        optimizer generations).
 
     Raises:
       ValueError: unknown `comm_tool`.
@@ -63,7 +66,28 @@ def init(comm_tool="horovod", use_legacy_optimizer=True):
         _state.rank, _state.num_workers, _state.hvd = hvd.rank(), hvd.size(), hvd
         _state.exchange_device = _init_gpu_exchange(hvd)
     _state.use_legacy_optimizer = use_legacy_optimizer
+    if use_legacy_optimizer:
+        _name_legacy_optimizers()
     _state.initialized = True
+
+
+_LEGACY_OPTIMIZERS = ("Optimizer", "SGD", "Adam", "Adagrad", "Adamax", "Adadelta", "RMSprop",
+                      "Ftrl", "Nadam")
+
+
+def _name_legacy_optimizers():
+    """What SOK's init(use_legacy_optimizer=True) does: tf.keras.optimizers.Adam and
+    tf.optimizers.Adam are then the legacy (Keras 2 OptimizerV2) classes."""
+    legacy = getattr(tf.keras.optimizers, "legacy", None)
+    if legacy is None:
+        return
+    for module in (tf.keras.optimizers, getattr(tf, "optimizers", None)):
+        for name in _LEGACY_OPTIMIZERS:
+            if module is not None and hasattr(legacy, name):
+                try:
+                    setattr(module, name, getattr(legacy, name))
+                except AttributeError:  # a read-only lazy module: leave it
+                    continue
 
 
 def is_initialized():
@@ -76,7 +100,7 @@ def _require_init():
     if not _state.initialized:
         hvd = sys.modules.get("horovod.tensorflow")
         running = hvd is not None and hvd.is_initialized()
-        init("horovod" if running else "single")
+        init("horovod" if running else "single", use_legacy_optimizer=False)
 
 
 def set_comm_tool(comm_tool):

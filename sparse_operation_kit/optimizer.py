@@ -9,6 +9,7 @@ get_slot see it. Every other variable goes to the wrapped optimizer itself; TF's
 updates of the other legacy optimizers are lazy already.
 Hyper-parameters and learning-rate schedules are read from the wrapped optimizer at each step.
 """
+import numpy as np
 import tensorflow as tf
 
 from sparse_operation_kit._ops import raw_ops
@@ -19,6 +20,92 @@ _SUPPORTED = ("SGD", "Adagrad", "Adam", "Adamax", "Adadelta", "RMSprop", "Ftrl",
 # Legacy optimizers whose Keras sparse update is not lazy, and their slots in the order the
 # update rule packs a row's state.
 _LAZY_STATIC_SLOTS = {"Adam": ["m", "v"], "Nadam": ["m", "v"]}
+
+
+# A dynamic table's optimizer state: consecutive [dim] slots after each row, in this order
+# (the update rules' layout, kit_src/core/optimizers/update_rules.h).
+_DYNAMIC_SLOTS = {"SGD": ["momentum"], "Adagrad": ["accumulator"], "Adam": ["m", "v"],
+                  "Adamax": ["m", "v"], "Adadelta": ["accum_grad", "accum_var"],
+                  "RMSprop": ["rms", "momentum"], "Ftrl": ["accumulator", "linear"],
+                  "Nadam": ["m", "v"]}
+
+
+def dynamic_slot_names(optimizer):
+    """Names of the [dim] state slots a dynamic table keeps per row under `optimizer` (a Keras
+    optimizer, or an OptimizerWrapper), in storage order; Keras' slot names."""
+    optimizer = getattr(optimizer, "optimizer", optimizer)
+    kind = type(optimizer).__name__
+    if kind == "SGD":
+        legacy = hasattr(optimizer, "_get_hyper")
+        momentum = bool(optimizer._momentum) if legacy else float(optimizer.momentum) != 0.0
+        return ["momentum"] if momentum else []
+    if kind == "RMSprop" and optimizer.centered:
+        return ["rms", "momentum", "mg"]
+    return list(_DYNAMIC_SLOTS.get(kind, []))
+
+
+class DynamicSlot:
+    """One optimizer state of a dynamic table, as SOK's `get_slot(table, name)` gives it: a
+    view of the [dim] floats kept next to each key's row in the table itself. Reads and writes
+    go through the table, eagerly (for inspection, dump and load scripts, not training)."""
+
+    def __init__(self, table, name, index):
+        self._table, self._slot, self._index = table, name, index
+
+    @property
+    def name(self):
+        return f"{self._table.name.split(':')[0]}/{self._slot}:0"
+
+    @property
+    def shape(self):
+        return tf.TensorShape([None, self._table.dimension])
+
+    @property
+    def dtype(self):
+        return tf.float32
+
+    def _columns(self, state):
+        dim = self._table.dimension
+        part = state[:, self._index * dim:(self._index + 1) * dim]
+        # A table that no update touched yet keeps no state: its slots read as zeros.
+        return part if part.shape[1] == dim else np.zeros([len(state), dim], np.float32)
+
+    def export(self):
+        """(keys, state rows) of every key this worker holds, as numpy arrays."""
+        keys, _, state = (t.numpy() for t in raw_ops.sok_dynamic_table_export(self._table.handle))
+        return keys, self._columns(state)
+
+    def sparse_read(self, ids):
+        """This state of `ids` ([n, dim]); a key the table does not hold reads as zeros."""
+        keys, rows = self.export()
+        ids = np.asarray(tf.reshape(ids, [-1]), np.int64)
+        order = np.argsort(keys, kind="stable")
+        at = np.minimum(np.searchsorted(keys[order], ids), max(len(keys) - 1, 0))
+        found = len(keys) > 0
+        hit = (keys[order][at] == ids) if found else np.zeros(len(ids), bool)
+        out = np.zeros([len(ids), self._table.dimension], np.float32)
+        out[hit] = rows[order][at[hit]]
+        return tf.constant(out)
+
+    def assign(self, keys, values):
+        """Writes this state of `keys` (which the table must hold); all or nothing."""
+        table_keys, table_values, state = (
+            t.numpy() for t in raw_ops.sok_dynamic_table_export(self._table.handle))
+        keys = np.asarray(tf.reshape(keys, [-1]), np.int64)
+        values = np.asarray(values, np.float32).reshape(len(keys), self._table.dimension)
+        position = {int(k): i for i, k in enumerate(table_keys)}
+        missing = [int(k) for k in keys if int(k) not in position]
+        if missing:
+            raise ValueError(f"{self.name}: the table holds no key {missing[0]}; nothing written")
+        dim = self._table.dimension
+        width = max(state.shape[1], (self._index + 1) * dim)
+        wide = np.zeros([len(table_keys), width], np.float32)
+        wide[:, :state.shape[1]] = state
+        wide[[position[int(k)] for k in keys], self._index * dim:(self._index + 1) * dim] = values
+        return raw_ops.sok_dynamic_table_import(self._table.handle, table_keys, table_values, wide)
+
+    def __repr__(self):
+        return f"<sok.DynamicSlot '{self.name}' of {self._table!r}>"
 
 
 def _hyper(optimizer, name):
@@ -48,6 +135,7 @@ class OptimizerWrapper:
     def __init__(self, optimizer):
         self._optimizer = optimizer
         self._kind = type(optimizer).__name__
+        self._dynamic_tables = {}  # id -> table, every dynamic table this wrapper updated
         if getattr(optimizer, "amsgrad", False):
             raise NotImplementedError("amsgrad is not supported for sok dynamic tables")
 
@@ -58,8 +146,54 @@ class OptimizerWrapper:
     def __getattr__(self, name):  # learning_rate, iterations, ...
         return getattr(self._optimizer, name)
 
-    def apply_gradients(self, grads_and_vars, **kwargs):
+    # --- SOK's surface ---------------------------------------------------------------------
+    @property
+    def lr(self):
+        return self._optimizer.learning_rate
+
+    def get_slot_names(self):
+        """The wrapped optimizer's slot names, and those its dynamic tables keep."""
+        names = list(self._optimizer.get_slot_names()) \
+            if hasattr(self._optimizer, "get_slot_names") else []
+        return names + [n for n in dynamic_slot_names(self._optimizer) if n not in names]
+
+    def get_slot(self, var, name):
+        """A slot of `var`: for a dynamic table a DynamicSlot view of its state in the table,
+        otherwise the wrapped optimizer's slot variable."""
+        if isinstance(var, DynamicVariable):
+            names = dynamic_slot_names(self._optimizer)
+            if name not in names:
+                raise KeyError(f"{self._kind} keeps no slot {name!r} for dynamic table "
+                               f"{var.name}; its slots are {names}")
+            return DynamicSlot(var, name, names.index(name))
+        return self._optimizer.get_slot(var, name)
+
+    @property
+    def _slots(self):
+        """{variable key: {slot name: slot}}: the wrapped optimizer's (legacy Keras keeps
+        them here) and each updated dynamic table's views, keyed by its unique id."""
+        slots = dict(getattr(self._optimizer, "_slots", {}))
+        for table in self._dynamic_tables.values():
+            slots[table._unique_id] = {name: self.get_slot(table, name)
+                                       for name in dynamic_slot_names(self._optimizer)}
+        return slots
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
+        """Updates sok tables lazily and hands the other variables to the wrapped optimizer.
+        global_step (TF1 style), when given, is incremented after the update."""
+        update = self._apply(grads_and_vars, name=name, **kwargs)
+        if global_step is None:
+            return update
+        with tf.control_dependencies([update]):
+            return global_step.assign_add(1)
+
+    def _apply(self, grads_and_vars, name=None, **kwargs):
+        if name is not None:
+            kwargs["name"] = name
         grads_and_vars = list(grads_and_vars)
+        for _, v in grads_and_vars:
+            if isinstance(v, DynamicVariable):
+                self._dynamic_tables[id(v)] = v
         dynamic = [(g, v) for g, v in grads_and_vars if isinstance(v, DynamicVariable)]
         static = [(g, v) for g, v in grads_and_vars if self._lazy_static(g, v)]
         lazy = {id(v) for _, v in dynamic + static}

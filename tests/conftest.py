@@ -12,7 +12,8 @@ import sparse_operation_kit as sok  # noqa: E402
 def single_worker():
     """The unit tests run as one worker; multi-worker tests launch their own processes."""
     if not sok.communication.is_initialized():
-        sok.init(comm_tool="single")
+        # Leaves tf.keras.optimizers alone: the suite tests both optimizer generations.
+        sok.init(comm_tool="single", use_legacy_optimizer=False)
     yield
 
 

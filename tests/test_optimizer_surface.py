@@ -1,0 +1,119 @@
+"""sok.OptimizerWrapper with SOK's surface, and SOK's init(use_legacy_optimizer=True), used as
+SOK's scripts use them. References: NumPy (lazy Adagrad) and the table's own state."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIM = 3
+
+
+def train_dynamic(optimizer, table, steps, ids):
+    wrapper = sok.OptimizerWrapper(optimizer)
+    grads = []
+    for step in range(steps):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(table, ids) ** 2) * (step + 1)
+        grad = tape.gradient(loss, table)
+        grads.append(tf.convert_to_tensor(tf.math.unsorted_segment_sum(
+            grad.values, tf.unique(grad.indices)[1], tf.size(tf.unique(grad.indices)[0]))))
+        wrapper.apply_gradients([(grad, table)])
+    return wrapper, grads
+
+
+def test_get_slot_of_a_dynamic_table_is_a_view_of_its_state():
+    table = sok.DynamicVariable(DIM, name="slot_view")
+    ids = tf.constant([7, -1, 7], tf.int64)
+    optimizer = tf.keras.optimizers.legacy.Adagrad(0.1, initial_accumulator_value=0.1)
+    wrapper, grads = train_dynamic(optimizer, table, 3, ids)
+    unique = np.array([7, -1])
+    expected = 0.1 + sum(g.numpy() ** 2 for g in grads)  # lazy Adagrad's accumulator
+    accumulator = wrapper.get_slot(table, "accumulator")
+    np.testing.assert_allclose(accumulator.sparse_read(unique).numpy(), expected, rtol=1e-5)
+    np.testing.assert_array_equal(accumulator.sparse_read([12345]).numpy(), np.zeros([1, DIM]))
+    assert accumulator.name == "slot_view/accumulator:0" and "accumulator" in wrapper.get_slot_names()
+    assert set(wrapper._slots[table._unique_id]) == {"accumulator"}
+    rows = table.sparse_read(tf.constant(unique), insert=False).numpy()
+    accumulator.assign(unique, np.full([2, DIM], 4.0, np.float32))
+    np.testing.assert_array_equal(accumulator.sparse_read(unique).numpy(), np.full([2, DIM], 4.0))
+    np.testing.assert_array_equal(table.sparse_read(tf.constant(unique), insert=False).numpy(), rows)
+    with pytest.raises(ValueError, match="the table holds no key 99; nothing written"):
+        accumulator.assign([99], np.zeros([1, DIM], np.float32))
+    with pytest.raises(KeyError, match="Adagrad keeps no slot 'm' for dynamic table slot_view:0"):
+        wrapper.get_slot(table, "m")
+
+
+def test_lr_global_step_and_name_as_sok():
+    table = sok.DynamicVariable(DIM, name="global_step", initializer="zeros")
+    wrapper = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.5))
+    assert float(wrapper.lr) == 0.5
+    step = tf.Variable(0, dtype=tf.int64)
+    table.sparse_read(tf.constant([3], tf.int64))  # the update reaches keys the table holds
+    grad = tf.IndexedSlices(tf.ones([1, DIM]), tf.constant([3], tf.int64))
+    wrapper.apply_gradients([(grad, table)], global_step=step, name="sok_step")
+    assert int(step) == 1
+    np.testing.assert_array_equal(table.sparse_read(tf.constant([3], tf.int64)).numpy(),
+                                  np.full([1, DIM], -0.5))
+
+
+def test_centered_rmsprop_state_is_dumped_and_loaded_with_its_mg_section(tmp_path):
+    table = sok.DynamicVariable(DIM, name="centered")
+    ids = tf.constant([1, 2, 3], tf.int64)
+    optimizer = tf.keras.optimizers.legacy.RMSprop(0.01, centered=True, momentum=0.5)
+    wrapper, _ = train_dynamic(optimizer, table, 2, ids)
+    assert "mg" in wrapper.get_slot_names()
+    saved = {name: wrapper.get_slot(table, name).sparse_read(ids).numpy()
+             for name in ["rms", "momentum", "mg"]}
+    rows = table.sparse_read(ids, insert=False).numpy()
+    assert np.abs(saved["mg"]).sum() > 0
+    sok.dump(str(tmp_path), table, [wrapper])  # one variable, a one-element optimizer list
+    assert os.path.exists(tmp_path / "centered_0-RMSprop-mg")
+    table.assign(ids, np.zeros([3, DIM], np.float32))
+    sok.load(str(tmp_path), table, [wrapper])
+    np.testing.assert_array_equal(table.sparse_read(ids, insert=False).numpy(), rows)
+    for name, state in saved.items():
+        np.testing.assert_array_equal(wrapper.get_slot(table, name).sparse_read(ids).numpy(), state)
+
+
+def test_unnamed_tables_would_share_files_and_are_refused(tmp_path):
+    first, second = sok.Variable(np.zeros([2, 2], np.float32)), sok.Variable(np.ones([2, 2], np.float32))
+    with pytest.raises(ValueError, match="tables 'Variable:0' and 'Variable:0' would share the "
+                                         "files Variable_0-\\*: give each table its own name"):
+        sok.dump(str(tmp_path), [first, second])
+    assert not os.listdir(tmp_path)  # refused before writing anything
+
+
+SOK_EXAMPLE = """
+import numpy as np, tensorflow as tf
+import sparse_operation_kit as sok
+sok.init(comm_tool="single")  # use_legacy_optimizer=True, SOK's default
+assert tf.keras.optimizers.Adam is tf.keras.optimizers.legacy.Adam, tf.keras.optimizers.Adam
+assert tf.optimizers.SGD is tf.keras.optimizers.legacy.SGD
+table = sok.DynamicVariable(4, name="t")
+dense = tf.Variable(tf.ones([4, 1]))
+optimizer = tf.keras.optimizers.Adam(0.01)
+wrapper = sok.OptimizerWrapper(optimizer)
+ids = tf.ragged.constant([[1, 2], [3]], tf.int64)
+for _ in range(2):  # one optimizer object: sok tables in one call, tf.Variables in another
+    with tf.GradientTape() as tape:
+        out = sok.lookup_sparse([table], [ids], combiners=["sum"])[0]
+        loss = tf.reduce_sum(tf.matmul(out, dense))
+    g_table, g_dense = tape.gradient(loss, [table, dense])
+    wrapper.apply_gradients([(g_table, table)])
+    optimizer.apply_gradients([(g_dense, dense)])
+print("OK", int(optimizer.iterations), float(tf.reduce_sum(dense)) != 4.0)
+"""
+
+
+def test_use_legacy_optimizer_lets_one_optimizer_update_sok_tables_and_tf_variables():
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run([sys.executable, "-c", SOK_EXAMPLE], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "OK 4 True" in result.stdout
