@@ -10,6 +10,7 @@ table: Keras tracks it (`model.trainable_variables`), `tf.nn.embedding_lookup(v,
 `tf.train.Checkpoint` saves and restores the keys a worker holds with their rows and
 optimizer state (restores replace the whole table).
 """
+import datetime
 import itertools
 import warnings
 import zlib
@@ -295,35 +296,55 @@ def export(variable):
     return tf.constant(variable.global_row_ids()), tf.convert_to_tensor(variable)
 
 
+def _seconds_since_epoch(moment):
+    """A threshold as Unix seconds: a datetime (naive ones are UTC, as in SOK) or seconds."""
+    if isinstance(moment, datetime.datetime):
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=datetime.timezone.utc)
+        return moment.timestamp()
+    return float(moment)
+
+
 def incremental_model_dump(variables, time_threshold):
-    """The rows of dynamic tables written since a moment, for incremental model updates.
+    """The rows of dynamic tables written since a moment, for incremental model updates, with
+    SOK's contract.
 
     Args:
       variables: a `sok.DynamicVariable` or a list of them.
-      time_threshold: seconds since the Unix epoch, as `time.time()` returns; rows inserted,
-        assigned or updated by an optimizer after it are dumped. Write times are kept to the
-        millisecond (rows written in the threshold's millisecond are included too) for 49.7
-        days after the table's creation; later writes all count as recent.
+      time_threshold: a `datetime.datetime` (naive ones are UTC, as in SOK), or seconds since
+        the Unix epoch as `time.time()` gives; or a list of them, one per variable. Rows
+        inserted, assigned or updated by an optimizer after it are dumped. Write times are kept
+        to the millisecond (rows written in the threshold's millisecond are included too) for
+        49.7 days after the table's creation; later writes all count as recent.
 
     Returns:
-      A list with one (keys, values) pair per variable: the keys this worker holds whose
-      rows were written after `time_threshold`, and those rows ([n, dimension]).
+      (keys_list, values_list): per variable, the keys written after the threshold on every
+      worker (gathered, as NumPy arrays in the variable's key type) and their rows
+      ([n, dimension] float32 NumPy arrays). Every worker gets the whole result.
 
     Raises:
       TypeError: a variable is not a sok.DynamicVariable (static tables keep no write times).
+      ValueError: a list of thresholds whose length is not the number of variables.
     """
-    single = not isinstance(variables, (list, tuple))
-    variables = [variables] if single else list(variables)
+    variables = list(variables) if isinstance(variables, (list, tuple)) else [variables]
     for i, variable in enumerate(variables):
         if not isinstance(variable, DynamicVariable):
             raise TypeError(f"incremental_model_dump takes sok.DynamicVariables; variables[{i}] "
                             f"is {type(variable).__name__}")
-    since = tf.constant(int(round(float(time_threshold) * 1e6)), tf.int64)
-    dumps = []
-    for variable in variables:
+    thresholds = (list(time_threshold) if isinstance(time_threshold, (list, tuple))
+                  else [time_threshold] * len(variables))
+    if len(thresholds) != len(variables):
+        raise ValueError(f"{len(thresholds)} time thresholds for {len(variables)} variables; "
+                         "give one, or one per variable")
+    keys_list, values_list = [], []
+    for variable, moment in zip(variables, thresholds):
+        since = tf.constant(int(round(_seconds_since_epoch(moment) * 1e6)), tf.int64)
         keys, values = raw_ops.sok_dynamic_table_export_written(variable.handle, since)
-        dumps.append((tf.cast(keys, variable.key_type), values))
-    return dumps
+        keys = communication.allgather(tf.cast(keys, variable.key_type))
+        values = communication.allgather(values)
+        keys_list.append(keys.numpy())
+        values_list.append(values.numpy())
+    return keys_list, values_list
 
 
 def assign(variable, keys, values):

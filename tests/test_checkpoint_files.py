@@ -88,6 +88,10 @@ def test_dump_from_two_workers_loads_into_one(tmp_path):
     output = horovodrun("dump_tables.py", str(tmp_path))
     assert output.count("DUMPED rank=") == 2
     assert output.count("COMM OK rank=") == 2, output[-3000:]
+    # incremental_model_dump gathers every worker's keys for each worker, as in SOK
+    for rank in (0, 1):
+        assert (f"INCREMENTAL rank={rank} keys={sorted([-9, 4, 1 << 50, 17, 23])} rows=(5, 3)"
+                in output), output[-3000:]
     assert "ASSIGN_REFUSED rank=0: sok.assign: row 1 of 'static_mw:0' is not held by worker 0 of 2" \
         in output
     static = sok.Variable(np.zeros([7, 3], np.float32), name="static_mw")

@@ -1,4 +1,5 @@
 """Dynamic (hash) tables: the table through its ops, DynamicVariable, lookups, optimizers."""
+import datetime
 import threading
 import time
 
@@ -301,15 +302,21 @@ def test_incremental_model_dump_returns_rows_written_after_the_threshold():
     table.assign(keys_of([2]), tf.fill([1, 3], 5.0))             # overwritten
     sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.5)).apply_gradients(
         [(tf.IndexedSlices(tf.ones([1, 3]), keys_of([3])), table)])  # updated
-    (keys, values), (other_keys, _) = sok.incremental_model_dump([table, other], mark)
+    (keys, other_keys), (values, _) = sok.incremental_model_dump([table, other], mark)
     expected = np.array([2, 3] + new_keys)
-    order = np.argsort(keys.numpy())
-    np.testing.assert_array_equal(keys.numpy()[order], expected)
-    np.testing.assert_allclose(values.numpy()[order],
+    order = np.argsort(keys)
+    np.testing.assert_array_equal(keys[order], expected)
+    np.testing.assert_allclose(values[order],
                                table.sparse_read(keys_of(expected), insert=False).numpy())
-    assert other_keys.shape == (0,)
-    (everything, _), = sok.incremental_model_dump([table], 0.0)
-    assert sorted(everything.numpy()) == sorted(list(range(1, 60)) + [-(1 << 62)] + new_keys)
+    assert other_keys.shape == (0,) and isinstance(keys, np.ndarray)
+    # SOK's form: a UTC datetime, or one per variable; naive datetimes are UTC.
+    utc = datetime.datetime.fromtimestamp(mark, datetime.timezone.utc)
+    (same, _), _ = sok.incremental_model_dump([table, other], [utc.replace(tzinfo=None), utc])
+    np.testing.assert_array_equal(np.sort(same), expected)
+    (everything,), _ = sok.incremental_model_dump(table, 0.0)
+    assert sorted(everything) == sorted(list(range(1, 60)) + [-(1 << 62)] + new_keys)
+    with pytest.raises(ValueError, match="3 time thresholds for 2 variables"):
+        sok.incremental_model_dump([table, other], [mark] * 3)
     with pytest.raises(TypeError, match="variables\\[0\\] is Variable"):
         sok.incremental_model_dump([sok.Variable(np.ones([2, 2], np.float32))], mark)
 

@@ -18,6 +18,9 @@ mine = keys[dynamic.owns(keys)]
 dynamic.assign(tf.constant(mine), np.repeat(mine[:, None].astype(np.float32) % 1000, 3, axis=1))
 sok.dump(sys.argv[1], [static, dynamic])
 print(f"DUMPED rank={hvd.rank()} keys={len(mine)}", flush=True)
+(written,), (rows,) = sok.incremental_model_dump([dynamic], 0.0)  # gathered over workers
+print(f"INCREMENTAL rank={hvd.rank()} keys={sorted(written.tolist())} rows={rows.shape}",
+      flush=True)
 
 # SOK's sok.communication on 2 workers, and sok.assign refusing a row the other one holds.
 comm, rank = sok.communication, hvd.rank()
