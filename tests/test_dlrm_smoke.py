@@ -45,13 +45,15 @@ def test_amp_xla_compress_dynamic_tables_run_on_two_workers():
         LAUNCHER + ["-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
          os.path.join(DLRM, "main.py"), "--use_synthetic_dataset", "--synthetic_steps", "8",
          "--global_batch_size", "256", "--embedding_dim", "8", "--embedding", "dynamic",
-         "--amp", "--xla", "--compress", "--custom_interact", "--eval_in_last", "--lr", "0.1"],
+         "--amp", "--xla", "--compress", "--custom_interact", "--eval_in_last", "--lr", "0.1",
+         "--early_stop", "5"],  # SOK's flag: stop after 5 of the 8 iterations
         env=env, capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
     row = next(line for line in output.splitlines() if "| 256 |" in line)
     # xla, custom interact (float16 under amp), amp, compress
     assert "| at end | True | True | True | True |" in row, row
+    assert "| 256 | 5 steps |" in row, row
     assert "| dynamic |" in row
 
 

@@ -46,7 +46,9 @@ def parse_args(argv=None):
     parser.add_argument("--synthetic_steps", type=int, default=200)
     parser.add_argument("--synthetic_vocab", choices=["notebook", "criteo_tb"], default="notebook",
                         help="vocabularies of the synthetic data (criteo_tb capped at 4M rows)")
-    parser.add_argument("--early_stop", type=float, default=-1.0,
+    parser.add_argument("--early_stop", type=int, default=-1,
+                        help="stop after this many iterations, as SOK's flag (-1: never)")
+    parser.add_argument("--auc_threshold", type=float, default=-1.0,
                         help="stop once the test AUC reaches this value (-1: never)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, default=24.0)
@@ -62,7 +64,11 @@ def parse_args(argv=None):
     parser.add_argument("--embedding_dim", type=int, default=128)
     parser.add_argument("--log_interval", type=int, default=50)
     parser.add_argument("--max_steps", type=int, default=-1)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.early_stop > 0:  # SOK's iteration limit; --max_steps is the same, both may be given
+        args.max_steps = (args.early_stop if args.max_steps < 0
+                          else min(args.max_steps, args.early_stop))
+    return args
 
 
 class WarmupPolyDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
@@ -221,7 +227,7 @@ def main(argv=None):
                 auc = evaluate()
                 eval_seconds += time.perf_counter() - begin
                 log(f"step {step}: test AUC {auc:.4f}", flush=True)
-                if 0 < args.early_stop <= auc:
+                if 0 < args.auc_threshold <= auc:
                     stopped = True
                     break
             if 0 < args.max_steps <= step:
@@ -235,7 +241,7 @@ def main(argv=None):
     total_seconds = time.perf_counter() - start_all
     average_ms = 1e3 * float(np.mean(iteration_times)) if iteration_times else float("nan")
     samples_per_second = args.global_batch_size / (average_ms / 1e3) if iteration_times else 0.0
-    exit_criteria = (f"AUC >= {args.early_stop} (reached)" if stopped else
+    exit_criteria = (f"AUC >= {args.auc_threshold} (reached)" if stopped else
                      f"{args.epochs} epoch(s)" if args.max_steps < 0 else f"{step} steps")
     header = ["batch size", "exit criteria", "evaluation frequency", "xla", "custom interact",
               "amp", "compress", "training minutes", "evaluating minutes", "total minutes",
