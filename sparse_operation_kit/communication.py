@@ -54,6 +54,9 @@ def init(comm_tool="horovod", use_legacy_optimizer=True):
         raise ValueError(f"unknown comm_tool {comm_tool!r}; valid tools are {_VALID_TOOLS}")
     if _state.initialized:
         raise RuntimeError("sok.init() was already called in this process")
+    from sparse_operation_kit._ops import _load  # noqa: PLC0415
+
+    _load()  # registers the Sok> ops, which tf.saved_model.load of a sok model needs
     hvd = None
     if comm_tool == "horovod":
         try:

@@ -12,12 +12,15 @@ optimizer state (restores replace the whole table).
 """
 import datetime
 import itertools
+import json
 import warnings
 import zlib
 
 import numpy as np
 import tensorflow as tf
+from google.protobuf import wrappers_pb2
 from tensorflow.python.ops import resource_variable_ops
+from tensorflow.python.saved_model import registration
 
 from sparse_operation_kit import communication
 from sparse_operation_kit._ops import raw_ops
@@ -91,6 +94,16 @@ def _parse_initializer(initializer):
 _VALUE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
 
 
+def _initializer_from_spec(kind, a, b):
+    """The initializer argument that _parse_initializer reads back as (kind, a, b)."""
+    if kind == "normal":
+        return tf.keras.initializers.RandomNormal(mean=a, stddev=b)
+    if kind == "uniform":
+        return tf.keras.initializers.RandomUniform(minval=a, maxval=b)
+    return repr(float(a))
+
+
+@registration.register_serializable(package="sok", name="DynamicVariable")
 class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
     """A hash-backed embedding table of rows [dimension] keyed by int64 or int32 ids.
 
@@ -148,6 +161,12 @@ class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
         if not 0.0 <= filter_ratio <= 1.0:
             raise ValueError(f"filter_ratio must be in [0, 1], got {filter_ratio}")
         kind, a, b = _parse_initializer(initializer)
+        # What a SavedModel records to build the table again when it is loaded.
+        self._revival = {"dimension": int(dimension), "initializer": [kind, a, b],
+                         "key_type": key_dtype.name, "dtype": value_dtype.name,
+                         "trainable": bool(trainable),
+                         "config": {"init_capacity": init_capacity, "max_capacity": max_capacity,
+                                    "evict_strategy": evict, "filter_ratio": filter_ratio}}
 
         self._key_type = key_dtype
         self._dimension = int(dimension)
@@ -268,6 +287,34 @@ class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
 
     def scatter_update(self, sparse_delta):
         return self._scatter(sparse_delta, lambda old, delta: delta)
+
+    # --- SavedModel: the serving graph gets its own handle op; loading builds the table again
+    # (same name, shape, initializer and capacities) and restores its keys and rows. --------
+    def _export_to_saved_model_graph(self, object_map=None, tensor_map=None, options=None,
+                                     **kwargs):
+        handle = raw_ops.sok_dynamic_table_handle(shared_name=self._handle_name)
+        exported = object.__new__(type(self))  # this table as the serving graph sees it
+        exported.__dict__.update(self.__dict__)
+        exported._handle = handle
+        object_map[self] = exported
+        tensor_map[self._handle] = handle
+        return [self._handle]
+
+    def _write_object_proto(self, proto, options):
+        proto.user_object.identifier = "sok_dynamic_variable"  # revived by the registration
+
+    def _serialize_to_proto(self, object_proto=None, **kwargs):
+        revival = dict(self._revival, name=self._name, mode=self.mode)
+        return wrappers_pb2.StringValue(value=json.dumps(revival))
+
+    @classmethod
+    def _deserialize_from_proto(cls, proto=None, **kwargs):
+        value = wrappers_pb2.StringValue()
+        proto.Unpack(value)
+        revival = json.loads(value.value)
+        config = revival.pop("config")
+        revival["initializer"] = _initializer_from_spec(*revival["initializer"])
+        return cls(**revival, **config)
 
     # --- tf.train.Checkpoint: the keys this worker holds, their rows and optimizer state ------
     def _serialize_to_tensors(self):

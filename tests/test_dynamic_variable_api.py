@@ -145,3 +145,52 @@ def test_options_as_sok():
     with pytest.raises(ValueError, match="unknown evict_strategy 'fifo'; valid strategies are "
                                          "'lru' / 'kLru'"):
         sok.DynamicVariable(2, evict_strategy="fifo")
+
+
+SERVE_SAVED_MODEL = """
+import sys, numpy as np, tensorflow as tf
+import sparse_operation_kit as sok
+sok.init(comm_tool="single")  # loads the op library, which the saved functions use
+served = tf.saved_model.load(sys.argv[1])
+ids = tf.constant([11, -3, 999, 1 << 45], tf.int64)
+np.save(sys.argv[2], served.serve(ids).numpy())
+"""
+
+
+def test_saved_model_with_a_dynamic_table_serves_the_same_rows_in_a_new_process(tmp_path):
+    # Beyond SOK: the serving function looks the table up with training=False; tf.saved_model
+    # keeps its keys and rows, and a new process serves them (missing keys read zeros).
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    class Ranker(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = sok.DynamicVariable(DIM, name="served_table", dtype=tf.float16)
+            self.weights = tf.Variable(tf.ones([DIM, 1]))
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+        def serve(self, ids):
+            rows = sok.lookup_sparse([self.table], [tf.RaggedTensor.from_tensor(ids[:, None])],
+                                     training=False)[0]
+            return tf.matmul(rows, self.weights)
+
+    ranker = Ranker()
+    keys = tf.constant([11, -3, 1 << 45], tf.int64)
+    ranker.table.assign(keys, np.arange(3 * DIM, dtype=np.float32).reshape(3, DIM))
+    ids = tf.constant([11, -3, 999, 1 << 45], tf.int64)
+    expected = ranker.serve(ids).numpy()
+    assert expected[2] == 0 and expected[0] != 0 and int(ranker.table.size) == 3
+    tf.saved_model.save(ranker, str(tmp_path / "model"))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run(
+        [sys.executable, "-c", SERVE_SAVED_MODEL, str(tmp_path / "model"), str(tmp_path / "out.npy")],
+        env=dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
+        text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected)
+    loaded = tf.saved_model.load(str(tmp_path / "model"))  # and in this process
+    assert isinstance(loaded.table, sok.DynamicVariable) and loaded.table.dtype == tf.float16
+    np.testing.assert_array_equal(np.sort(sok.export(loaded.table)[0].numpy()),
+                                  np.sort(keys.numpy()))
