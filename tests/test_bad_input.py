@@ -78,8 +78,9 @@ def test_ids_of_rank_three_are_a_value_error(table):
 
 
 def test_weights_of_wrong_dtype(table):
-    with pytest.raises(TypeError, match="sp_weights\\[0\\] has dtype float64"):
-        sok.lookup_sparse([table], [ragged([[1]])], [tf.ragged.constant([[1.0]], tf.float64)])
+    with pytest.raises(TypeError, match="sp_weights\\[0\\] has dtype int32; weights must be "
+                                        "float32, float16, bfloat16 or float64"):
+        sok.lookup_sparse([table], [ragged([[1]])], [tf.ragged.constant([[1]], tf.int32)])
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
