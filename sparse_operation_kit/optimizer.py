@@ -33,8 +33,12 @@ _DYNAMIC_SLOTS = {"SGD": ["momentum"], "Adagrad": ["accumulator"], "Adam": ["m",
 def dynamic_slot_names(optimizer):
     """Names of the [dim] state slots a dynamic table keeps per row under `optimizer` (a Keras
     optimizer, or an OptimizerWrapper), in storage order; Keras' slot names."""
+    if getattr(optimizer, "_fused", True) is False:
+        return []  # the generic path keeps slots in their own tables (get_slot)
     optimizer = getattr(optimizer, "optimizer", optimizer)
     kind = type(optimizer).__name__
+    if getattr(optimizer, "amsgrad", False):
+        return []
     if kind == "SGD":
         legacy = hasattr(optimizer, "_get_hyper")
         momentum = bool(optimizer._momentum) if legacy else float(optimizer.momentum) != 0.0
@@ -123,21 +127,73 @@ def _learning_rate(optimizer):
     return tf.cast(rate, tf.float32)
 
 
+def _unwrapped(optimizer):
+    """The optimizer that owns the slots (a LossScaleOptimizer's inner one)."""
+    return getattr(optimizer, "inner_optimizer", None) or optimizer
+
+
+def _create_slots(optimizer, variable):
+    """Makes `optimizer`'s slots for `variable` now (legacy Keras or TF1 optimizers)."""
+    inner = _unwrapped(optimizer)
+    with tf.init_scope():
+        if hasattr(inner, "_create_all_weights"):  # tf.keras.optimizers.legacy
+            inner._create_all_weights([variable])
+        elif hasattr(inner, "_create_slots"):  # tf.compat.v1.train
+            inner._create_slots([variable])
+        else:
+            raise NotImplementedError(
+                f"{type(inner).__name__} has no fused sok rule and makes its slots in a way "
+                "the generic path cannot prepare; use a legacy Keras or a TF1 optimizer")
+
+
+class _Staging:
+    """The generic path's per-table state: a staging variable the wrapped optimizer updates
+    (its first n rows hold a step's n touched rows), and one dynamic table per optimizer slot
+    holding that slot's rows by key, created with the slot's initial value."""
+
+    def __init__(self, optimizer, table, rows):
+        with tf.init_scope():
+            self.buffer = tf.Variable(tf.zeros([rows, table.dimension]), trainable=False,
+                                      name=f"{table.name.split(':')[0]}_sok_staging")
+        _create_slots(optimizer, self.buffer)
+        inner = _unwrapped(optimizer)
+        self.slots = {}
+        for name in inner.get_slot_names():
+            try:
+                slot = inner.get_slot(self.buffer, name)
+            except KeyError:
+                slot = None
+            if slot is None:
+                continue
+            with tf.init_scope():
+                initial = float(slot[0, 0].numpy()) if rows else 0.0
+                self.slots[name] = (slot, DynamicVariable(
+                    table.dimension, initializer=repr(initial), mode=table.mode,
+                    name=f"{table.name.split(':')[0]}/{type(inner).__name__}/{name}",
+                    trainable=False, max_capacity=table._revival["config"]["max_capacity"],
+                    evict_strategy=table._revival["config"]["evict_strategy"]))
+
+
 class OptimizerWrapper:
     """Wraps a Keras optimizer so it also trains sok dynamic tables, lazily.
 
-    Supports SGD (momentum, nesterov), Adagrad, Adam, Adamax, Adadelta, RMSprop (plain,
-    momentum, centered), Ftrl and Nadam, each from `tf.keras.optimizers.legacy` and from
-    `tf.keras.optimizers`. Other optimizers raise NotImplementedError when they meet a
-    dynamic table.
+    SGD (momentum, nesterov), Adagrad, Adam, Adamax, Adadelta, RMSprop (plain, momentum,
+    centered), Ftrl and Nadam, each from `tf.keras.optimizers.legacy` and from
+    `tf.keras.optimizers`, update a dynamic table in one fused op (state stored next to the
+    rows). Any other optimizer with slots (TF1 `tf.compat.v1.train` optimizers, a legacy
+    `LossScaleOptimizer`, Adam with amsgrad, custom legacy optimizers) takes the generic path:
+    a step's touched rows and their slot rows are gathered into a staging variable of
+    `generic_rows` rows, the wrapped optimizer updates it, and the rows are written back
+    (slot rows live in one dynamic table per slot: `get_slot(table, name)`).
     """
 
-    def __init__(self, optimizer):
+    def __init__(self, optimizer, generic_rows=65536):
         self._optimizer = optimizer
         self._kind = type(optimizer).__name__
         self._dynamic_tables = {}  # id -> table, every dynamic table this wrapper updated
-        if getattr(optimizer, "amsgrad", False):
-            raise NotImplementedError("amsgrad is not supported for sok dynamic tables")
+        self._fused = self._kind in _SUPPORTED and not getattr(optimizer, "amsgrad", False)
+        self._generic_rows = int(generic_rows)
+        self._staging = {}  # id(table) -> _Staging, generic path only
 
     @property
     def optimizer(self):
@@ -158,8 +214,15 @@ class OptimizerWrapper:
         return names + [n for n in dynamic_slot_names(self._optimizer) if n not in names]
 
     def get_slot(self, var, name):
-        """A slot of `var`: for a dynamic table a DynamicSlot view of its state in the table,
-        otherwise the wrapped optimizer's slot variable."""
+        """A slot of `var`: for a dynamic table a DynamicSlot view of its state in the table
+        (the generic path: the slot's own dynamic table), otherwise the wrapped optimizer's
+        slot variable."""
+        if isinstance(var, DynamicVariable) and not self._fused:
+            staging = self._staging.get(id(var))
+            if staging is None or name not in staging.slots:
+                raise KeyError(f"no slot {name!r} for dynamic table {var.name} yet (slots "
+                               "appear at its first update)")
+            return staging.slots[name][1]
         if isinstance(var, DynamicVariable):
             names = dynamic_slot_names(self._optimizer)
             if name not in names:
@@ -174,8 +237,9 @@ class OptimizerWrapper:
         them here) and each updated dynamic table's views, keyed by its unique id."""
         slots = dict(getattr(self._optimizer, "_slots", {}))
         for table in self._dynamic_tables.values():
-            slots[table._unique_id] = {name: self.get_slot(table, name)
-                                       for name in dynamic_slot_names(self._optimizer)}
+            names = (dynamic_slot_names(self._optimizer) if self._fused else
+                     list(self._staging[id(table)].slots) if id(table) in self._staging else [])
+            slots[table._unique_id] = {name: self.get_slot(table, name) for name in names}
         return slots
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
@@ -195,6 +259,9 @@ class OptimizerWrapper:
             if isinstance(v, DynamicVariable):
                 self._dynamic_tables[id(v)] = v
         dynamic = [(g, v) for g, v in grads_and_vars if isinstance(v, DynamicVariable)]
+        if not self._fused:
+            return self._apply_generic(dynamic, [(g, v) for g, v in grads_and_vars
+                                                 if not isinstance(v, DynamicVariable)], kwargs)
         static = [(g, v) for g, v in grads_and_vars if self._lazy_static(g, v)]
         lazy = {id(v) for _, v in dynamic + static}
         others = [(g, v) for g, v in grads_and_vars if id(v) not in lazy]
@@ -208,6 +275,49 @@ class OptimizerWrapper:
             if others:
                 return self._optimizer.apply_gradients(others, **kwargs)
             return self._optimizer.iterations.assign_add(1)
+
+    def _apply_generic(self, dynamic, others, kwargs):
+        """Stages each dynamic table's touched rows and slot rows, lets the wrapped optimizer
+        update them with the other variables in one apply_gradients, writes them back."""
+        staged, write_back = [], []
+        for grad, table in dynamic:
+            if grad is None:
+                continue
+            if not isinstance(grad, tf.IndexedSlices):
+                raise TypeError(f"the gradient of dynamic table {table.name} must be "
+                                f"tf.IndexedSlices keyed by id, got {type(grad).__name__}")
+            if id(table) not in self._staging:
+                self._staging[id(table)] = _Staging(self._optimizer, table, self._generic_rows)
+            staging = self._staging[id(table)]
+            keys, index = tf.unique(tf.cast(grad.indices, tf.int64))
+            count = tf.size(keys)
+            check = tf.debugging.assert_less_equal(
+                count, self._generic_rows,
+                message=f"{table.name}: more touched rows in one step than the generic path's "
+                        f"generic_rows={self._generic_rows}; raise it in OptimizerWrapper")
+            with tf.control_dependencies([check]):
+                positions = tf.range(count)
+            summed = tf.math.unsorted_segment_sum(tf.convert_to_tensor(grad.values), index,
+                                                  count)
+            loads = [staging.buffer.scatter_update(
+                tf.IndexedSlices(table.sparse_read(keys), positions))]
+            for slot, slot_table in staging.slots.values():
+                loads.append(slot.scatter_update(
+                    tf.IndexedSlices(slot_table.sparse_read(keys), positions)))
+            with tf.control_dependencies(loads):
+                summed = tf.identity(summed)
+            staged.append((tf.IndexedSlices(summed, positions,
+                                             dense_shape=tf.shape(staging.buffer)),
+                           staging.buffer))
+            write_back.append((table, staging, keys, positions))
+        update = self._optimizer.apply_gradients(staged + others, **kwargs)
+        writes = []
+        with tf.control_dependencies([update] if update is not None else []):
+            for table, staging, keys, positions in write_back:
+                writes.append(table.assign(keys, tf.gather(staging.buffer, positions)))
+                for slot, slot_table in staging.slots.values():
+                    writes.append(slot_table.assign(keys, tf.gather(slot, positions)))
+        return tf.group(writes) if writes else update
 
     def _lazy_static(self, grad, variable):
         return (isinstance(variable, Variable) and isinstance(grad, tf.IndexedSlices) and

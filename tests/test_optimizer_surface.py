@@ -117,3 +117,67 @@ def test_use_legacy_optimizer_lets_one_optimizer_update_sok_tables_and_tf_variab
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "OK 4 True" in result.stdout
+
+
+def reference_rows(make_optimizer, initial, grads):
+    """The optimizer applied to a tf.Variable holding the touched rows (every row is touched
+    each step, so lazy and dense updates agree)."""
+    variable = tf.Variable(initial)
+    optimizer = make_optimizer()
+    for grad in grads:
+        optimizer.apply_gradients([(tf.convert_to_tensor(grad), variable)])
+    return variable.numpy(), optimizer, variable
+
+
+GENERIC = {
+    "tf1_adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),
+    "tf1_momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9, use_nesterov=True),
+    "adam_amsgrad": lambda: tf.keras.optimizers.legacy.Adam(0.05, amsgrad=True),
+    "loss_scale_sgd": lambda: tf.keras.mixed_precision.LossScaleOptimizer(
+        tf.keras.optimizers.legacy.SGD(0.1, momentum=0.5), dynamic=False, initial_scale=1.0),
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("name", sorted(GENERIC))
+def test_optimizers_without_a_fused_rule_take_the_generic_path(name, mode):
+    table = sok.DynamicVariable(DIM, name=f"generic_{name}_{mode}")
+    keys = tf.constant([5, -8, 1 << 33], tf.int64)
+    initial = table.sparse_read(keys).numpy()
+    wrapper = sok.OptimizerWrapper(GENERIC[name](), generic_rows=8)
+    rng = np.random.default_rng(3)
+    grads = [rng.normal(size=[3, DIM]).astype(np.float32) for _ in range(4)]
+
+    def step(grad):
+        # keys repeated: the generic path sums duplicates first
+        indices = tf.concat([keys, keys[:1]], 0)
+        values = tf.concat([grad * tf.constant([[1.0], [1.0], [1.0]]), tf.zeros([1, DIM])], 0)
+        wrapper.apply_gradients([(tf.IndexedSlices(values, indices), table)])
+
+    run = step if mode == "eager" else tf.function(step)
+    for grad in grads:
+        run(tf.constant(grad))
+    expected, ref_optimizer, ref_variable = reference_rows(GENERIC[name], initial, grads)
+    np.testing.assert_allclose(table.sparse_read(keys, insert=False).numpy(), expected,
+                               rtol=2e-5, atol=1e-6)
+    inner = getattr(ref_optimizer, "inner_optimizer", ref_optimizer)
+    for slot_name in inner.get_slot_names():
+        slot = wrapper.get_slot(table, slot_name)
+        assert isinstance(slot, sok.DynamicVariable)
+        np.testing.assert_allclose(slot.sparse_read(keys, insert=False).numpy(),
+                                   inner.get_slot(ref_variable, slot_name).numpy(),
+                                   rtol=2e-5, atol=1e-6)
+
+
+def test_generic_path_refuses_more_touched_rows_than_it_stages():
+    table = sok.DynamicVariable(DIM, name="generic_too_many")
+    wrapper = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1), generic_rows=2)
+    grad = tf.IndexedSlices(tf.ones([3, DIM]), tf.constant([1, 2, 3], tf.int64))
+    table.sparse_read(tf.constant([1, 2, 3], tf.int64))
+    before = table.sparse_read(tf.constant([1, 2, 3], tf.int64), insert=False).numpy()
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="more touched rows in one step than the generic path's "
+                             "generic_rows=2; raise it in OptimizerWrapper"):
+        wrapper.apply_gradients([(grad, table)])
+    np.testing.assert_array_equal(
+        table.sparse_read(tf.constant([1, 2, 3], tf.int64), insert=False).numpy(), before)
