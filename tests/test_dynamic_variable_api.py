@@ -194,3 +194,25 @@ def test_saved_model_with_a_dynamic_table_serves_the_same_rows_in_a_new_process(
     assert isinstance(loaded.table, sok.DynamicVariable) and loaded.table.dtype == tf.float16
     np.testing.assert_array_equal(np.sort(sok.export(loaded.table)[0].numpy()),
                                   np.sort(keys.numpy()))
+
+
+def test_keras_model_save_and_load_model_keep_a_dynamic_table(tmp_path):
+    class Net(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.table = sok.DynamicVariable(DIM, name="keras_saved")
+            self.top = tf.keras.layers.Dense(1)
+
+        def call(self, ids, training=None):
+            ragged = tf.RaggedTensor.from_tensor(ids[:, None])
+            return self.top(sok.lookup_sparse([self.table], [ragged], training=bool(training))[0])
+
+    model = Net()
+    ids = tf.constant([1, 2, 3], tf.int64)
+    model(ids, training=True)  # inserts the keys
+    expected = model(tf.constant([1, 2, 3, 4], tf.int64), training=False).numpy()
+    model.save(str(tmp_path / "net"), save_format="tf")
+    loaded = tf.keras.models.load_model(str(tmp_path / "net"))
+    np.testing.assert_allclose(loaded(tf.constant([1, 2, 3, 4], tf.int64), training=False).numpy(),
+                               expected, atol=1e-6)
+    assert int(loaded.table.size) == 3  # key 4 was served as zeros, not inserted
