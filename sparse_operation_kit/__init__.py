@@ -9,6 +9,7 @@ from sparse_operation_kit import communication
 from sparse_operation_kit.communication import init, set_comm_tool
 from sparse_operation_kit.dynamic_variable import (DynamicVariable, assign, export,
                                                     incremental_model_dump,
+                                                    sparse_read_and_erase,
                                                     sparse_read_and_evict)
 from sparse_operation_kit import layers
 from sparse_operation_kit.checkpoint import dump, load
@@ -28,7 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "set_comm_tool", "communication", "Variable", "DistributedVariable",
     "LocalizedVariable", "DynamicVariable", "lookup_sparse", "all2all_dense_embedding",
-    "filter_variables", "export", "assign", "sparse_read_and_evict", "OptimizerWrapper", "SGD",
+    "filter_variables", "export", "assign", "sparse_read_and_evict", "sparse_read_and_erase", "OptimizerWrapper", "SGD",
     "dot_interaction", "layers", "dump", "load", "incremental_model_dump", "EmbeddingTableConfig", "EmbeddingPlanner",
     "EmbeddingCollection", "generate_plan", "validate_plan", "read_plan", "write_plan", "raw_ops", "tf_version",
 ]

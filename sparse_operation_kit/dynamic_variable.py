@@ -420,11 +420,39 @@ def assign(variable, keys, values):
 
 
 def sparse_read_and_evict(variable, ids):
-    """Reads the rows of `ids` held on this worker and removes them from the table."""
+    """SOK's find-or-insert that reports evictions: the rows of `ids` (missing ids inserted
+    with their initial rows, as a training lookup), and the keys the insertion evicted from a
+    full table (by its LRU / LFU strategy) with their rows as they were.
+
+    Returns:
+      (emb, evicted_keys, evicted_values): emb ids.shape + [dimension] float32, differentiable
+      (IndexedSlices keyed by id, as a lookup); evicted_keys [m] in the table's key type and
+      evicted_values [m, dimension] float32, empty when nothing was evicted.
+    """
     if not isinstance(variable, DynamicVariable):
         raise TypeError(f"sparse_read_and_evict takes a sok.DynamicVariable, got "
+                        f"{type(variable).__name__}")
+    ids = tf.convert_to_tensor(ids)
+    resource_variable_ops.variable_accessed(variable)
+    rows, evicted_keys, evicted_values = raw_ops.sok_dynamic_table_lookup_evict(
+        variable.handle, tf.cast(tf.reshape(ids, [-1]), tf.int64), dim=variable.dimension)
+    if ids.shape.rank != 1:
+        rows = tf.reshape(rows, tf.concat([tf.shape(ids), [variable.dimension]], 0))
+    return rows, tf.cast(evicted_keys, variable.key_type), evicted_values
+
+
+def sparse_read_and_erase(variable, ids):
+    """Reads the rows of `ids` held on this worker and removes them from the table (what
+    sparse_read_and_evict did before it took SOK's contract)."""
+    if not isinstance(variable, DynamicVariable):
+        raise TypeError(f"sparse_read_and_erase takes a sok.DynamicVariable, got "
                         f"{type(variable).__name__}")
     values = variable.sparse_read(ids, insert=False)
     with tf.control_dependencies([values]):
         raw_ops.sok_dynamic_table_erase(variable.handle, tf.cast(tf.reshape(ids, [-1]), tf.int64))
     return values
+
+
+@tf.RegisterGradient("Sok>DynamicTableLookupEvict")
+def _lookup_evict_grad(op, grad, *_):
+    return [tf.IndexedSlices(tf.convert_to_tensor(grad), op.inputs[1]), None]

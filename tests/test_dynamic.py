@@ -33,7 +33,7 @@ def test_assign_read_erase_export_round_trip_with_extreme_keys():
     order = np.argsort(EXTREME_KEYS)
     np.testing.assert_array_equal(keys, np.asarray(EXTREME_KEYS)[order])
     np.testing.assert_array_equal(rows, values[order])
-    read = sok.sparse_read_and_evict(table, keys_of(EXTREME_KEYS[:2]))
+    read = sok.sparse_read_and_erase(table, keys_of(EXTREME_KEYS[:2]))
     np.testing.assert_array_equal(read.numpy(), values[:2])
     assert table.size.numpy() == len(EXTREME_KEYS) - 2
     np.testing.assert_array_equal(table.sparse_read(keys_of(EXTREME_KEYS[:2]), insert=False).numpy(),

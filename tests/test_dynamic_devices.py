@@ -357,3 +357,29 @@ def test_bad_input_is_refused_and_changes_nothing(device):
                                                    num_tables=1)
     for a, b in zip(before, export_sorted(table)):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_read_and_evict_reports_the_evicted_keys_and_rows(device, dtype):
+    # SOK's contract: find-or-insert rows, plus what the insertion evicted from a full table.
+    table = make(device, 3, f"read_evict_{dtype}", initializer="zeros", max_capacity=4,
+                 evict_strategy="lru", dtype=dtype)
+    with tf.device(table.handle.device):
+        table.assign(keys_of([1, 2, 3, 4]), np.arange(12, dtype=np.float32).reshape(4, 3))
+        read(table, [3, 4, 1])  # key 2 is now the least recently used, then 3
+        emb, keys, values = sok.sparse_read_and_evict(table, keys_of([[4, 7]]))
+        assert emb.shape == (1, 2, 3) and keys.shape == (1,) and values.shape == (1, 3)
+        assert keys.numpy().tolist() == [2]
+        np.testing.assert_array_equal(values.numpy(), [[3.0, 4.0, 5.0]])
+        np.testing.assert_array_equal(emb.numpy()[0], [[9.0, 10.0, 11.0], [0.0, 0.0, 0.0]])
+        assert sorted(export_sorted(table)[0].tolist()) == [1, 3, 4, 7]
+        # Room left: nothing evicted, empty outputs of the right shapes.
+        emb, keys, values = sok.sparse_read_and_evict(table, keys_of([1, 7]))
+        assert keys.shape == (0,) and values.shape == (0, 3) and keys.dtype == tf.int64
+        # Differentiable as a lookup: IndexedSlices keyed by id.
+        with tf.GradientTape() as tape:
+            emb, _, _ = sok.sparse_read_and_evict(table, keys_of([3, 3]))
+            loss = tf.reduce_sum(emb)
+        grad = tape.gradient(loss, table)
+        assert isinstance(grad, tf.IndexedSlices) and grad.indices.numpy().tolist() == [3, 3]

@@ -21,7 +21,8 @@ DYNAMIC_PATH_OPS = ["Sok>DynamicTableHandle", "Sok>DynamicTableCreate", "Sok>Dyn
                     "Sok>DynamicTableLookup", "Sok>DynamicTableAssign", "Sok>DynamicTableImport",
                     "Sok>DynamicTableErase", "Sok>DynamicTableExport",
                     "Sok>DynamicTableExportWritten", "Sok>DynamicGatherRows",
-                    "Sok>SplitDynamicGradient", "Sok>DynamicApply"]
+                    "Sok>SplitDynamicGradient", "Sok>DynamicApply",
+                    "Sok>DynamicTableLookupEvict"]
 EXCHANGE_OPS = ["Sok>NcclInit", "Sok>AllToAllCounts", "Sok>AllToAll"]  # + NcclUniqueId on CPU
 
 LIST_KERNELS = """

@@ -211,7 +211,7 @@ int64_t CpuHashTable::CountNewKeys(const int64_t* keys, const std::vector<uint8_
   return std::unique(new_keys.begin(), new_keys.end()) - new_keys.begin();
 }
 
-Status CpuHashTable::Reserve(int64_t incoming) {
+Status CpuHashTable::Reserve(int64_t incoming, EvictedRows* evicted) {
   const int64_t overflow = size_ + incoming - options_.max_capacity;
   if (overflow > 0) {
     if (options_.evict == EvictStrategy::kNone || incoming > options_.max_capacity) {
@@ -230,7 +230,13 @@ Status CpuHashTable::Reserve(int64_t incoming) {
     std::nth_element(scored.begin(), scored.begin() + (overflow - 1), scored.end());
     for (int64_t v = 0; v < overflow; ++v) {
       const int64_t key = scored[v].second;
-      EraseSlot(FindSlot(key, Home(key)));
+      const int64_t slot = FindSlot(key, Home(key));
+      if (evicted != nullptr) {
+        evicted->keys.push_back(key);
+        evicted->values.resize(evicted->values.size() + options_.dim);
+        ReadValue(slot, evicted->values.data() + evicted->values.size() - options_.dim);
+      }
+      EraseSlot(slot);
     }
   }
   if (static_cast<double>(size_ + incoming) > static_cast<double>(mask_ + 1) * kMaxSlotLoad) {
@@ -240,7 +246,8 @@ Status CpuHashTable::Reserve(int64_t incoming) {
 }
 
 Status CpuHashTable::Lookup(const int64_t* keys, int64_t n, bool insert, float* values,
-                            const ParallelFor& parallel_for, float admit_probability) {
+                            const ParallelFor& parallel_for, float admit_probability,
+                            EvictedRows* evicted) {
   const int64_t dim = options_.dim;
   const uint64_t clock = clock_.fetch_add(1) + 1;
   if (!insert) {  // reads only: missing keys read as zeros
@@ -300,7 +307,7 @@ Status CpuHashTable::Lookup(const int64_t* keys, int64_t n, bool insert, float* 
   const int64_t admitted = static_cast<int64_t>(missing_index.size());
   const int64_t incoming = size_ + admitted > options_.max_capacity ? CountNewKeys(keys, missing)
                                                                     : admitted;
-  Status status = Reserve(incoming);
+  Status status = Reserve(incoming, evicted);
   if (!status.ok()) return status;
   InsertPass(keys, missing_index.data(), admitted, values, clock, 1.0f, parallel_for);
   return Status::Ok();

@@ -51,13 +51,22 @@ class CpuHashTable {
   int64_t state_dim() const { return options_.state_dim; }
   const HashTableOptions& options() const { return options_; }
 
+  // Where a find-or-insert that evicts keys to make room puts them and their rows (float32,
+  // [count, dim]), when asked to.
+  struct EvictedRows {
+    std::vector<int64_t> keys;
+    std::vector<float> values;
+  };
+
   // values ([n, dim], host) receives the row of each key. A missing key is inserted with its
   // initial value and zero state when `insert`, else it reads as zeros and is not stored.
   // With admit_probability < 1 (the low-frequency filter) each missing key is admitted with
   // that probability, drawn per (key, call); one not admitted reads as zeros.
   // Every lookup counts as a use for eviction scores.
+  // Keys it evicts go to `evicted` when given.
   Status Lookup(const int64_t* keys, int64_t n, bool insert, float* values,
-                const ParallelFor& parallel_for, float admit_probability = 1.0f);
+                const ParallelFor& parallel_for, float admit_probability = 1.0f,
+                EvictedRows* evicted = nullptr);
 
   // Inserts or overwrites the value ([n, dim]) and, when `state` ([n, state_dim]) is not null,
   // the optimizer state of each key.
@@ -217,7 +226,7 @@ class CpuHashTable {
   int64_t CountNewKeys(const int64_t* keys, const std::vector<uint8_t>& missing) const;
   // Makes room for `incoming` new keys (an upper bound is fine unless it would overflow
   // max_capacity): evicts or fails; grows the slot array. Exclusive lock.
-  Status Reserve(int64_t incoming);
+  Status Reserve(int64_t incoming, EvictedRows* evicted = nullptr);
   void Rehash(int64_t slots);
   void EraseSlot(int64_t slot);
   void FillInitialState(float* state) const;

@@ -742,7 +742,21 @@ Status GpuHashTable::CountNewKeys(const GpuKeys& keys, float admit, uint64_t clo
 }
 
 // Evicts the `count` lowest-scored keys (ties: lower rows first).
-Status GpuHashTable::Evict(int64_t count, int64_t next_row, cudaStream_t stream) {
+// The keys and widened rows of the rows about to be evicted, before EvictRows frees them.
+template <typename V>
+__global__ void CopyEvictedRows(const int64_t* rows, int64_t count, const int64_t* row_keys,
+                                const V* values, int64_t dim, int64_t* keys_out,
+                                float* values_out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count * dim;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = i / dim, d = i - j * dim, row = rows[j];
+    if (d == 0) keys_out[j] = row_keys[row];
+    values_out[i] = Widen(values[row * dim + d]);
+  }
+}
+
+Status GpuHashTable::Evict(int64_t count, int64_t next_row, cudaStream_t stream,
+                           Evicted* evicted) {
   uint64_t *scores = nullptr, *sorted_scores = nullptr;
   int64_t *rows = nullptr, *sorted_rows = nullptr;
   SOK_RETURN_IF_ERROR(Scratch(next_row, &scores));
@@ -758,6 +772,18 @@ Status GpuHashTable::Evict(int64_t count, int64_t next_row, cudaStream_t stream)
   SOK_RETURN_IF_ERROR(Scratch(bytes, &temp));
   cub::DeviceRadixSort::SortPairs(temp, bytes, scores, sorted_scores, rows, sorted_rows, items, 0,
                                   64, stream);
+  if (evicted != nullptr) {
+    int64_t* keys_out = nullptr;
+    float* values_out = nullptr;
+    SOK_RETURN_IF_ERROR(evicted->allocate(count, &keys_out, &values_out));
+    evicted->count = count;
+    VisitValueType(options_.value_type, [&](auto value) {
+      using V = decltype(value);
+      CopyEvictedRows<V><<<Blocks(count * options_.dim), kThreads, 0, stream>>>(
+          sorted_rows, count, row_keys_, static_cast<const V*>(values_), options_.dim, keys_out,
+          values_out);
+    });
+  }
   EvictRows<<<Blocks(count), kThreads, 0, stream>>>(sorted_rows, count, row_keys_,
                                                     static_cast<Slot*>(slots_), num_slots_ - 1,
                                                     counters_, free_rows_, row_meta_);
@@ -765,7 +791,7 @@ Status GpuHashTable::Evict(int64_t count, int64_t next_row, cudaStream_t stream)
 }
 
 Status GpuHashTable::Reserve(const GpuKeys& keys, float admit, uint64_t clock,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, Evicted* evicted_sink) {
   const int64_t n = keys.n;
   const auto fits = [&] { return n <= spare_keys_ && n <= spare_slots_ && n <= spare_rows_; };
   if (fits() || (RefreshFromSnapshot() && fits())) {
@@ -796,7 +822,7 @@ Status GpuHashTable::Reserve(const GpuKeys& keys, float admit, uint64_t clock,
           "; raise max_capacity or set evict_strategy ('lru' or 'lfu')");
     }
     evicted = incoming - room;
-    SOK_RETURN_IF_ERROR(Evict(evicted, e.next_row, stream));
+    SOK_RETURN_IF_ERROR(Evict(evicted, e.next_row, stream, evicted_sink));
     e.size -= evicted;
     e.free_count += evicted;
   }
@@ -849,7 +875,7 @@ Status GpuHashTable::Size(int64_t* size_device, cudaStream_t stream) {
 }
 
 Status GpuHashTable::Lookup(const GpuKeys& keys, bool insert, float* values, float admit,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, Evicted* evicted) {
   std::lock_guard<std::mutex> lock(mutex_);
   SOK_RETURN_IF_ERROR(init_status_);
   const uint64_t clock = ++clock_;
@@ -860,7 +886,7 @@ Status GpuHashTable::Lookup(const GpuKeys& keys, bool insert, float* values, flo
   Status status;
   if (insert) {
     status = Scratch(keys.n, &rows);
-    if (status.ok()) status = Reserve(keys, admit, clock, stream);
+    if (status.ok()) status = Reserve(keys, admit, clock, stream, evicted);
     if (status.ok()) status = FindOrInsert(keys, true, admit, clock, StampNow(), rows, stream);
   }
   if (status.ok()) {

@@ -76,8 +76,15 @@ class GpuHashTable {
   // values ([keys.n, dim], device) row i receives key i's row; a missing key is inserted with
   // its initial row when `insert` (admitted with `admit_probability`), else it reads as zeros.
   // Rows of pairs naming another table are left as they are.
+  // When a find-or-insert evicts keys to make room and `evicted` is given, the evicted keys
+  // and their rows (float32) go to the arrays evicted->allocate hands out for their count
+  // (called once, only when the lookup evicts; device memory).
+  struct Evicted {
+    std::function<Status(int64_t count, int64_t** keys, float** values)> allocate;
+    int64_t count = 0;
+  };
   Status Lookup(const GpuKeys& keys, bool insert, float* values, float admit_probability,
-                cudaStream_t stream);
+                cudaStream_t stream, Evicted* evicted = nullptr);
 
   // Inserts or overwrites the values ([n, dim]) and, when `state` ([n, state_dim]) is not
   // null, the optimizer state of `keys` (distinct).
@@ -120,10 +127,10 @@ class GpuHashTable {
   // Makes room for the new keys among `keys` (admitted at `clock`): lowers the bounds, or
   // reads the counters and evicts, rebuilds or grows; fails (changing nothing) when full.
   Status Reserve(const GpuKeys& keys, float admit_probability, uint64_t clock,
-                 cudaStream_t stream);
+                 cudaStream_t stream, Evicted* evicted = nullptr);
   Status CountNewKeys(const GpuKeys& keys, float admit_probability, uint64_t clock,
                       int64_t* count, cudaStream_t stream);
-  Status Evict(int64_t count, int64_t next_row, cudaStream_t stream);
+  Status Evict(int64_t count, int64_t next_row, cudaStream_t stream, Evicted* evicted);
   Status Rebuild(int64_t slots, int64_t next_row, cudaStream_t stream);
   Status GrowRows(int64_t rows, int64_t next_row, cudaStream_t stream);
   void SetBounds(const Exact& exact);

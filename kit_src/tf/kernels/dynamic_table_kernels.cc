@@ -1,4 +1,5 @@
 // CPU kernels of the dynamic table ops: validate, allocate, call kit_src/core/hash_table.
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -88,6 +89,33 @@ class DynamicTableLookupOp : public tf::OpKernel {
   bool insert_ = true;
 };
 REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableLookup").Device(tf::DEVICE_CPU), DynamicTableLookupOp);
+
+class DynamicTableLookupEvictOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* ctx) override {
+    tf::core::RefCountPtr<DynamicTableResource> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
+    const tf::Tensor& keys = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    const int64_t dim = table->table().dim();
+    tf::Tensor* values = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({keys.NumElements(), dim}),
+                                             &values));
+    CpuHashTable::EvictedRows evicted;
+    SOK_OP_REQUIRES_OK(ctx, table->table().Lookup(keys.flat<int64_t>().data(), keys.NumElements(),
+                                                  true, values->flat<float>().data(),
+                                                  CpuParallelFor(ctx), 1.0f, &evicted));
+    const int64_t count = static_cast<int64_t>(evicted.keys.size());
+    tf::Tensor *evicted_keys = nullptr, *evicted_values = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tf::TensorShape({count}), &evicted_keys));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({count, dim}), &evicted_values));
+    std::copy(evicted.keys.begin(), evicted.keys.end(), evicted_keys->flat<int64_t>().data());
+    std::copy(evicted.values.begin(), evicted.values.end(), evicted_values->flat<float>().data());
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableLookupEvict").Device(tf::DEVICE_CPU),
+                        DynamicTableLookupEvictOp);
 
 class DynamicTableAssignOp : public tf::OpKernel {
  public:

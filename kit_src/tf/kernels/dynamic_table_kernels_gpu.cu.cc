@@ -119,6 +119,43 @@ class DynamicTableLookupGpuOp : public tf::OpKernel {
 REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableLookup").Device(tf::DEVICE_GPU).HostMemory("handle"),
                         DynamicTableLookupGpuOp);
 
+// Output sizes depend on the data: the evicted count is known on the host only when the
+// lookup evicts, which already synchronises (the table's exact path); otherwise no wait.
+class DynamicTableLookupEvictGpuOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* ctx) override {
+    tf::core::RefCountPtr<DynamicTableResource> table;
+    OP_REQUIRES_OK(ctx, GetGpuTable(ctx, 0, &table));
+    const tf::Tensor& keys = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    const int64_t dim = table->dim();
+    tf::Tensor* values = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({keys.NumElements(), dim}),
+                                             &values));
+    GpuHashTable::Evicted evicted;
+    evicted.allocate = [ctx, dim](int64_t count, int64_t** keys_out, float** values_out) {
+      tf::Tensor *k = nullptr, *v = nullptr;
+      tf::Status s = ctx->allocate_output(1, tf::TensorShape({count}), &k);
+      if (s.ok()) s = ctx->allocate_output(2, tf::TensorShape({count, dim}), &v);
+      if (!s.ok()) return Status::ResourceExhausted(std::string(s.message()));
+      *keys_out = k->flat<int64_t>().data();
+      *values_out = v->flat<float>().data();
+      return Status::Ok();
+    };
+    const GpuKeys view{keys.flat<int64_t>().data(), keys.NumElements(), 1, 0};
+    SOK_OP_REQUIRES_OK(ctx, table->gpu_table().Lookup(view, true, values->flat<float>().data(),
+                                                      1.0f, GpuStream(ctx), &evicted));
+    if (evicted.count == 0) {  // nothing evicted: empty outputs
+      tf::Tensor* unused = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tf::TensorShape({0}), &unused));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({0, dim}), &unused));
+    }
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableLookupEvict").Device(tf::DEVICE_GPU).HostMemory("handle"),
+                        DynamicTableLookupEvictGpuOp);
+
 class DynamicTableAssignGpuOp : public tf::OpKernel {
  public:
   using OpKernel::OpKernel;

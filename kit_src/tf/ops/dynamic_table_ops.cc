@@ -57,6 +57,27 @@ REGISTER_OP("Sok>DynamicTableLookup")
     })
     .Doc("Rows of the keys; missing keys are inserted (insert) or read as zeros.");
 
+REGISTER_OP("Sok>DynamicTableLookupEvict")
+    .Input("handle: resource")
+    .Input("keys: int64")
+    .Output("values: float")
+    .Output("evicted_keys: int64")
+    .Output("evicted_values: float")
+    .Attr("dim: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      ShapeHandle keys;
+      int64_t dim = 0;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(0, c->Matrix(c->Dim(keys, 0), dim));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      c->set_output(2, c->Matrix(c->UnknownDim(), dim));
+      return Status();
+    })
+    .Doc("Find-or-insert rows of the keys (SOK's sparse_read_and_evict): also the keys the "
+         "insertion evicted to make room, with their rows. Output size depends on the data.");
+
 REGISTER_OP("Sok>DynamicTableAssign")
     .Input("handle: resource")
     .Input("keys: int64")
