@@ -99,6 +99,8 @@ def _local_rows(variable, optimizer):
         for i, slot in enumerate(names):
             if state.shape[1] >= (i + 1) * dim:
                 slots[slot] = state[:, i * dim:(i + 1) * dim]
+        for slot, table in _generic_slot_tables(optimizer, variable).items():
+            slots[slot] = table.sparse_read(keys, insert=False).numpy()
         return keys.astype(np.int64), values, slots
     keys = variable.global_row_ids() if isinstance(variable, Variable) else \
         np.arange(variable.shape[0], dtype=np.int64)
@@ -111,6 +113,13 @@ def _local_rows(variable, optimizer):
             except (KeyError, ValueError):
                 continue
     return keys, variable.numpy(), slots
+
+
+def _generic_slot_tables(optimizer, variable, create=False):
+    """A dynamic table's slot tables under OptimizerWrapper's generic path, else {}."""
+    if not hasattr(optimizer, "generic_slot_tables"):
+        return {}
+    return optimizer.generic_slot_tables(variable, create=create)
 
 
 def _gather(array):
@@ -189,7 +198,9 @@ def load(path, variables, optimizer=None):
         mine = _owned(variable, keys)
         slots = {}
         inner = getattr(optimizer, "optimizer", optimizer)
-        for slot in _slot_names(variable, inner):
+        generic = _generic_slot_tables(optimizer, variable, create=True) \
+            if isinstance(variable, DynamicVariable) else {}
+        for slot in _slot_names(variable, inner) + list(generic):
             target = f"{base}-{type(inner).__name__}-{slot}"
             if os.path.exists(target):
                 rows = _read(target, variable.name, OPTIMIZER_STATE, dim)
@@ -204,6 +215,9 @@ def load(path, variables, optimizer=None):
             state = np.concatenate(state, axis=1) if state and len(state) == len(names) else \
                 np.zeros([len(keys), 0], np.float32)
             raw_ops.sok_dynamic_table_import(variable.handle, keys, weights, state)
+            for slot, table in _generic_slot_tables(optimizer, variable).items():
+                if slot in slots:
+                    table.assign(keys, slots[slot])
             continue
         local = np.searchsorted(variable.global_row_ids(), keys) \
             if isinstance(variable, Variable) else keys

@@ -276,6 +276,20 @@ class OptimizerWrapper:
                 return self._optimizer.apply_gradients(others, **kwargs)
             return self._optimizer.iterations.assign_add(1)
 
+    def _staging_for(self, table):
+        """The generic path's staging of `table` (made at its first update or load)."""
+        if id(table) not in self._staging:
+            self._staging[id(table)] = _Staging(self._optimizer, table, self._generic_rows)
+        return self._staging[id(table)]
+
+    def generic_slot_tables(self, table, create=False):
+        """{slot name: dynamic table of that slot's rows} of `table` under the generic path
+        ({} for fused optimizers); `create` makes them if `table` has not been updated yet."""
+        if self._fused or (id(table) not in self._staging and not create):
+            return {}
+        return {name: slot_table for name, (_, slot_table) in
+                self._staging_for(table).slots.items()}
+
     def _apply_generic(self, dynamic, others, kwargs):
         """Stages each dynamic table's touched rows and slot rows, lets the wrapped optimizer
         update them with the other variables in one apply_gradients, writes them back."""
@@ -286,9 +300,7 @@ class OptimizerWrapper:
             if not isinstance(grad, tf.IndexedSlices):
                 raise TypeError(f"the gradient of dynamic table {table.name} must be "
                                 f"tf.IndexedSlices keyed by id, got {type(grad).__name__}")
-            if id(table) not in self._staging:
-                self._staging[id(table)] = _Staging(self._optimizer, table, self._generic_rows)
-            staging = self._staging[id(table)]
+            staging = self._staging_for(table)
             keys, index = tf.unique(tf.cast(grad.indices, tf.int64))
             count = tf.size(keys)
             check = tf.debugging.assert_less_equal(

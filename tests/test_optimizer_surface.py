@@ -181,3 +181,25 @@ def test_generic_path_refuses_more_touched_rows_than_it_stages():
         wrapper.apply_gradients([(grad, table)])
     np.testing.assert_array_equal(
         table.sparse_read(tf.constant([1, 2, 3], tf.int64), insert=False).numpy(), before)
+
+
+def test_generic_path_slots_are_dumped_and_loaded_into_a_new_wrapper(tmp_path):
+    table = sok.DynamicVariable(DIM, name="generic_dump")
+    keys = tf.constant([2, 4, 6], tf.int64)
+    wrapper = sok.OptimizerWrapper(tf.compat.v1.train.AdamOptimizer(0.05), generic_rows=8)
+    for step in range(2):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.gather(table, keys) ** 2) * (step + 1)
+        wrapper.apply_gradients([(tape.gradient(loss, table), table)])
+    rows = table.sparse_read(keys, insert=False).numpy()
+    slots = {name: wrapper.get_slot(table, name).sparse_read(keys, insert=False).numpy()
+             for name in ["m", "v"]}
+    sok.dump(str(tmp_path), [table], wrapper)
+    assert os.path.exists(tmp_path / "generic_dump_0-AdamOptimizer-m")
+    fresh = sok.OptimizerWrapper(tf.compat.v1.train.AdamOptimizer(0.05), generic_rows=8)
+    table.assign(keys, np.zeros([3, DIM], np.float32))
+    sok.load(str(tmp_path), [table], fresh)
+    np.testing.assert_array_equal(table.sparse_read(keys, insert=False).numpy(), rows)
+    for name, expected in slots.items():
+        np.testing.assert_array_equal(fresh.get_slot(table, name).sparse_read(
+            keys, insert=False).numpy(), expected)
