@@ -139,18 +139,28 @@ _REDUCE_OPS = ("sum", "average", "mean", "max", "min")
 
 
 def allreduce(tensor, op="sum"):
-    """`tensor` reduced over workers: op "sum" (default), "average" / "mean", "max", "min"
-    (or a Horovod op such as hvd.Sum)."""
+    """`tensor` (dense, or IndexedSlices whose rows Horovod allgathers) reduced over workers:
+    op "sum" (default), "average" / "mean", "max", "min" (or a Horovod op such as hvd.Sum).
+    Safe inside tf.function: the input passes through Sok>Unfoldable first (on a worker with
+    an empty local batch a gradient is a compile-time constant, and Grappler would otherwise
+    run Horovod's allreduce while optimising that worker's graph, hanging every worker)."""
     _require_init()
     name = op if isinstance(op, str) else None
     if name is not None and name not in _REDUCE_OPS:
         raise ValueError(f"unknown allreduce op {op!r}; valid ops are {_REDUCE_OPS}")
     if _state.num_workers == 1:
-        return tf.convert_to_tensor(tensor) if not isinstance(tensor, tf.IndexedSlices) else tensor
+        return tensor if isinstance(tensor, tf.IndexedSlices) else tf.convert_to_tensor(tensor)
+    from sparse_operation_kit._ops import raw_ops  # noqa: PLC0415
+
     hvd = _state.hvd
     if name is not None:
         op = {"sum": hvd.Sum, "average": hvd.Average, "mean": hvd.Average, "max": hvd.Max,
               "min": hvd.Min}[name]
+    if isinstance(tensor, tf.IndexedSlices):
+        tensor = tf.IndexedSlices(raw_ops.sok_unfoldable(tensor.values),
+                                  raw_ops.sok_unfoldable(tensor.indices), tensor.dense_shape)
+    else:
+        tensor = raw_ops.sok_unfoldable(tf.convert_to_tensor(tensor))
     return hvd.allreduce(tensor, op=op)
 
 
@@ -296,21 +306,8 @@ tf.no_gradient("Sok>AllToAllCounts")
 
 def allreduce_sum(tensor):
     """Sum of `tensor` (a dense gradient, or IndexedSlices) over workers, safe inside
-    tf.function.
-
-    The input passes through Sok>Unfoldable first: on a worker with an empty local batch the
-    gradient is a compile-time constant, and Grappler would otherwise run Horovod's
-    allreduce while optimising that worker's graph, hanging every worker.
-    """
-    if _state.num_workers == 1:
-        return tensor
-    from sparse_operation_kit._ops import raw_ops  # noqa: PLC0415
-
-    if isinstance(tensor, tf.IndexedSlices):  # Horovod allgathers the rows
-        tensor = tf.IndexedSlices(raw_ops.sok_unfoldable(tensor.values),
-                                  raw_ops.sok_unfoldable(tensor.indices), tensor.dense_shape)
-        return _state.hvd.allreduce(tensor, op=_state.hvd.Sum)
-    return _state.hvd.allreduce(raw_ops.sok_unfoldable(tensor), op=_state.hvd.Sum)
+    tf.function (see allreduce)."""
+    return allreduce(tensor, "sum")
 
 
 @tf.RegisterGradient("Sok>Unfoldable")

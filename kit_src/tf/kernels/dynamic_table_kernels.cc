@@ -66,33 +66,14 @@ class DynamicTableSizeOp : public tf::OpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableSize").Device(tf::DEVICE_CPU), DynamicTableSizeOp);
 
+// Sok>DynamicTableLookup and Sok>DynamicTableLookupEvict (always inserts, and also outputs
+// the keys the insertion evicted with their rows).
 class DynamicTableLookupOp : public tf::OpKernel {
  public:
-  explicit DynamicTableLookupOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("insert", &insert_));
+  explicit DynamicTableLookupOp(tf::OpKernelConstruction* ctx)
+      : OpKernel(ctx), reports_evictions_(ctx->def().op() == "Sok>DynamicTableLookupEvict") {
+    if (!reports_evictions_) OP_REQUIRES_OK(ctx, ctx->GetAttr("insert", &insert_));
   }
-  void Compute(tf::OpKernelContext* ctx) override {
-    tf::core::RefCountPtr<DynamicTableResource> table;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
-    const tf::Tensor& keys = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckKeys(keys));
-    tf::Tensor* values = nullptr;
-    OP_REQUIRES_OK(ctx, AllocatePooledOutput(
-                            ctx, 0, tf::TensorShape({keys.NumElements(), table->table().dim()}),
-                            &values));
-    SOK_OP_REQUIRES_OK(ctx, table->table().Lookup(keys.flat<int64_t>().data(), keys.NumElements(),
-                                                  insert_, values->flat<float>().data(),
-                                                  CpuParallelFor(ctx)));
-  }
-
- private:
-  bool insert_ = true;
-};
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableLookup").Device(tf::DEVICE_CPU), DynamicTableLookupOp);
-
-class DynamicTableLookupEvictOp : public tf::OpKernel {
- public:
-  using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
     tf::core::RefCountPtr<DynamicTableResource> table;
     OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
@@ -100,12 +81,14 @@ class DynamicTableLookupEvictOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     const int64_t dim = table->table().dim();
     tf::Tensor* values = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({keys.NumElements(), dim}),
+    OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, 0, tf::TensorShape({keys.NumElements(), dim}),
                                              &values));
     CpuHashTable::EvictedRows evicted;
     SOK_OP_REQUIRES_OK(ctx, table->table().Lookup(keys.flat<int64_t>().data(), keys.NumElements(),
-                                                  true, values->flat<float>().data(),
-                                                  CpuParallelFor(ctx), 1.0f, &evicted));
+                                                  insert_, values->flat<float>().data(),
+                                                  CpuParallelFor(ctx), 1.0f,
+                                                  reports_evictions_ ? &evicted : nullptr));
+    if (!reports_evictions_) return;
     const int64_t count = static_cast<int64_t>(evicted.keys.size());
     tf::Tensor *evicted_keys = nullptr, *evicted_values = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tf::TensorShape({count}), &evicted_keys));
@@ -113,9 +96,14 @@ class DynamicTableLookupEvictOp : public tf::OpKernel {
     std::copy(evicted.keys.begin(), evicted.keys.end(), evicted_keys->flat<int64_t>().data());
     std::copy(evicted.values.begin(), evicted.values.end(), evicted_values->flat<float>().data());
   }
+
+ private:
+  const bool reports_evictions_;
+  bool insert_ = true;
 };
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableLookup").Device(tf::DEVICE_CPU), DynamicTableLookupOp);
 REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableLookupEvict").Device(tf::DEVICE_CPU),
-                        DynamicTableLookupEvictOp);
+                        DynamicTableLookupOp);
 
 class DynamicTableAssignOp : public tf::OpKernel {
  public:

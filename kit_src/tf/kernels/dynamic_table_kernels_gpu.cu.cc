@@ -95,35 +95,15 @@ class DynamicTableSizeGpuOp : public tf::OpKernel {
 REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableSize").Device(tf::DEVICE_GPU).HostMemory("handle"),
                         DynamicTableSizeGpuOp);
 
+// Sok>DynamicTableLookup and Sok>DynamicTableLookupEvict. The latter's output sizes depend on
+// the data: the evicted count is known on the host only when the lookup evicts, which already
+// synchronises (the table's exact path); otherwise no wait.
 class DynamicTableLookupGpuOp : public tf::OpKernel {
  public:
-  explicit DynamicTableLookupGpuOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("insert", &insert_));
+  explicit DynamicTableLookupGpuOp(tf::OpKernelConstruction* ctx)
+      : OpKernel(ctx), reports_evictions_(ctx->def().op() == "Sok>DynamicTableLookupEvict") {
+    if (!reports_evictions_) OP_REQUIRES_OK(ctx, ctx->GetAttr("insert", &insert_));
   }
-  void Compute(tf::OpKernelContext* ctx) override {
-    tf::core::RefCountPtr<DynamicTableResource> table;
-    OP_REQUIRES_OK(ctx, GetGpuTable(ctx, 0, &table));
-    const tf::Tensor& keys = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckKeys(keys));
-    tf::Tensor* values = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, tf::TensorShape({keys.NumElements(), table->dim()}), &values));
-    const GpuKeys view{keys.flat<int64_t>().data(), keys.NumElements(), 1, 0};
-    SOK_OP_REQUIRES_OK(ctx, table->gpu_table().Lookup(view, insert_, values->flat<float>().data(),
-                                                      1.0f, GpuStream(ctx)));
-  }
-
- private:
-  bool insert_ = true;
-};
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableLookup").Device(tf::DEVICE_GPU).HostMemory("handle"),
-                        DynamicTableLookupGpuOp);
-
-// Output sizes depend on the data: the evicted count is known on the host only when the
-// lookup evicts, which already synchronises (the table's exact path); otherwise no wait.
-class DynamicTableLookupEvictGpuOp : public tf::OpKernel {
- public:
-  using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
     tf::core::RefCountPtr<DynamicTableResource> table;
     OP_REQUIRES_OK(ctx, GetGpuTable(ctx, 0, &table));
@@ -144,17 +124,24 @@ class DynamicTableLookupEvictGpuOp : public tf::OpKernel {
       return Status::Ok();
     };
     const GpuKeys view{keys.flat<int64_t>().data(), keys.NumElements(), 1, 0};
-    SOK_OP_REQUIRES_OK(ctx, table->gpu_table().Lookup(view, true, values->flat<float>().data(),
-                                                      1.0f, GpuStream(ctx), &evicted));
-    if (evicted.count == 0) {  // nothing evicted: empty outputs
+    SOK_OP_REQUIRES_OK(ctx, table->gpu_table().Lookup(view, insert_, values->flat<float>().data(),
+                                                      1.0f, GpuStream(ctx),
+                                                      reports_evictions_ ? &evicted : nullptr));
+    if (reports_evictions_ && evicted.count == 0) {  // nothing evicted: empty outputs
       tf::Tensor* unused = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tf::TensorShape({0}), &unused));
       OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({0, dim}), &unused));
     }
   }
+
+ private:
+  const bool reports_evictions_;
+  bool insert_ = true;
 };
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableLookup").Device(tf::DEVICE_GPU).HostMemory("handle"),
+                        DynamicTableLookupGpuOp);
 REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableLookupEvict").Device(tf::DEVICE_GPU).HostMemory("handle"),
-                        DynamicTableLookupEvictGpuOp);
+                        DynamicTableLookupGpuOp);
 
 class DynamicTableAssignGpuOp : public tf::OpKernel {
  public:

@@ -40,6 +40,16 @@ REGISTER_OP("Sok>DynamicTableSize")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
+// Output 0 of a lookup: [keys (input 1), dim] rows.
+static Status RowsOfKeys(InferenceContext* c) {
+  ShapeHandle keys;
+  int64_t dim = 0;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+  c->set_output(0, c->Matrix(c->Dim(keys, 0), dim));
+  return Status();
+}
+
 REGISTER_OP("Sok>DynamicTableLookup")
     .Input("handle: resource")
     .Input("keys: int64")
@@ -47,14 +57,7 @@ REGISTER_OP("Sok>DynamicTableLookup")
     .Attr("dim: int >= 1")
     .Attr("insert: bool = true")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) -> Status {
-      ShapeHandle keys;
-      int64_t dim = 0;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
-      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
-      c->set_output(0, c->Matrix(c->Dim(keys, 0), dim));
-      return Status();
-    })
+    .SetShapeFn(RowsOfKeys)
     .Doc("Rows of the keys; missing keys are inserted (insert) or read as zeros.");
 
 REGISTER_OP("Sok>DynamicTableLookupEvict")
@@ -66,11 +69,9 @@ REGISTER_OP("Sok>DynamicTableLookupEvict")
     .Attr("dim: int >= 1")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) -> Status {
-      ShapeHandle keys;
+      TF_RETURN_IF_ERROR(RowsOfKeys(c));
       int64_t dim = 0;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
       TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
-      c->set_output(0, c->Matrix(c->Dim(keys, 0), dim));
       c->set_output(1, c->Vector(c->UnknownDim()));
       c->set_output(2, c->Matrix(c->UnknownDim(), dim));
       return Status();
