@@ -19,6 +19,7 @@ reads the shard in increasing row order; pooling then reads the compact gathered
 import collections
 
 import tensorflow as tf
+from tensorflow.python.eager import record
 from tensorflow.python.ops import resource_variable_ops
 
 from sparse_operation_kit import communication
@@ -247,15 +248,128 @@ def _dynamic_direct_group(lookups, dim, training):
         validate=any(lookup.weights is not None for lookup in lookups))
 
 
+def _one_id_at_run_time(lookups):
+    """A scalar bool tensor: every sample of every lookup holds exactly one id (row_splits
+    is 0, 1, 2, ...). One pass over the row splits, no pass over the ids."""
+    checks = [tf.reduce_all(tf.equal(lookup.row_splits,
+                                     tf.range(tf.size(lookup.row_splits, out_type=tf.int64))))
+              for lookup in lookups]
+    return checks[0] if len(checks) == 1 else tf.reduce_all(tf.stack(checks))
+
+
+def _on_gpu(lookups):
+    return any("GPU" in lookup.table.handle.device.upper() for lookup in lookups)
+
+
+def _either_id_path_group(lookups, dim):
+    """One worker, static tables, no weights, ids of unknown lengths (RaggedTensors from
+    row lengths, SparseTensors): when every sample turns out to hold one id, the rows come
+    straight from the tables as in _single_id_group, and the gradients are the outputs' own
+    (no dedup, no sort, no copy); otherwise the fused chain runs. The choice is made per step
+    by a tf.cond inside a custom gradient, so the tables' gradients stay IndexedSlices on both
+    branches (a tf.cond that autodiff differentiates would make them dense)."""
+    tables = list({id(lookup.table): lookup.table for lookup in lookups}.values())
+    table_of = {id(table): t for t, table in enumerate(tables)}
+    lookup_table = [table_of[id(lookup.table)] for lookup in lookups]
+    for table in tables:
+        resource_variable_ops.variable_accessed(table)
+    names = [table.name for table in tables]
+    ids = [tf.cast(lookup.ids, tf.int64) for lookup in lookups]
+    row_splits = [lookup.row_splits for lookup in lookups]
+    combiners = [lookup.combiner for lookup in lookups]
+    empty_keys = _unknown_rows(tf.zeros([0], tf.int64))
+    empty_position = _unknown_rows(tf.zeros([0], tf.uint32))
+
+    @tf.custom_gradient
+    def pooled(*handles):
+        one_id = _one_id_at_run_time(lookups)
+
+        def rows_of_single_ids():
+            outputs, check = raw_ops.sok_gather_single_ids(
+                tables=[handles[t] for t in lookup_table], ids=ids, row_splits=row_splits,
+                dtype=tf.float32, dim=dim, table_names=[names[t] for t in lookup_table])
+            checked = raw_ops.sok_check_gathered_ids(
+                check, table_names=[names[t] for t in lookup_table])
+            with tf.control_dependencies([] if checked is None else [checked]):
+                return list(outputs), empty_keys, empty_position, tf.constant(True)
+
+        def rows_of_fused_chain():
+            keys, _, position = _partition_on_one_worker(ids, lookup_table, tables)
+            outputs = raw_ops.sok_combine_from_shards(
+                shards=list(handles), keys=keys, position=position, row_splits=row_splits,
+                weights=[tf.zeros([0], tf.float32)] * len(lookups), combiners=combiners,
+                dtype=tf.float32, dim=dim, validate=False)
+            return list(outputs), keys, position, tf.constant(True)
+
+        with record.stop_recording():  # the custom gradient is the only one the tape needs
+            outputs, keys, position, checked = tf.cond(one_id, rows_of_single_ids,
+                                                       rows_of_fused_chain)
+
+        def grad(*output_grads):
+            output_grads = [tf.zeros_like(o) if g is None else tf.convert_to_tensor(g)
+                            for o, g in zip(outputs, output_grads)]
+
+            def grads_of_single_ids():  # the outputs' own gradients, over the ids
+                per_table = [[l for l, t in enumerate(lookup_table) if t == table]
+                             for table in range(len(tables))]
+                return ([_unknown_rows(_concat([ids[l] for l in members]))
+                         for members in per_table],
+                        [_unknown_rows(_concat([output_grads[l] for l in members]))
+                         for members in per_table])
+
+            def grads_of_fused_chain():
+                rows_grad = raw_ops.sok_combine_backward(
+                    output_grads=output_grads, position=position, row_splits=row_splits,
+                    weights=[tf.zeros([0], tf.float32)] * len(lookups),
+                    num_rows=tf.size(keys, out_type=tf.int64), combiners=combiners,
+                    validate=False)
+                indices, values = raw_ops.sok_split_gradient_by_table(
+                    keys=keys, grad=rows_grad, num_tables=len(tables))
+                return list(indices), list(values)
+
+            with tf.control_dependencies([checked]):  # no update from ids out of range
+                indices, values = tf.cond(one_id, grads_of_single_ids, grads_of_fused_chain)
+            return [tf.IndexedSlices(v, i, dense_shape=tf.raw_ops.VariableShape(
+                        input=handle, out_type=tf.int64))
+                    for i, v, handle in zip(indices, values, handles)]
+
+        return outputs, grad
+
+    return pooled(*[table.handle for table in tables])
+
+
+def _unknown_rows(tensor):
+    """tensor, its first dimension statically unknown (no copy). A tf.cond that a tape
+    differentiates gives its outputs the static shapes of its true branch, so a branch's
+    outputs whose lengths differ between the branches must not state one."""
+    return tf.compat.v1.placeholder_with_default(tensor, [None] + tensor.shape.as_list()[1:])
+
+
+def _concat(tensors):
+    return tensors[0] if len(tensors) == 1 else tf.concat(tensors, 0)
+
+
+def _partition_on_one_worker(ids, lookup_table, tables):
+    """Sok>PartitionKeys for static tables on one worker: (keys, splits, position)."""
+    return raw_ops.sok_partition_keys(
+        ids=ids, lookup_table=lookup_table, table_rows=[_placement_attrs(t)[0] for t in tables],
+        table_owner=[0] * len(tables), table_names=[table.name for table in tables],
+        num_workers=1, table_dynamic=[False] * len(tables), pair_keys=False)
+
+
 def _lookup_group(lookups, dim, dynamic, training, low_frequency_filter, compress):
     """One group's outputs: the fused chain, or, on one worker when every sample is known at
     trace time to hold one id (a RaggedTensor with uniform_row_length 1, as
     tf.RaggedTensor.from_tensor(ids[:, None]) gives), the rows straight from the tables;
-    dynamic tables on one worker read their rows directly (no low-frequency filter: that
-    draws in the owner's read of the fused chain). The choice is static: a tf.cond between
-    the two would turn the tables' IndexedSlices gradients dense."""
-    if _single_id_candidates(lookups, dynamic) and all(lookup.one_id for lookup in lookups):
-        return _single_id_group(lookups, dim)
+    on the CPU, ids of unknown lengths get that choice at run time (_either_id_path_group;
+    on a GPU the check would wait for the device every step); dynamic tables on one worker
+    read their rows directly (no low-frequency filter: that draws in the owner's read of
+    the fused chain)."""
+    if _single_id_candidates(lookups, dynamic):
+        if all(lookup.one_id for lookup in lookups):
+            return _single_id_group(lookups, dim)
+        if not _on_gpu(lookups):
+            return _either_id_path_group(lookups, dim)
     if dynamic and communication.num_workers() == 1 and not low_frequency_filter:
         return _dynamic_direct_group(lookups, dim, training)
     return _fused_group(lookups, dim, dynamic, training, low_frequency_filter, compress)

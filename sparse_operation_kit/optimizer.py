@@ -146,6 +146,16 @@ def _create_slots(optimizer, variable):
                 "the generic path cannot prepare; use a legacy Keras or a TF1 optimizer")
 
 
+def _staged_gradient(summed, positions, buffer):
+    """The gradient of the staging buffer: rows [0, count) each appear once, so a sparse and a
+    dense update agree on them, and the rest are reloaded before they are read. On a GPU the
+    gradient is dense: TensorFlow has no GPU kernel for several sparse updates (momentum,
+    Adagrad, RMSprop)."""
+    if "GPU" in buffer.device.upper():
+        return tf.scatter_nd(tf.expand_dims(positions, 1), summed, tf.shape(buffer))
+    return tf.IndexedSlices(summed, positions, dense_shape=tf.shape(buffer))
+
+
 class _Staging:
     """The generic path's per-table state: a staging variable the wrapped optimizer updates
     (its first n rows hold a step's n touched rows), and one dynamic table per optimizer slot
@@ -318,8 +328,7 @@ class OptimizerWrapper:
                     tf.IndexedSlices(slot_table.sparse_read(keys), positions)))
             with tf.control_dependencies(loads):
                 summed = tf.identity(summed)
-            staged.append((tf.IndexedSlices(summed, positions,
-                                             dense_shape=tf.shape(staging.buffer)),
+            staged.append((_staged_gradient(summed, positions, staging.buffer),
                            staging.buffer))
             write_back.append((table, staging, keys, positions))
         update = self._optimizer.apply_gradients(staged + others, **kwargs)

@@ -8,6 +8,16 @@ import tensorflow as tf  # noqa: E402
 import sparse_operation_kit as sok  # noqa: E402
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def subprocess_env(**extra):
+    """The environment of a test's child Python: the repository first on PYTHONPATH, what was
+    there kept (on the GPU machines TensorFlow itself comes from PYTHONPATH)."""
+    path = os.pathsep.join(p for p in [ROOT, os.environ.get("PYTHONPATH", "")] if p)
+    return dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="2", **extra)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def single_worker():
     """The unit tests run as one worker; multi-worker tests launch their own processes."""

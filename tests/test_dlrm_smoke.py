@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from test_multiworker import LAUNCHER, ROOT
+from conftest import subprocess_env
 
 DLRM = os.path.join(ROOT, "tutorials", "DLRM_Benchmark")
 sys.path.insert(0, DLRM)
@@ -23,7 +24,7 @@ def test_two_workers_learn_the_planted_signal(tmp_path):
                         str(tmp_path / "raw" / f"{split}.bin"), str(tmp_path / split),
                         f"--slot_size_array={VOCABULARIES['notebook']}"], check=True,
                        capture_output=True)
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    env = subprocess_env()
     result = subprocess.run(
         LAUNCHER + ["-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
          os.path.join(DLRM, "main.py"), "--data_dir", str(tmp_path), "--global_batch_size", "1024",
@@ -40,7 +41,7 @@ def test_two_workers_learn_the_planted_signal(tmp_path):
 
 def test_amp_xla_compress_dynamic_tables_run_on_two_workers():
     """The flag combinations run end to end (synthetic data) and show in the final table."""
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    env = subprocess_env()
     result = subprocess.run(
         LAUNCHER + ["-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
          os.path.join(DLRM, "main.py"), "--use_synthetic_dataset", "--synthetic_steps", "8",

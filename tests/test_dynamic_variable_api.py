@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 import sparse_operation_kit as sok
+from conftest import subprocess_env
 
 DIM = 4
 
@@ -183,10 +184,9 @@ def test_saved_model_with_a_dynamic_table_serves_the_same_rows_in_a_new_process(
     expected = ranker.serve(ids).numpy()
     assert expected[2] == 0 and expected[0] != 0 and int(ranker.table.size) == 3
     tf.saved_model.save(ranker, str(tmp_path / "model"))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     result = subprocess.run(
         [sys.executable, "-c", SERVE_SAVED_MODEL, str(tmp_path / "model"), str(tmp_path / "out.npy")],
-        env=dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
+        env=subprocess_env(), capture_output=True,
         text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected)

@@ -9,6 +9,12 @@ from conftest import run_mode
 COMBINERS = ["sum", "mean", "sqrtn"]
 
 
+ON_GPU = bool(tf.config.list_physical_devices("GPU"))
+RUN_TIME_CHOICE_ON_CPU_ONLY = pytest.mark.skipif(
+    ON_GPU, reason="tables on a GPU: the one-id choice is static there (a run-time choice "
+                   "would wait for the device every step)")
+
+
 def random_batch(rng, batch, vocab, max_len=4, id_dtype=tf.int64):
     """A ragged id batch (with empty rows) and matching positive weights."""
     lengths = rng.integers(0, max_len + 1, size=batch)
@@ -262,7 +268,7 @@ def test_one_id_per_sample_path_matches_reference(id_dtype, mode):
                                    tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_one_id_per_sample_path_is_taken_only_when_known():
+def test_one_id_per_sample_path_is_taken_statically_when_known():
     table = sok.Variable(np.ones([10, 4], np.float32))
     rng = np.random.default_rng(0)
     one_id = one_id_batch(rng, 6, 10)
@@ -275,7 +281,79 @@ def test_one_id_per_sample_path_is_taken_only_when_known():
 
     assert "Sok>GatherSingleIds" in op_types(one_id)
     assert "Sok>PartitionKeys" not in op_types(one_id)
-    assert "Sok>PartitionKeys" in op_types(by_lengths)  # one id each, but not known statically
+    # One id each, but not known statically: on the CPU the choice is made per step (next
+    # test); on a GPU the fused chain runs.
+    if ON_GPU:
+        assert "Sok>PartitionKeys" in op_types(by_lengths)
+    else:
+        assert {"If", "StatelessIf"} & op_types(by_lengths)
+
+
+@RUN_TIME_CHOICE_ON_CPU_ONLY
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
+def test_one_id_per_sample_chosen_at_run_time(id_dtype):
+    """RaggedTensors from row lengths, as a pipeline feeds them, through one traced step: where
+    every sample holds one id, the rows come straight from the tables and the gradients are
+    the outputs' own, over the ids as given (duplicates kept, as tf.gather gives); otherwise
+    the fused chain runs and the gradients are over each table's unique ids. Outputs and
+    gradients equal TensorFlow's either way; a table read by two lookups gets both."""
+    rng = np.random.default_rng(5)
+    init_a, init_b = (rng.normal(size=[40, 8]).astype(np.float32) for _ in range(2))
+    a, b, ref_a, ref_b = (sok.Variable(init_a), sok.Variable(init_b), tf.Variable(init_a),
+                          tf.Variable(init_b))
+    combiners = ["sum", "mean", "sqrtn"]
+
+    @tf.function
+    def step(ids, cotangents):
+        with tf.GradientTape(persistent=True) as tape:
+            outs = sok.lookup_sparse([a, b, a], ids, combiners=combiners)
+            refs = [reference(t, i, None, c) for t, i, c in zip([ref_a, ref_b, ref_a], ids,
+                                                                 combiners)]
+            loss = tf.add_n([tf.reduce_sum(o * c) for o, c in zip(outs, cotangents)])
+            ref_loss = tf.add_n([tf.reduce_sum(r * c) for r, c in zip(refs, cotangents)])
+        return (outs, refs, tape.gradient(loss, [a, b]), tape.gradient(ref_loss, [ref_a, ref_b]))
+
+    for one_id in [True, False, True, False]:
+        lengths = [np.ones(12, np.int64) if one_id else rng.integers(0, 4, size=12)
+                   for _ in range(3)]
+        ids = [tf.RaggedTensor.from_row_lengths(
+            tf.constant(rng.integers(0, 40, size=n.sum()), id_dtype), n) for n in lengths]
+        cotangents = [tf.constant(rng.normal(size=[12, 8]).astype(np.float32)) for _ in range(3)]
+        outs, refs, grads, ref_grads = step(ids, cotangents)
+        for out, ref in zip(outs, refs):
+            np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+        for grad, ref_grad in zip(grads, ref_grads):
+            assert isinstance(grad, tf.IndexedSlices)
+            np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
+                                       tf.convert_to_tensor(ref_grad).numpy(),
+                                       rtol=1e-5, atol=1e-5)
+        a_ids = np.concatenate([ids[0].values.numpy(), ids[2].values.numpy()])
+        if one_id:
+            np.testing.assert_array_equal(grads[0].indices.numpy(), a_ids)
+            np.testing.assert_array_equal(grads[0].values.numpy(),
+                                          np.concatenate([cotangents[0].numpy(),
+                                                          cotangents[2].numpy()]))
+        else:
+            np.testing.assert_array_equal(grads[0].indices.numpy(), np.unique(a_ids))
+    assert step.experimental_get_tracing_count() == 1
+
+
+def test_one_id_chosen_at_run_time_rejects_out_of_range_ids_and_updates_nothing():
+    table = sok.Variable(np.ones([10, 4], np.float32), name="runtime_single")
+    opt = tf.keras.optimizers.legacy.SGD(0.1)
+
+    @tf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse(table, ids))
+        opt.apply_gradients([(tape.gradient(loss, table), table)])
+
+    for lengths, values in [([1, 1], [3, 10]), ([2, 0], [3, 10])]:
+        ids = tf.RaggedTensor.from_row_lengths(tf.constant(values, tf.int64), lengths)
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match="id 10 of table 'runtime_single.*' is out of range \\[0, 10\\)"):
+            step(ids)
+        np.testing.assert_array_equal(table.numpy(), np.ones([10, 4], np.float32))
 
 
 def test_one_id_per_sample_path_rejects_out_of_range_ids():

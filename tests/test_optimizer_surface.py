@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 import sparse_operation_kit as sok
+from conftest import subprocess_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIM = 3
 
 
@@ -112,7 +112,7 @@ print("OK", int(optimizer.iterations), float(tf.reduce_sum(dense)) != 4.0)
 
 
 def test_use_legacy_optimizer_lets_one_optimizer_update_sok_tables_and_tf_variables():
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    env = subprocess_env()
     result = subprocess.run([sys.executable, "-c", SOK_EXAMPLE], env=env, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -3,6 +3,7 @@ import os
 import re
 import subprocess
 import sys
+from conftest import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -13,7 +14,7 @@ def test_readme_api_example_runs(tmp_path):
     code = re.search(r"## API\n\n```python\n(.*?)```", readme, re.S).group(1)
     script = tmp_path / "example.py"
     script.write_text(code + "\nprint('OK', a.shape, d.shape, rows.shape, interaction.shape)\n")
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    env = subprocess_env()
     result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,7 +1,6 @@
 """The rest of SOK v2's Python surface, used as SOK's scripts use it: sok.communication,
 set_comm_tool, DistributedVariable / LocalizedVariable, SOK's module names, tf.Variable's
 positional order, float16 weights, sok.assign's ownership check, use without sok.init()."""
-import os
 import subprocess
 import sys
 
@@ -10,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 import sparse_operation_kit as sok
+from conftest import subprocess_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_communication_functions_on_one_worker():
@@ -79,7 +78,7 @@ print("OK", out[0].numpy().sum(), sok.communication.num_ranks())
 
 
 def test_variables_work_without_sok_init_as_in_sok_examples():
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    env = subprocess_env()
     result = subprocess.run([sys.executable, "-c", SCRIPT_WITHOUT_INIT], env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
