@@ -4,6 +4,8 @@
 # kernels, then, by STAGES (default "tests bench dlrm"):
 #   tests  tests/test_multiworker.py on 2 GPUs (SOK_TEST_EXPECT_GPU=1: tables on each worker's
 #          GPU, exchanges through NCCL), every multi-worker test against its reference
+#   suite  the single-process tests that start Horovod jobs or child processes (DLRM smoke,
+#          two-worker checkpoints, SOK's scripts, SavedModel serving), with the GPUs in view
 #   bench  benchmarks/gpu/tf_multi_gpu.py (G6, G6x) and torch_a2a.py (PyTorch's NCCL
 #          all-to-all at the same sizes), combined into tf_multi_gpu.json
 #   dlrm   tutorials/DLRM_Benchmark/main.py on 2 GPUs: generated Criteo-format data on 2 GPUs
@@ -28,6 +30,15 @@ if [[ $STAGES == *tests* ]]; then
   SOK_TEST_EXPECT_GPU=1 timeout 540 python3 -m pytest -q -rf --tb=short -p no:cacheprovider \
     tests/test_multiworker.py 2>&1 | grep -v "$NOISE" >> "$OUT/tf_multi_gpu_tests.log"
   tail -4 "$OUT/tf_multi_gpu_tests.log"
+fi
+
+if [[ $STAGES == *suite* ]]; then
+  echo "== child-process and Horovod tests of the suite, GPUs in view" | tee "$OUT/tf_multi_gpu_suite.log"
+  timeout 400 python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/test_dlrm_smoke.py \
+    tests/test_checkpoint_files.py tests/test_optimizer_surface.py tests/test_sok_surface.py \
+    tests/test_dynamic_variable_api.py tests/test_readme.py 2>&1 | grep -v "$NOISE" \
+    >> "$OUT/tf_multi_gpu_suite.log"
+  tail -8 "$OUT/tf_multi_gpu_suite.log"
 fi
 
 if [[ $STAGES == *bench* ]]; then
@@ -60,7 +71,6 @@ if [[ $STAGES == *dlrm* ]]; then
   run_h() { local np=$1; shift; bash -c "$(declare -f horovodrun); horovodrun -np $np -H localhost:$np --gloo python3 $D/main.py $*"; }
   export -f run_h horovodrun; export D
   dlrm "AUC, generated data, 2 GPUs (TF32 matmuls)" bash -c "run_h 2 $AUC_FLAGS"
-  dlrm "AUC, generated data, 2 GPUs, NVIDIA_TF32_OVERRIDE=0" NVIDIA_TF32_OVERRIDE=0 bash -c "run_h 2 $AUC_FLAGS"
   dlrm "AUC, generated data, the same job on the CPUs" CUDA_VISIBLE_DEVICES= bash -c "run_h 2 $AUC_FLAGS"
   SYN="--use_synthetic_dataset --synthetic_steps 60 --optimizer adam --lr 0.001 --custom_interact --log_interval 20 --synthetic_vocab criteo_tb"
   dlrm "synthetic criteo_tb (4M cap), sok tables, 2 GPUs, global batch 65536, --compress" bash -c "run_h 2 $SYN --global_batch_size 65536 --compress"
