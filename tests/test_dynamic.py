@@ -72,6 +72,42 @@ def test_initial_value_depends_only_on_seed_and_key():
     assert abs(rows_a.mean()) < 0.01 and 0.04 < rows_a.std() < 0.06  # N(0, 0.05)
 
 
+def _mix64(x):
+    """SplitMix64's finaliser on a uint64 array (table_math.h's MixBits)."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def normal_rows_model(seed, keys, dim, mean, stddev):
+    """InitialValue's normal rows in NumPy: float64 Box-Muller with NumPy's log and cos, one
+    rounding to float32."""
+    stream = _mix64(np.uint64(seed) ^ _mix64(keys.astype(np.int64).view(np.uint64)))[:, None]
+    with np.errstate(over="ignore"):
+        bits = _mix64(stream + np.arange(dim, dtype=np.uint64) * np.uint64(0x632BE59BD9B4E019))
+    u1 = ((bits >> np.uint64(40)).astype(np.float64) + 0.5) / 16777216.0
+    u2 = ((_mix64(bits) >> np.uint64(40)).astype(np.float64) + 0.5) / 16777216.0
+    normal = np.sqrt(-2.0 * np.log(u1)) * np.cos(6.283185307179586 * u2)
+    return (np.float64(np.float32(stddev)) * normal + np.float64(np.float32(mean))).astype(np.float32)
+
+
+def test_normal_rows_equal_a_float64_box_muller_model_over_many_keys():
+    # The CPU table computes the angle's cosine from tables (fast_box_muller.h), libm's cos
+    # cost most of an insert: its rows must still equal double-precision Box-Muller rounded
+    # once (a value within a float ulp where the exact one sits on a rounding boundary).
+    import zlib
+    keys = np.random.default_rng(4).integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max,
+                                             20000)
+    table = sok.DynamicVariable(16, name="box_muller")
+    rows = table.sparse_read(keys_of(keys)).numpy()
+    expected = normal_rows_model(zlib.crc32(b"box_muller"), keys, 16, 0.0, 0.05)
+    np.testing.assert_allclose(rows, expected, rtol=1.2e-7, atol=0)
+    assert np.mean(rows == expected) > 0.9999
+    assert abs(rows.mean()) < 1e-3 and abs(rows.std() - 0.05) < 1e-3
+
+
 @pytest.mark.parametrize("initializer, low, high", [
     ("uniform", -0.05, 0.05), ("zeros", 0.0, 0.0), ("ones", 1.0, 1.0), ("0.25", 0.25, 0.25),
     (tf.keras.initializers.RandomUniform(2.0, 3.0), 2.0, 3.0),

@@ -53,19 +53,33 @@ enum class InitKind : int { kNormal = 0, kUniform, kConstant };
 // Column d of key's initial row: a pure function of (seed, key, d). Worked in double with
 // explicit fma and rounded once to float, so the host's libm and CUDA's agree bit for bit
 // (their log and cos differ in a double's last bit at most, far below a float's).
+// The random bits behind column d of key's initial row: one stream per (seed, key).
+SOK_TABLE_MATH uint64_t InitialStream(uint64_t seed, int64_t key) {
+  return MixBits(seed ^ MixBits(static_cast<uint64_t>(key)));
+}
+SOK_TABLE_MATH uint64_t ColumnBits(uint64_t stream, int64_t d) {
+  return MixBits(stream + static_cast<uint64_t>(d) * 0x632be59bd9b4e019ULL);
+}
+
+// Uniform in (0, 1) from the top 24 bits, never exactly 0 (log is taken of it).
+SOK_TABLE_MATH double UnitInterval(uint64_t bits) {
+  return (static_cast<double>(bits >> 40) + 0.5) / 16777216.0;
+}
+
+// Box-Muller's angle is kTwoPi * u2, rounded to double, then its cosine.
+constexpr double kTwoPi = 6.283185307179586;
+
 SOK_TABLE_MATH float InitialValue(InitKind kind, float a, float b, uint64_t seed, int64_t key,
                                    int64_t d) {
   if (kind == InitKind::kConstant) return a;
-  const uint64_t stream = MixBits(seed ^ MixBits(static_cast<uint64_t>(key)));
-  const uint64_t bits = MixBits(stream + static_cast<uint64_t>(d) * 0x632be59bd9b4e019ULL);
-  // Uniform in (0, 1): 24 random bits, never exactly 0 (log is taken of it).
-  const double u1 = (static_cast<double>(bits >> 40) + 0.5) / 16777216.0;
+  const uint64_t bits = ColumnBits(InitialStream(seed, key), d);
+  const double u1 = UnitInterval(bits);
   if (kind == InitKind::kUniform) {
     return static_cast<float>(fma(static_cast<double>(b) - static_cast<double>(a), u1,
                                   static_cast<double>(a)));
   }
-  const double u2 = (static_cast<double>(MixBits(bits) >> 40) + 0.5) / 16777216.0;
-  const double normal = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);  // Box-Muller
+  const double u2 = UnitInterval(MixBits(bits));
+  const double normal = sqrt(-2.0 * log(u1)) * cos(kTwoPi * u2);  // Box-Muller
   return static_cast<float>(fma(static_cast<double>(b), normal, static_cast<double>(a)));
 }
 
