@@ -60,6 +60,20 @@ def test_grows_past_initial_capacity_without_losing_keys():
     np.testing.assert_array_equal(table.sparse_read(keys_of(keys), insert=False).numpy(), values)
 
 
+def test_growth_inside_a_training_lookup_keeps_every_key_and_row():
+    # Lookups that insert grow the table on the op's threads (a parallel rehash): every key
+    # keeps the row it was given, read back after several doublings, repeats included.
+    table = sok.DynamicVariable(8, initializer="uniform", init_capacity=16)
+    keys = np.random.default_rng(2).choice(1 << 62, size=400_000, replace=False) - (1 << 61)
+    first_rows = []
+    for chunk in range(0, len(keys), 50_000):
+        batch = np.concatenate([keys[chunk:chunk + 50_000], keys[:1000]])  # repeats too
+        first_rows.append(table.sparse_read(keys_of(batch)).numpy()[:50_000])
+    assert table.size.numpy() == len(keys)
+    np.testing.assert_array_equal(table.sparse_read(keys_of(keys), insert=False).numpy(),
+                                  np.concatenate(first_rows))
+
+
 def test_initial_value_depends_only_on_seed_and_key():
     a = sok.DynamicVariable(8, name="same_seed")
     b = sok.DynamicVariable(8, name="same_seed")

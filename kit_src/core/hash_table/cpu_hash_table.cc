@@ -92,22 +92,35 @@ void CpuHashTable::Touch(int64_t slot, uint64_t clock) {
   }
 }
 
-void CpuHashTable::Rehash(int64_t num_slots) {
+void CpuHashTable::Rehash(int64_t num_slots, const ParallelFor& parallel_for) {
   HugePageArray<Slot> old_slots = std::move(slots_);
   HugePageArray<float> old_values = std::move(values_);
   const int64_t width = RowWidth();
   slots_ = HugePageArray<Slot>(num_slots);  // zeroed: every slot empty
   values_ = HugePageArray<float>(num_slots * width);
   mask_ = num_slots - 1;
-  for (int64_t old = 0; old < old_slots.size(); ++old) {
-    const uint64_t meta = old_slots[old].meta.load(std::memory_order_relaxed);
-    if (!(meta & kOccupied)) continue;
-    int64_t slot = Home(old_slots[old].key);
-    while (Occupied(slot)) slot = (slot + 1) & mask_;
-    slots_[slot].key = old_slots[old].key;
-    slots_[slot].meta.store(meta, std::memory_order_relaxed);
-    std::memcpy(Row(slot), old_values.data() + old * width, width * sizeof(float));
-  }
+  // Old slots in parallel: each key claims the first free slot of its probe run, as
+  // ClaimSlot does (keys are distinct, and no slot empties meanwhile, so a claimed slot is
+  // simply passed over). The layout then depends on the threads' timing; nothing reads it
+  // but the probes.
+  parallel_for(old_slots.size(), 2 * width + 20, [&](int64_t begin, int64_t end) {
+    for (int64_t old = begin; old < end; ++old) {
+      const uint64_t meta = old_slots[old].meta.load(std::memory_order_relaxed);
+      if (!(meta & kOccupied)) continue;
+      const int64_t key = old_slots[old].key;
+      for (int64_t slot = Home(key);; slot = (slot + 1) & mask_) {
+        uint64_t empty = 0;
+        if (!slots_[slot].meta.compare_exchange_strong(empty, kClaimed,
+                                                       std::memory_order_acq_rel)) {
+          continue;
+        }
+        slots_[slot].key = key;
+        std::memcpy(Row(slot), old_values.data() + old * width, width * sizeof(float));
+        slots_[slot].meta.store(meta, std::memory_order_release);
+        break;
+      }
+    }
+  });
 }
 
 int64_t CpuHashTable::FindOrInsertSlot(int64_t key, uint32_t now) {
@@ -211,7 +224,8 @@ int64_t CpuHashTable::CountNewKeys(const int64_t* keys, const std::vector<uint8_
   return std::unique(new_keys.begin(), new_keys.end()) - new_keys.begin();
 }
 
-Status CpuHashTable::Reserve(int64_t incoming, EvictedRows* evicted) {
+Status CpuHashTable::Reserve(int64_t incoming, EvictedRows* evicted,
+                             const ParallelFor& parallel_for) {
   const int64_t overflow = size_ + incoming - options_.max_capacity;
   if (overflow > 0) {
     if (options_.evict == EvictStrategy::kNone || incoming > options_.max_capacity) {
@@ -240,7 +254,7 @@ Status CpuHashTable::Reserve(int64_t incoming, EvictedRows* evicted) {
     }
   }
   if (static_cast<double>(size_ + incoming) > static_cast<double>(mask_ + 1) * kMaxSlotLoad) {
-    Rehash(SlotsForKeys(size_ + incoming));
+    Rehash(SlotsForKeys(size_ + incoming), parallel_for);
   }
   return Status::Ok();
 }
@@ -307,7 +321,7 @@ Status CpuHashTable::Lookup(const int64_t* keys, int64_t n, bool insert, float* 
   const int64_t admitted = static_cast<int64_t>(missing_index.size());
   const int64_t incoming = size_ + admitted > options_.max_capacity ? CountNewKeys(keys, missing)
                                                                     : admitted;
-  Status status = Reserve(incoming, evicted);
+  Status status = Reserve(incoming, evicted, parallel_for);
   if (!status.ok()) return status;
   InsertPass(keys, missing_index.data(), admitted, values, clock, 1.0f, parallel_for);
   return Status::Ok();

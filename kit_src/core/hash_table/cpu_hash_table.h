@@ -226,8 +226,10 @@ class CpuHashTable {
   int64_t CountNewKeys(const int64_t* keys, const std::vector<uint8_t>& missing) const;
   // Makes room for `incoming` new keys (an upper bound is fine unless it would overflow
   // max_capacity): evicts or fails; grows the slot array. Exclusive lock.
-  Status Reserve(int64_t incoming, EvictedRows* evicted = nullptr);
-  void Rehash(int64_t slots);
+  // Makes room for `incoming` new keys (evicting, growing); growth rehashes with parallel_for.
+  Status Reserve(int64_t incoming, EvictedRows* evicted = nullptr,
+                 const ParallelFor& parallel_for = SerialFor);
+  void Rehash(int64_t slots, const ParallelFor& parallel_for = SerialFor);
   void EraseSlot(int64_t slot);
   void FillInitialState(float* state) const;
 
