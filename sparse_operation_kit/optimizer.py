@@ -132,6 +132,14 @@ def _unwrapped(optimizer):
     return getattr(optimizer, "inner_optimizer", None) or optimizer
 
 
+def _builds_all_at_once(optimizer):
+    """Whether `optimizer` is a new Keras optimizer: it makes every variable's slots in one
+    build(var_list) and knows no variable outside that list."""
+    inner = _unwrapped(optimizer)
+    return (hasattr(inner, "build") and hasattr(inner, "_var_key") and
+            not hasattr(inner, "_create_all_weights"))
+
+
 def _create_slots(optimizer, variable):
     """Makes `optimizer`'s slots for `variable` now (legacy Keras or TF1 optimizers)."""
     inner = _unwrapped(optimizer)
@@ -165,23 +173,44 @@ class _Staging:
         with tf.init_scope():
             self.buffer = tf.Variable(tf.zeros([rows, table.dimension]), trainable=False,
                                       name=f"{table.name.split(':')[0]}_sok_staging")
+        self.table = table
+        self.slots = {}
+        if _builds_all_at_once(optimizer):
+            return  # slots come with the optimizer's build (attach_built_slots)
         _create_slots(optimizer, self.buffer)
         inner = _unwrapped(optimizer)
-        self.slots = {}
         for name in inner.get_slot_names():
             try:
                 slot = inner.get_slot(self.buffer, name)
             except KeyError:
                 slot = None
-            if slot is None:
+            if slot is not None:
+                self._add_slot(inner, name, slot)
+
+    def attach_built_slots(self, inner):
+        """After a new Keras optimizer's build: its variables made from the buffer (named
+        "<slot>/<buffer>") become this staging's slots."""
+        suffix = "/" + self.buffer._shared_name
+        for variable in inner.variables:
+            name = variable.name.split(":")[0]
+            if not name.endswith(suffix):
                 continue
-            with tf.init_scope():
-                initial = float(slot[0, 0].numpy()) if rows else 0.0
-                self.slots[name] = (slot, DynamicVariable(
-                    table.dimension, initializer=repr(initial), mode=table.mode,
-                    name=f"{table.name.split(':')[0]}/{type(inner).__name__}/{name}",
-                    trainable=False, max_capacity=table._revival["config"]["max_capacity"],
-                    evict_strategy=table._revival["config"]["evict_strategy"]))
+            if variable.shape != self.buffer.shape:
+                raise NotImplementedError(
+                    f"{type(inner).__name__} keeps state {name} of shape {variable.shape}, not "
+                    "one row per table row; the generic path stages row-wise state only")
+            # "<slot>/<buffer>", under the optimizer's name scope where it built itself
+            self._add_slot(inner, name[:-len(suffix)].split("/")[-1], variable)
+
+    def _add_slot(self, inner, name, slot):
+        table = self.table
+        with tf.init_scope():
+            initial = float(slot[0, 0].numpy()) if slot.shape[0] else 0.0
+            self.slots[name] = (slot, DynamicVariable(
+                table.dimension, initializer=repr(initial), mode=table.mode,
+                name=f"{table.name.split(':')[0]}/{type(inner).__name__}/{name}",
+                trainable=False, max_capacity=table._revival["config"]["max_capacity"],
+                evict_strategy=table._revival["config"]["evict_strategy"]))
 
 
 class OptimizerWrapper:
@@ -191,10 +220,10 @@ class OptimizerWrapper:
     centered), Ftrl and Nadam, each from `tf.keras.optimizers.legacy` and from
     `tf.keras.optimizers`, update a dynamic table in one fused op (state stored next to the
     rows). Any other optimizer with slots (TF1 `tf.compat.v1.train` optimizers, a legacy
-    `LossScaleOptimizer`, Adam with amsgrad, custom legacy optimizers) takes the generic path:
-    a step's touched rows and their slot rows are gathered into a staging variable of
-    `generic_rows` rows, the wrapped optimizer updates it, and the rows are written back
-    (slot rows live in one dynamic table per slot: `get_slot(table, name)`).
+    `LossScaleOptimizer`, Adam with amsgrad, custom legacy optimizers, new Keras AdamW / Lion)
+    takes the generic path: a step's touched rows and their slot rows are gathered into a
+    staging variable of `generic_rows` rows, the wrapped optimizer updates it, and the rows
+    are written back (slot rows live in one dynamic table per slot: `get_slot(table, name)`).
     """
 
     def __init__(self, optimizer, generic_rows=65536):
@@ -300,9 +329,33 @@ class OptimizerWrapper:
         return {name: slot_table for name, (_, slot_table) in
                 self._staging_for(table).slots.items()}
 
+    def _build_with_staging(self, tables, others):
+        """A new Keras optimizer makes every variable's slots in its one build: at the first
+        step, the staging buffers of every table seen so far are built with the other
+        variables of that step."""
+        inner = _unwrapped(self._optimizer)
+        if getattr(inner, "_built", False):
+            missing = [t.name for t in tables if id(t) not in self._staging]
+            if missing:
+                raise NotImplementedError(
+                    f"{type(inner).__name__} was built before the sok tables {missing} reached "
+                    "it, and a new Keras optimizer cannot add variables later: pass the tables' "
+                    "gradients in its first apply_gradients, or use a legacy optimizer")
+            return
+        for table in tables:
+            self._staging_for(table)
+        stagings = list(self._staging.values())
+        with tf.init_scope():
+            inner.build(list(others) + [staging.buffer for staging in stagings])
+        for staging in stagings:
+            staging.attach_built_slots(inner)
+
     def _apply_generic(self, dynamic, others, kwargs):
         """Stages each dynamic table's touched rows and slot rows, lets the wrapped optimizer
         update them with the other variables in one apply_gradients, writes them back."""
+        if _builds_all_at_once(self._optimizer):
+            self._build_with_staging([table for grad, table in dynamic if grad is not None],
+                                     [v for _, v in others])
         staged, write_back = [], []
         for grad, table in dynamic:
             if grad is None:

@@ -203,3 +203,61 @@ def test_generic_path_slots_are_dumped_and_loaded_into_a_new_wrapper(tmp_path):
     for name, expected in slots.items():
         np.testing.assert_array_equal(fresh.get_slot(table, name).sparse_read(
             keys, insert=False).numpy(), expected)
+
+
+NEW_KERAS_GENERIC = {
+    "adamw": lambda: tf.keras.optimizers.AdamW(0.05, weight_decay=0.01),
+    "lion": lambda: tf.keras.optimizers.Lion(0.01),
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("name", sorted(NEW_KERAS_GENERIC))
+def test_new_keras_optimizers_without_a_fused_rule_take_the_generic_path(name, mode):
+    # A new Keras optimizer builds every variable's slots at once: the wrapper builds it at
+    # the first step with the tables' staging buffers and that step's tf.Variables, so one
+    # optimizer updates both. Reference: the same optimizer on tf.Variables holding the rows.
+    table = sok.DynamicVariable(DIM, name=f"new_generic_{name}_{mode}")
+    keys = tf.constant([7, -3, 1 << 40], tf.int64)
+    initial = table.sparse_read(keys).numpy()
+    dense = tf.Variable(np.linspace(-1, 1, 6).astype(np.float32))
+    ref_rows, ref_dense = tf.Variable(initial), tf.Variable(dense.numpy())
+    wrapper = sok.OptimizerWrapper(NEW_KERAS_GENERIC[name](), generic_rows=8)
+    reference = NEW_KERAS_GENERIC[name]()
+    rng = np.random.default_rng(4)
+
+    def step(row_grad, dense_grad):
+        wrapper.apply_gradients([(tf.IndexedSlices(row_grad, keys), table), (dense_grad, dense)])
+
+    run = step if mode == "eager" else tf.function(step)
+    for _ in range(4):
+        row_grad = rng.normal(size=[3, DIM]).astype(np.float32)
+        dense_grad = rng.normal(size=[6]).astype(np.float32)
+        run(tf.constant(row_grad), tf.constant(dense_grad))
+        reference.apply_gradients([(tf.constant(row_grad), ref_rows),
+                                   (tf.constant(dense_grad), ref_dense)])
+    np.testing.assert_allclose(table.sparse_read(keys, insert=False).numpy(), ref_rows.numpy(),
+                               rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(dense.numpy(), ref_dense.numpy(), rtol=2e-5, atol=1e-6)
+    ref_slots = {v.name.split(":")[0].split("/")[-2]: v for v in reference.variables
+                 if v.shape == ref_rows.shape}
+    assert set(wrapper.generic_slot_tables(table)) == set(ref_slots) and ref_slots
+    for slot_name, ref_slot in ref_slots.items():
+        np.testing.assert_allclose(
+            wrapper.get_slot(table, slot_name).sparse_read(keys, insert=False).numpy(),
+            ref_slot.numpy(), rtol=2e-5, atol=1e-6)
+
+
+def test_new_keras_generic_path_refusals_name_the_way_out():
+    grad = tf.IndexedSlices(tf.ones([1, DIM]), tf.constant([1], tf.int64))
+    table = sok.DynamicVariable(DIM, name="new_generic_late")
+    built = tf.keras.optimizers.AdamW(0.01)
+    other = tf.Variable(tf.ones([2]))
+    built.apply_gradients([(tf.ones([2]), other)])  # built without the table
+    with pytest.raises(NotImplementedError, match="cannot add variables later: pass the "
+                                                  "tables' gradients in its first"):
+        sok.OptimizerWrapper(built).apply_gradients([(grad, table)])
+    factored = sok.DynamicVariable(DIM, name="new_generic_factored")
+    with pytest.raises(NotImplementedError, match="not one row per table row"):
+        sok.OptimizerWrapper(tf.keras.optimizers.Adafactor(0.01)).apply_gradients(
+            [(grad, factored)])
