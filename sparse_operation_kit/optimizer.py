@@ -206,11 +206,16 @@ class _Staging:
         table = self.table
         with tf.init_scope():
             initial = float(slot[0, 0].numpy()) if slot.shape[0] else 0.0
-            self.slots[name] = (slot, DynamicVariable(
+            slot_table = DynamicVariable(
                 table.dimension, initializer=repr(initial), mode=table.mode,
                 name=f"{table.name.split(':')[0]}/{type(inner).__name__}/{name}",
                 trainable=False, max_capacity=table._revival["config"]["max_capacity"],
-                evict_strategy=table._revival["config"]["evict_strategy"]))
+                evict_strategy=table._revival["config"]["evict_strategy"])
+        self.slots[name] = (slot, slot_table)
+        # A tf.train.Checkpoint of the table carries the slot's rows too; restoring into a
+        # new table fills the slot table when a wrapper makes it (deferred restoration).
+        table._track_trackable(slot_table, name=f"sok_generic_slot/{type(inner).__name__}/{name}",
+                               overwrite=True)
 
 
 class OptimizerWrapper:

@@ -349,13 +349,3 @@ def test_sok_sgd():
     sok.SGD(0.25).apply_gradients([(tf.IndexedSlices(tf.ones([2, 2]), tf.constant([7, 7], tf.int64)),
                                     table)])
     np.testing.assert_allclose(table.sparse_read(tf.constant([7], tf.int64)).numpy(), [[0.5, 0.5]])
-
-
-def test_new_keras_optimizer_without_a_fused_rule_is_refused_clearly():
-    # The generic path stages slots through legacy Keras or TF1 slot APIs; the new Keras
-    # optimizers keep theirs otherwise.
-    table = sok.DynamicVariable(2)
-    grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64))
-    with pytest.raises(NotImplementedError, match="Lion has no fused sok rule and makes its "
-                                                  "slots in a way the generic path cannot"):
-        sok.OptimizerWrapper(tf.keras.optimizers.Lion(0.1)).apply_gradients([(grad, table)])
