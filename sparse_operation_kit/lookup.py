@@ -140,31 +140,36 @@ def _group_tables(lookups):
     return groups
 
 
+def _unique_tables(lookups):
+    """(the lookups' tables, each once, in first-seen order; each lookup's index among them)."""
+    index = {}
+    for lookup in lookups:
+        index.setdefault(id(lookup.table), (len(index), lookup.table))
+    tables = [table for _, table in index.values()]
+    return tables, [index[id(lookup.table)][0] for lookup in lookups]
+
+
+def _partition_keys(ids, lookup_table, tables, dynamic):
+    """Sok>PartitionKeys over the group's tables: (send keys, splits, position)."""
+    placements = [_placement_attrs(table) for table in tables]
+    return raw_ops.sok_partition_keys(
+        ids=ids, lookup_table=lookup_table, table_rows=[rows for rows, _ in placements],
+        table_owner=[owner if owner != DISTRIBUTED else -1 for _, owner in placements],
+        table_names=[table.name for table in tables], num_workers=communication.num_workers(),
+        table_dynamic=[dynamic] * len(tables), pair_keys=dynamic)
+
+
 def _fused_group(lookups, dim, dynamic=False, training=True, low_frequency_filter=False,
                  compress=False):
     """Runs the op chain for lookups whose tables share `dim`; returns one output each."""
-    tables = []  # unique tables, by identity, in first-seen order
-    table_index = {}
-    for lookup in lookups:
-        key = id(lookup.table)
-        if key not in table_index:
-            table_index[key] = len(tables)
-            tables.append(lookup.table)
+    tables, lookup_table = _unique_tables(lookups)
     for table in tables:  # so GradientTape and tf.function see the tables being read
         resource_variable_ops.variable_accessed(table)
-    placements = [_placement_attrs(table) for table in tables]
     # int64 ids: TensorFlow keeps int32 tensors of GPU kernels in host memory.
     ids = [tf.cast(lookup.ids, tf.int64) for lookup in lookups]
 
     # Input distribution.
-    send_keys, splits, position = raw_ops.sok_partition_keys(
-        ids=ids,
-        lookup_table=[table_index[id(lookup.table)] for lookup in lookups],
-        table_rows=[rows for rows, _ in placements],
-        table_owner=[owner if owner != DISTRIBUTED else -1 for _, owner in placements],
-        table_names=[table.name for table in tables],
-        num_workers=communication.num_workers(),
-        table_dynamic=[dynamic] * len(tables), pair_keys=dynamic)
+    send_keys, splits, position = _partition_keys(ids, lookup_table, tables, dynamic)
     row_splits = [lookup.row_splits for lookup in lookups]
     empty = tf.zeros([0], tf.float32)
     weights = [empty if lookup.weights is None else lookup.weights for lookup in lookups]
@@ -268,9 +273,7 @@ def _either_id_path_group(lookups, dim):
     (no dedup, no sort, no copy); otherwise the fused chain runs. The choice is made per step
     by a tf.cond inside a custom gradient, so the tables' gradients stay IndexedSlices on both
     branches (a tf.cond that autodiff differentiates would make them dense)."""
-    tables = list({id(lookup.table): lookup.table for lookup in lookups}.values())
-    table_of = {id(table): t for t, table in enumerate(tables)}
-    lookup_table = [table_of[id(lookup.table)] for lookup in lookups]
+    tables, lookup_table = _unique_tables(lookups)
     for table in tables:
         resource_variable_ops.variable_accessed(table)
     names = [table.name for table in tables]
@@ -294,7 +297,7 @@ def _either_id_path_group(lookups, dim):
                 return list(outputs), empty_keys, empty_position, tf.constant(True)
 
         def rows_of_fused_chain():
-            keys, _, position = _partition_on_one_worker(ids, lookup_table, tables)
+            keys, _, position = _partition_keys(ids, lookup_table, tables, dynamic=False)
             outputs = raw_ops.sok_combine_from_shards(
                 shards=list(handles), keys=keys, position=position, row_splits=row_splits,
                 weights=[tf.zeros([0], tf.float32)] * len(lookups), combiners=combiners,
@@ -347,14 +350,6 @@ def _unknown_rows(tensor):
 
 def _concat(tensors):
     return tensors[0] if len(tensors) == 1 else tf.concat(tensors, 0)
-
-
-def _partition_on_one_worker(ids, lookup_table, tables):
-    """Sok>PartitionKeys for static tables on one worker: (keys, splits, position)."""
-    return raw_ops.sok_partition_keys(
-        ids=ids, lookup_table=lookup_table, table_rows=[_placement_attrs(t)[0] for t in tables],
-        table_owner=[0] * len(tables), table_names=[table.name for table in tables],
-        num_workers=1, table_dynamic=[False] * len(tables), pair_keys=False)
 
 
 def _lookup_group(lookups, dim, dynamic, training, low_frequency_filter, compress):

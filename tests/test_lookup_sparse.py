@@ -238,6 +238,19 @@ def one_id_batch(rng, batch, vocab, id_dtype=tf.int64):
     return tf.RaggedTensor.from_tensor(ids)
 
 
+def shared_table_lookups(tables, ids, cotangents):
+    """Three lookups, the first and third sharing table a, with COMBINERS: (sok outputs, TF's,
+    sok gradients of a and b, TF's) for the loss sum(output * cotangent)."""
+    a, b, ref_a, ref_b = tables
+    with tf.GradientTape(persistent=True) as tape:
+        outs = sok.lookup_sparse([a, b, a], ids, combiners=COMBINERS)
+        refs = [reference(t, i, None, c) for t, i, c in zip([ref_a, ref_b, ref_a], ids,
+                                                             COMBINERS)]
+        loss = tf.add_n([tf.reduce_sum(o * c) for o, c in zip(outs, cotangents)])
+        ref_loss = tf.add_n([tf.reduce_sum(r * c) for r, c in zip(refs, cotangents)])
+    return outs, refs, tape.gradient(loss, [a, b]), tape.gradient(ref_loss, [ref_a, ref_b])
+
+
 @pytest.mark.parametrize("mode", ["eager", "function"])
 @pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
 def test_one_id_per_sample_path_matches_reference(id_dtype, mode):
@@ -247,17 +260,10 @@ def test_one_id_per_sample_path_matches_reference(id_dtype, mode):
     a, b, ref_a, ref_b = sok.Variable(init_a), sok.Variable(init_b), tf.Variable(init_a), \
         tf.Variable(init_b)
     ids = [one_id_batch(rng, 64, 50, id_dtype) for _ in range(3)]
-    combiners = ["sum", "mean", "sqrtn"]
     cotangents = [tf.constant(rng.normal(size=[64, 8]).astype(np.float32)) for _ in range(3)]
 
     def step():
-        with tf.GradientTape(persistent=True) as tape:
-            outs = sok.lookup_sparse([a, b, a], ids, combiners=combiners)
-            refs = [reference(t, i, None, c) for t, i, c in zip([ref_a, ref_b, ref_a], ids,
-                                                                 combiners)]
-            loss = tf.add_n([tf.reduce_sum(o * c) for o, c in zip(outs, cotangents)])
-            ref_loss = tf.add_n([tf.reduce_sum(r * c) for r, c in zip(refs, cotangents)])
-        return (outs, refs, tape.gradient(loss, [a, b]), tape.gradient(ref_loss, [ref_a, ref_b]))
+        return shared_table_lookups((a, b, ref_a, ref_b), ids, cotangents)
 
     outs, refs, grads, ref_grads = run_mode(mode, step)
     for out, ref in zip(outs, refs):
@@ -301,17 +307,10 @@ def test_one_id_per_sample_chosen_at_run_time(id_dtype):
     init_a, init_b = (rng.normal(size=[40, 8]).astype(np.float32) for _ in range(2))
     a, b, ref_a, ref_b = (sok.Variable(init_a), sok.Variable(init_b), tf.Variable(init_a),
                           tf.Variable(init_b))
-    combiners = ["sum", "mean", "sqrtn"]
 
     @tf.function
     def step(ids, cotangents):
-        with tf.GradientTape(persistent=True) as tape:
-            outs = sok.lookup_sparse([a, b, a], ids, combiners=combiners)
-            refs = [reference(t, i, None, c) for t, i, c in zip([ref_a, ref_b, ref_a], ids,
-                                                                 combiners)]
-            loss = tf.add_n([tf.reduce_sum(o * c) for o, c in zip(outs, cotangents)])
-            ref_loss = tf.add_n([tf.reduce_sum(r * c) for r, c in zip(refs, cotangents)])
-        return (outs, refs, tape.gradient(loss, [a, b]), tape.gradient(ref_loss, [ref_a, ref_b]))
+        return shared_table_lookups((a, b, ref_a, ref_b), ids, cotangents)
 
     for one_id in [True, False, True, False]:
         lengths = [np.ones(12, np.int64) if one_id else rng.integers(0, 4, size=12)
