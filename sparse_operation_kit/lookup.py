@@ -44,7 +44,21 @@ def _as_list(value, what):
     raise TypeError(f"{what} must be a list, got {type(value).__name__}")
 
 
-def _flatten_ids(sp_ids, index):
+def _sparse_as_ragged(sp_ids, on_gpu):
+    """A SparseTensor's rows as a RaggedTensor. On the CPU through tf.RaggedTensor.from_sparse,
+    which checks that the ids are in row-major order (tf.sparse.reorder) and costs little there;
+    on a GPU that check would make every step wait for the device, so the row splits come from
+    a binary search of the row ids instead (ids out of order give wrong rows, as TF's own
+    GPU lookups do)."""
+    if not on_gpu:
+        return tf.RaggedTensor.from_sparse(sp_ids)
+    rows = sp_ids.dense_shape[0]
+    row_splits = tf.searchsorted(sp_ids.indices[:, 0], tf.range(rows + 1), side="left",
+                                 out_type=tf.int64)
+    return tf.RaggedTensor.from_row_splits(sp_ids.values, row_splits, validate=False)
+
+
+def _flatten_ids(sp_ids, index, on_gpu=False):
     if isinstance(sp_ids, tf.RaggedTensor):
         if sp_ids.ragged_rank != 1 or sp_ids.shape.rank != 2:
             raise ValueError(f"sp_ids[{index}] must be a 2-D RaggedTensor [batch, None], got "
@@ -54,7 +68,7 @@ def _flatten_ids(sp_ids, index):
         if sp_ids.shape.rank is not None and sp_ids.shape.rank != 2:
             raise ValueError(f"sp_ids[{index}] must be a 2-D SparseTensor, got rank "
                              f"{sp_ids.shape.rank}")
-        ragged = tf.RaggedTensor.from_sparse(sp_ids)
+        ragged = _sparse_as_ragged(sp_ids, on_gpu)
     else:
         raise TypeError(f"sp_ids[{index}] must be a tf.SparseTensor or tf.RaggedTensor, got "
                         f"{type(sp_ids).__name__}")
@@ -125,7 +139,7 @@ def _validate(params, sp_ids, sp_weights, combiners):
     lookups = []
     for i, (param, ids, weights, combiner) in enumerate(zip(params, sp_ids, sp_weights, combiners)):
         _check_table(param, i)
-        values, row_splits, one_id = _flatten_ids(ids, i)
+        values, row_splits, one_id = _flatten_ids(ids, i, _table_on_gpu(param))
         lookups.append(_Lookup(param, values, row_splits, _flatten_weights(weights, i), combiner,
                                one_id))
     return lookups
@@ -262,8 +276,12 @@ def _one_id_at_run_time(lookups):
     return checks[0] if len(checks) == 1 else tf.reduce_all(tf.stack(checks))
 
 
+def _table_on_gpu(table):
+    return "GPU" in table.handle.device.upper()
+
+
 def _on_gpu(lookups):
-    return any("GPU" in lookup.table.handle.device.upper() for lookup in lookups)
+    return any(_table_on_gpu(lookup.table) for lookup in lookups)
 
 
 def _either_id_path_group(lookups, dim):

@@ -88,6 +88,57 @@ def test_lookup_matches_tf(device, mode, combiner, weighted, dim, id_dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", ["ragged", "sparse"])
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("dim", [4, 128, 130])
+def test_hot_rows_and_sparse_ids_match_tf(device, form, combiner, dim):
+    """Zipf ids, so a few rows take thousands of uses (the GPU backward sums sorted uses in
+    chunks: a hot row spans many), trailing empty samples, weighted lookups, and ids given
+    as a SparseTensor (on a GPU its row splits come from a search, not from_sparse)."""
+    rng = np.random.default_rng(dim + len(combiner) + len(form))
+    vocabs, batch = [3, 1000, 5000], 3001
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
+    with tf.device(f"{device}:0"):
+        tables = [sok.Variable(init) for init in inits]
+    with tf.device("CPU:0"):
+        refs = [tf.Variable(init) for init in inits]
+    lengths = rng.integers(0, 7, size=batch)
+    lengths[-5:] = 0
+    row_lengths = tf.constant(lengths, tf.int64)
+    batches = [(tf.RaggedTensor.from_row_lengths(
+                    tf.constant((rng.zipf(1.3, size=lengths.sum()) - 1) % v, tf.int64),
+                    row_lengths),
+                tf.RaggedTensor.from_row_lengths(
+                    tf.constant(rng.uniform(0.5, 2.0, size=lengths.sum()).astype(np.float32)),
+                    row_lengths)) for v in vocabs]
+    weights = [None, batches[1][1], None]
+    given = [(ids if form == "ragged" else ids.to_sparse(),
+              None if w is None else (w if form == "ragged" else w.to_sparse()))
+             for (ids, _), w in zip(batches, weights)]
+    cotangents = [tf.constant(rng.normal(size=[batch, dim]).astype(np.float32)) for _ in vocabs]
+
+    def step():
+        with tf.GradientTape() as tape:
+            outs = sok.lookup_sparse(tables, [ids for ids, _ in given], [w for _, w in given],
+                                     [combiner] * len(tables))
+            loss = sum(tf.reduce_sum(o * c) for o, c in zip(outs, cotangents))
+        return outs, tape.gradient(loss, tables)
+
+    outs, grads = on(device, tf.function(step))
+    with tf.device("CPU:0"):
+        with tf.GradientTape() as tape:
+            ref_outs = [tf.nn.safe_embedding_lookup_sparse(
+                r, ids.to_sparse(), None if w is None else w.to_sparse(), combiner=combiner)
+                for r, (ids, _), w in zip(refs, batches, weights)]
+            ref_loss = sum(tf.reduce_sum(o * c) for o, c in zip(ref_outs, cotangents))
+        ref_grads = tape.gradient(ref_loss, refs)
+    for out, ref, grad, ref_grad in zip(outs, ref_outs, grads, ref_grads):
+        assert device in out.device
+        np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(dense_grad(grad), dense_grad(ref_grad), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
 @pytest.mark.parametrize("dim", [2, 32, 128])
 def test_one_id_path_matches_gather(device, id_dtype, dim):

@@ -1,5 +1,10 @@
 #include "kit_src/core/embedding/lookup_gpu.cuh"
 
+#include <cub/cub.cuh>
+
+#include <algorithm>
+#include <type_traits>
+
 #include "kit_src/core/cuda_scratch.cuh"
 #include "kit_src/core/embedding/packed_key.h"
 
@@ -336,34 +341,86 @@ __device__ __forceinline__ void AtomicAddVec(float* to, float4 x) {
 #endif
 }
 
-template <int kVec>
-__global__ void ScatterGradKernel(const GpuPooledLookup* lookups, int32_t num_lookups,
-                                  int64_t samples, const int64_t* use_first,
-                                  const int32_t* position, int64_t num_rows, int64_t dim,
-                                  float* rows_grad, int group, LookupCheck* check) {
+// Each use's share of the backward: the output-gradient row of its sample and its scale
+// (weight / denominator; 0 where the denominator is 0: the forward pooled such a sample to 0).
+__global__ void UseSharesKernel(const GpuPooledLookup* lookups, int32_t num_lookups,
+                                int64_t samples, const int64_t* use_first, int64_t dim,
+                                const float** use_row, float* use_scale, int32_t* order,
+                                int64_t positions, const LookupCheck* check) {
+  for (int64_t k = GlobalThread(); k < positions; k += GridThreads()) {
+    order[k] = static_cast<int32_t>(k);
+  }
   if (CheckFailed(check)) return;
-  using V = typename Vec<kVec>::type;
-  const int lane = threadIdx.x % group;
-  for (int64_t g = GlobalThread() / group; g < samples; g += GridThreads() / group) {
+  for (int64_t g = GlobalThread(); g < samples; g += GridThreads()) {
     const int32_t l = FindSampleLookup(lookups, num_lookups, g);
     const GpuPooledLookup& lookup = lookups[l];
     const int64_t s = g - lookup.first_sample;
     const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];
     const float denominator = Denominator(lookup, begin, end);
-    if (begin == end || denominator == 0.0f) continue;
-    const int32_t* pos = position + use_first[l];
-    for (int64_t d = lane * kVec; d < dim; d += group * kVec) {
-      const V grad = __ldg(reinterpret_cast<const V*>(lookup.output_grad + s * dim + d));
-      for (int64_t i = begin; i < end; ++i) {
-        const int32_t p = pos[i];
-        if (p < 0 || p >= num_rows) {
-          RecordBad(check, EncodeBad(l, BadKind::kBadPosition, i));
-          continue;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t use = use_first[l] + i;
+      use_row[use] = lookup.output_grad + s * dim;
+      use_scale[use] = denominator == 0.0f
+                           ? 0.0f
+                           : (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
+    }
+  }
+}
+
+// Sorted uses are summed in chunks of kUsesPerChunk by groups of lanes across the row. A row's
+// sum is stored where all its uses lie in the chunk, else added atomically (rows_grad starts
+// at zero).
+constexpr int kUsesPerChunk = 32;
+
+template <int kVec>
+__global__ void SumSortedUsesKernel(const uint32_t* sorted_position, const int32_t* order,
+                                    const float* const* use_row, const float* use_scale,
+                                    int64_t positions, int64_t num_rows, int64_t dim,
+                                    float* rows_grad, int group, LookupCheck* check) {
+  if (CheckFailed(check)) return;
+  using V = typename Vec<kVec>::type;
+  extern __shared__ char staged_bytes[];  // per group: the chunk's rows and scales
+  const int lane = threadIdx.x % group;
+  const int slot = threadIdx.x / group;
+  const float** rows = reinterpret_cast<const float**>(staged_bytes) + slot * kUsesPerChunk;
+  float* scales = reinterpret_cast<float*>(
+                      reinterpret_cast<const float**>(staged_bytes) +
+                      (blockDim.x / group) * kUsesPerChunk) +
+                  slot * kUsesPerChunk;
+  const int64_t chunks = (positions + kUsesPerChunk - 1) / kUsesPerChunk;
+  // Every group of a block runs the same number of iterations (the __syncwarp below).
+  const int64_t groups = GridThreads() / group;
+  for (int64_t c0 = blockIdx.x * int64_t{blockDim.x / group}; c0 < chunks; c0 += groups) {
+    const int64_t c = c0 + slot;
+    const int64_t first = c * kUsesPerChunk;
+    const int64_t last = c < chunks ? min(positions, first + kUsesPerChunk) : first;
+    for (int64_t k = first + lane; k < last; k += group) {
+      const int32_t use = order[k];
+      rows[k - first] = use_row[use];
+      scales[k - first] = use_scale[use];
+    }
+    __syncwarp();
+    for (int64_t d = lane * kVec; d < dim && first < last; d += group * kVec) {
+      V acc = Vec<kVec>::Zero();
+      bool began_here = first == 0 || sorted_position[first - 1] != sorted_position[first];
+      for (int64_t k = first; k < last; ++k) {
+        Vec<kVec>::Fma(acc, scales[k - first],
+                       __ldg(reinterpret_cast<const V*>(rows[k - first] + d)));
+        const uint32_t p = sorted_position[k];
+        const bool ends_here = k + 1 == positions || sorted_position[k + 1] != p;
+        if (k + 1 < last && !ends_here) continue;
+        if (p >= num_rows) {
+          if (d == lane * kVec) RecordBad(check, EncodeBad(0, BadKind::kBadPosition, order[k]));
+        } else if (began_here && ends_here) {
+          *reinterpret_cast<V*>(rows_grad + int64_t{p} * dim + d) = acc;
+        } else {
+          AtomicAddVec(rows_grad + int64_t{p} * dim + d, acc);
         }
-        const float scale = (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
-        AtomicAddVec(rows_grad + int64_t{p} * dim + d, Vec<kVec>::Scale(scale, grad));
+        acc = Vec<kVec>::Zero();
+        began_here = true;
       }
     }
+    __syncwarp();
   }
 }
 
@@ -557,14 +614,45 @@ cudaError_t CombineForwardGpu(const GpuPooledLookup* lookups_device, int32_t num
 
 cudaError_t CombineBackwardGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
                                int64_t samples, const int64_t* use_first, const int32_t* position,
-                               int64_t num_rows, int64_t dim, float* rows_grad,
+                               int64_t positions, int64_t num_rows, int64_t dim,
+                               const DeviceAllocate& allocate, float* rows_grad,
                                LookupCheck* check, cudaStream_t stream) {
   cudaError_t status = cudaMemsetAsync(rows_grad, 0, num_rows * dim * sizeof(float), stream);
-  if (status != cudaSuccess || samples == 0) return status;
+  if (status != cudaSuccess || samples == 0 || positions == 0) return status;
+  auto get = [&](auto** out, int64_t count) {
+    *out = static_cast<std::remove_reference_t<decltype(**out)>*>(
+        allocate(std::max<size_t>(count * sizeof(**out), 1)));
+    return *out != nullptr;
+  };
+  const float** use_row = nullptr;
+  float* use_scale = nullptr;
+  int32_t *order = nullptr, *sorted_order = nullptr;
+  uint32_t* sorted_position = nullptr;
+  if (!(get(&use_row, positions) && get(&use_scale, positions) && get(&order, positions) &&
+        get(&sorted_order, positions) && get(&sorted_position, positions))) {
+    return cudaErrorMemoryAllocation;
+  }
+  UseSharesKernel<<<GridBlocks(std::max(samples, positions), kThreads), kThreads, 0, stream>>>(
+      lookups_device, num_lookups, samples, use_first, dim, use_row, use_scale, order, positions,
+      check);
+  int end_bit = 1;
+  while (end_bit < 32 && (int64_t{1} << end_bit) < num_rows) ++end_bit;
+  const uint32_t* keys = reinterpret_cast<const uint32_t*>(position);
+  size_t sort_bytes = 0;
+  cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, sorted_position, order,
+                                  sorted_order, static_cast<int>(positions), 0, end_bit, stream);
+  char* temp = nullptr;
+  if (!get(&temp, static_cast<int64_t>(sort_bytes))) return cudaErrorMemoryAllocation;
+  status = cub::DeviceRadixSort::SortPairs(temp, sort_bytes, keys, sorted_position, order,
+                                           sorted_order, static_cast<int>(positions), 0, end_bit,
+                                           stream);
+  if (status != cudaSuccess) return status;
   return LaunchByVector(dim, [&](auto vec) {
     const int group = RowGroup(dim, vec.value);
-    ScatterGradKernel<vec.value><<<GridFor(samples, group), kThreads, 0, stream>>>(
-        lookups_device, num_lookups, samples, use_first, position, num_rows, dim, rows_grad,
+    const int64_t chunks = (positions + kUsesPerChunk - 1) / kUsesPerChunk;
+    const size_t shared = (kThreads / group) * kUsesPerChunk * (sizeof(float*) + sizeof(float));
+    SumSortedUsesKernel<vec.value><<<GridFor(chunks, group), kThreads, shared, stream>>>(
+        sorted_position, sorted_order, use_row, use_scale, positions, num_rows, dim, rows_grad,
         group, check);
   });
 }

@@ -9,10 +9,14 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "kit_src/core/embedding/lookup_check.h"
 
 namespace sok {
+
+// Device scratch of `bytes` bytes for one call, or null when out of memory.
+using DeviceAllocate = std::function<void*(size_t bytes)>;
 
 // Resets a check record (stream-ordered).
 cudaError_t ResetLookupCheck(LookupCheck* check, cudaStream_t stream);
@@ -153,10 +157,13 @@ cudaError_t CombineForwardGpu(const GpuPooledLookup* lookups_device, int32_t num
                               LookupCheck* check, cudaStream_t stream);
 
 // rows_grad ([num_rows, dim], overwritten) = sum over the uses of each row of their share of
-// the output gradients (atomics).
+// the output gradients. The uses are radix-sorted by the row they name and summed in chunks
+// of consecutive sorted uses, so a row's sum is written once per chunk it spans (an atomic
+// only where a row's uses cross a chunk's edge): a hot id's uses do not contend on one row.
 cudaError_t CombineBackwardGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
                                int64_t samples, const int64_t* use_first, const int32_t* position,
-                               int64_t num_rows, int64_t dim, float* rows_grad,
+                               int64_t positions, int64_t num_rows, int64_t dim,
+                               const DeviceAllocate& allocate, float* rows_grad,
                                LookupCheck* check, cudaStream_t stream);
 
 // Fills value_a / value_b of the record the combine checks left.

@@ -26,9 +26,6 @@ struct SparseApplyTable {
   int num_slots = 0;
 };
 
-// Device scratch of `bytes` bytes for one call, or null when out of memory.
-using DeviceAllocate = std::function<void*(size_t bytes)>;
-
 struct SparseGradient {
   const int64_t* ids = nullptr;  // [n] rows, duplicates allowed
   const float* values = nullptr; // [n, dim]

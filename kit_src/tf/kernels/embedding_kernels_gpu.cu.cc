@@ -150,7 +150,8 @@ class CombineGpuBase : public tf::AsyncOpKernel {
            int64_t samples, const tf::Tensor& position, int64_t num_rows,
            GpuRowSource source, const std::vector<GpuShard>& shards,
            const std::function<cudaError_t(const GpuPooledLookup*, const int64_t*,
-                                           const GpuRowSource&, LookupCheck*)>& run) {
+                                           const GpuRowSource&, LookupCheck*,
+                                           GpuCallMemory*)>& run) {
     auto memory = std::make_shared<GpuCallMemory>();
     const cudaStream_t stream = GpuStream(ctx);
     const int32_t n = static_cast<int32_t>(lookups.size());
@@ -176,7 +177,8 @@ class CombineGpuBase : public tf::AsyncOpKernel {
                                                           use_first, check.device, stream),
                                        "combine check"),
                          done);
-    OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(run(lookups_device, use_first, source, check.device),
+    OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(run(lookups_device, use_first, source, check.device,
+                                           memory.get()),
                                        "combine"),
                          done);
     if (!validate_) {  // inputs built by lookup_sparse: the kernels stay in bounds, no verdict
@@ -226,7 +228,7 @@ class CombineGpuBase : public tf::AsyncOpKernel {
     const cudaStream_t stream = GpuStream(ctx);
     Run(ctx, done, lookups, samples, position, num_rows, source, shards,
         [&](const GpuPooledLookup* device, const int64_t* use_first, const GpuRowSource& src,
-            LookupCheck* check) {
+            LookupCheck* check, GpuCallMemory*) {
           return CombineForwardGpu(device, n, samples, use_first, positions, src, num_rows, dim,
                                    check, stream);
         });
@@ -795,9 +797,10 @@ class CombineBackwardGpuOp : public CombineGpuBase {
     const cudaStream_t stream = GpuStream(ctx);
     Run(ctx, done, lookups, samples, position, num_rows, GpuRowSource(), {},
         [&](const GpuPooledLookup* device, const int64_t* use_first, const GpuRowSource&,
-            LookupCheck* check) {
-          return CombineBackwardGpu(device, n, samples, use_first, Positions(position), num_rows,
-                                    dim, out, check, stream);
+            LookupCheck* check, GpuCallMemory* memory) {
+          return CombineBackwardGpu(device, n, samples, use_first, Positions(position),
+                                    position.NumElements(), num_rows, dim,
+                                    ScratchFrom(ctx, memory), out, check, stream);
         });
   }
 };
