@@ -104,7 +104,10 @@ def multi_table(name, hotness_max, combiner):
     # RaggedTensor built inside the step with validation costs ~12 ms of device waits per
     # step for 26 features, on either side).
     ragged = [tf.RaggedTensor.from_row_lengths(i, row_lengths) for i in ids]
-    sparse = [r.to_sparse() for r in ragged]
+    # to_sparse runs on the CPU: ids and indices are brought to the GPU, as a pipeline's
+    # prefetch to the device does (dense_shape stays in host memory, where ops read it).
+    sparse = [tf.SparseTensor(tf.identity(s.indices), tf.identity(s.values), s.dense_shape)
+              for s in (r.to_sparse() for r in ragged)]
     single = [tf.RaggedTensor.from_tensor(i[:, None]) for i in ids] if hotness_max == 1 else None
     sok_opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.01))
     tf_opt = tf.keras.optimizers.legacy.SGD(0.01)

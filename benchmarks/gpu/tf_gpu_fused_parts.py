@@ -103,7 +103,8 @@ def main():
         report("raw partition_keys + combine_from_shards", partition_combine)
         report("train ragged built in step", train(in_step))
         report("train ragged given", train(lambda: given))
-        sparse = [r.to_sparse() for r in given]
+        sparse = [tf.SparseTensor(tf.identity(s.indices), tf.identity(s.values), s.dense_shape)
+                  for s in (r.to_sparse() for r in given)]
         report("fwd sparse given", lambda: fwd(sparse))
         tf_tables = [tf.Variable(t.read_value()) for t in tables]
         tf_sgd = tf.keras.optimizers.legacy.SGD(0.01)

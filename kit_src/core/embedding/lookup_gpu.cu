@@ -371,6 +371,7 @@ __global__ void UseSharesKernel(const GpuPooledLookup* lookups, int32_t num_look
 // sum is stored where all its uses lie in the chunk, else added atomically (rows_grad starts
 // at zero).
 constexpr int kUsesPerChunk = 32;
+constexpr int kGroupsPerBlock = 64;  // 64 x 32 staged uses x 12 bytes: 24 KiB
 
 template <int kVec>
 __global__ void SumSortedUsesKernel(const uint32_t* sorted_position, const int32_t* order,
@@ -650,8 +651,11 @@ cudaError_t CombineBackwardGpu(const GpuPooledLookup* lookups_device, int32_t nu
   return LaunchByVector(dim, [&](auto vec) {
     const int group = RowGroup(dim, vec.value);
     const int64_t chunks = (positions + kUsesPerChunk - 1) / kUsesPerChunk;
-    const size_t shared = (kThreads / group) * kUsesPerChunk * (sizeof(float*) + sizeof(float));
-    SumSortedUsesKernel<vec.value><<<GridFor(chunks, group), kThreads, shared, stream>>>(
+    // At most kGroupsPerBlock groups a block, so the staging fits the default shared memory.
+    const int threads = std::min(kThreads, group * kGroupsPerBlock);
+    const size_t shared = (threads / group) * kUsesPerChunk * (sizeof(float*) + sizeof(float));
+    SumSortedUsesKernel<vec.value><<<GridBlocks(chunks * group, threads), threads, shared,
+                                     stream>>>(
         sorted_position, sorted_order, use_row, use_scale, positions, num_rows, dim, rows_grad,
         group, check);
   });
