@@ -317,6 +317,32 @@ def test_static_apply_equal_on_every_device(rule):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_plain_sgd_with_duplicate_ids_matches_numpy(device):
+    """SGD without momentum (on a GPU: one atomic add per use, no dedup) equals NumPy's
+    sum of every use's step, hot ids included; a bad id writes nothing."""
+    rng = np.random.default_rng(11)
+    rows, dim, n = 40, 5, 3000
+    init = rng.normal(size=[rows, dim]).astype(np.float32)
+    ids = (rng.zipf(1.3, size=n) - 1) % rows
+    grads = rng.normal(size=[n, dim]).astype(np.float32)
+    with tf.device(f"{device}:0"):
+        table = tf.Variable(init)
+    on(device, lambda: raw_ops.sok_static_apply(
+        table=table.handle, slots=[], indices=tf.constant(ids, tf.int64),
+        grads=tf.constant(grads), hyper=tf.constant([0.1, 0.0]), rule="sgd", table_name="t"))
+    expected = init.copy()
+    np.add.at(expected, ids, -0.1 * grads)
+    np.testing.assert_allclose(table.numpy(), expected, rtol=1e-5, atol=1e-4)
+    before = table.numpy()
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 40 of table 't'"):
+        on(device, lambda: raw_ops.sok_static_apply(
+            table=table.handle, slots=[], indices=tf.constant([0, 40, 1], tf.int64),
+            grads=tf.ones([3, dim]), hyper=tf.constant([0.1, 0.0]), rule="sgd",
+            table_name="t"))
+    np.testing.assert_array_equal(table.numpy(), before)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_adam_through_the_wrapper_matches_numpy(device):
     """Legacy Adam on a sok.Variable: Sok>StaticApply, lazy, equal to NumPy's lazy Adam."""
     rng = np.random.default_rng(3)

@@ -68,6 +68,18 @@ __global__ void SumRuns(const int32_t* order, const int32_t* run_of, const float
   }
 }
 
+// Plain SGD (no momentum) is linear in the gradient: each use subtracts its own share by an
+// atomic add, with no sort and no summing of duplicate ids first (as TF's scatter_add).
+__global__ void ScatterSgd(const int64_t* ids, const float* grads, int64_t n, int64_t dim,
+                           float lr, float* values, const LookupCheck* check) {
+  if (Failed(check)) return;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n * dim;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t k = e / dim;
+    atomicAdd(&values[ids[k] * dim + (e - k * dim)], -lr * grads[e]);
+  }
+}
+
 // One step of the rule per element of every touched row (elementwise rules: dim 1, state
 // sections of length 1): a block per row, its threads across the row's elements.
 template <typename Hyper>
@@ -123,6 +135,11 @@ cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper, int
   if (n == 0) return cudaSuccess;
   CheckIds<<<GridBlocks(n, 256), 256, 0, stream>>>(gradient.ids, n, table.rows, check);
   DescribeBadRow<<<1, 1, 0, stream>>>(gradient.ids, check);
+  if (rule == "sgd" && hyper[1] == 0.0f) {
+    ScatterSgd<<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(
+        gradient.ids, gradient.values, n, table.dim, hyper[0], table.values, check);
+    return cudaGetLastError();
+  }
 
   int64_t *sorted_ids = nullptr, *run_id = nullptr;
   int32_t *positions = nullptr, *order = nullptr, *run_length = nullptr, *run_of = nullptr,

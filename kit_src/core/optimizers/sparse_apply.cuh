@@ -1,7 +1,8 @@
 // GPU lazy optimizer update of a table's touched rows: the gradients of duplicate ids are
 // summed (the ids radix-sorted with CUB, stably, then run-length encoded), then every touched
 // row and its state take one step of the rule (kit_src/core/optimizers/update_rules.h, one
-// thread per element). Rows no id names do not change.
+// thread per element). Plain SGD, linear in the gradient, skips the sort: each use is
+// subtracted by an atomic add. Rows no id names do not change.
 #pragma once
 
 #include <cuda_runtime.h>
