@@ -56,6 +56,38 @@ def test_split_round_trip(raw_dir, tmp_path):
     np.testing.assert_array_equal(labels[:, 0], raw[:1000, 0])
 
 
+def test_metadata_in_sok_spelling_reads_the_same_batches(raw_dir, tmp_path):
+    """split_bin writes SOK's keys too; a metadata.json with SOK's keys only (no sample
+    count: SOK derives it from the files) reads the same batches; files that disagree with
+    each other or with the types are refused by name."""
+    ours = split_bin.split(str(raw_dir / "train.bin"), str(tmp_path), VOCAB)
+    for kind in ("label", "dense", "category"):
+        assert ours[f"{kind}_raw_type"] == "int32"
+    expected = dataset.BinaryDataset(str(tmp_path), 1000).batch(1)
+    sok_keys = {"vocab_sizes": VOCAB, "label_raw_type": "int32", "dense_raw_type": "int32",
+                "category_raw_type": "int32", "dense_log": True}
+    with open(tmp_path / "metadata.json", "w") as handle:
+        json.dump(sok_keys, handle)
+    reader = dataset.BinaryDataset(str(tmp_path), 1000)
+    assert reader.samples == 5003
+    for got, want in zip(reader.batch(1), expected):
+        np.testing.assert_array_equal(got, want)
+    sok_keys["dense_log"] = False
+    with open(tmp_path / "metadata.json", "w") as handle:
+        json.dump(sok_keys, handle)
+    raw = np.fromfile(raw_dir / "train.bin", dtype="<i4").reshape(-1, RECORD_INTS)
+    np.testing.assert_array_equal(dataset.BinaryDataset(str(tmp_path), 1000).batch(0)[0],
+                                  raw[:1000, 1:14])
+    with open(tmp_path / "dense.bin", "ab") as handle:
+        handle.write(b"\0" * 52)  # one sample more than the other files
+    with pytest.raises(ValueError, match="different sample counts"):
+        dataset.BinaryDataset(str(tmp_path), 1000)
+    with open(tmp_path / "dense.bin", "ab") as handle:
+        handle.write(b"\0" * 3)
+    with pytest.raises(ValueError, match="dense.bin has .* bytes, not a multiple"):
+        dataset.BinaryDataset(str(tmp_path), 1000)
+
+
 @pytest.mark.parametrize("training", [True, False])
 def test_worker_slices_cover_every_sample_once(raw_dir, tmp_path, training):
     split_bin.split(str(raw_dir / "train.bin"), str(tmp_path), VOCAB, dense_log=False)
@@ -117,3 +149,40 @@ def test_auc_helpers_agree():
                                  np.bincount(bins[~labels], minlength=AUC_BINS))
     assert abs(exact - binned) < 1e-3
     assert criteo_format.auc([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8]) == 0.75
+
+
+def test_table_gradient_scale_matches_sok_training_convention():
+    """SOK's DLRM: each of W workers takes the gradient of its own mean loss and the
+    all-to-all adds the tables' gradients over workers. main.py takes each worker's share of
+    the global mean loss; scaled by scale_table_gradients the tables get SOK's gradient (here
+    W = 2 workers simulated in one process, TensorFlow's autodiff on both sides)."""
+    import tensorflow as tf
+    import main as dlrm_main
+
+    rng = np.random.default_rng(4)
+    workers, local, vocab, dim = 2, 16, 10, 3
+    table = tf.Variable(rng.normal(size=[vocab, dim]).astype(np.float32))
+    ids = [tf.constant(rng.integers(0, vocab, size=[local, 2])) for _ in range(workers)]
+    labels = [tf.constant(rng.integers(0, 2, size=[local, 1]).astype(np.float32))
+              for _ in range(workers)]
+    bce = tf.keras.losses.BinaryCrossentropy(from_logits=True,
+                                             reduction=tf.keras.losses.Reduction.NONE)
+
+    def gradient(w, divisor):
+        with tf.GradientTape() as tape:
+            logits = tf.reduce_sum(tf.gather(table, ids[w]), [1, 2])[:, None]
+            loss = tf.reduce_sum(bce(labels[w], logits)) / divisor
+        return tf.convert_to_tensor(tape.gradient(loss, table)).numpy()
+
+    sok_grad = sum(gradient(w, local) for w in range(workers))  # local means, added
+    global_mean = sum(gradient(w, local * workers) for w in range(workers))
+    (scaled,) = dlrm_main.scale_table_gradients([tf.constant(global_mean)], workers, "sok")
+    np.testing.assert_allclose(scaled.numpy(), sok_grad, rtol=1e-5, atol=1e-7)
+    (sparse,) = dlrm_main.scale_table_gradients(
+        [tf.IndexedSlices(tf.constant(global_mean), tf.range(vocab), tf.constant([vocab, dim]))],
+        workers, "sok")
+    np.testing.assert_allclose(tf.convert_to_tensor(sparse).numpy(), sok_grad, rtol=1e-5,
+                               atol=1e-7)
+    (unscaled,) = dlrm_main.scale_table_gradients([tf.constant(global_mean)], workers,
+                                                  "global_mean")
+    np.testing.assert_allclose(unscaled.numpy(), global_mean)

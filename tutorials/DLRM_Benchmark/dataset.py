@@ -20,13 +20,47 @@ def local_slice(global_size, rank, num_workers):
     return begin, begin + base + (1 if rank < extra else 0)
 
 
+_FILES = {"label": ("label.bin", 1), "dense": ("dense.bin", NUM_DENSE),
+          "category": ("category.bin", NUM_CATEGORICAL)}
+
+
+def read_metadata(data_dir):
+    """metadata.json in either spelling: this project's (label_type, ..., samples) or SOK's
+    (label_raw_type, ...; no sample count: it follows from the files' sizes, which must
+    agree). Returns this project's keys."""
+    path = os.path.join(data_dir, "metadata.json")
+    with open(path) as handle:
+        metadata = json.load(handle)
+    for kind in _FILES:
+        key = f"{kind}_type"
+        value = metadata.get(key, metadata.get(f"{kind}_raw_type", "int32"))
+        if value not in TYPES:
+            raise ValueError(f"{path}: {key} {value!r} is not one of {sorted(TYPES)}")
+        metadata[key] = value
+    metadata["dense_log"] = str(metadata.get("dense_log", True)).lower() in ("true", "1")
+    counts = {}
+    for kind, (name, width) in _FILES.items():
+        row_bytes = np.dtype(TYPES[metadata[f"{kind}_type"]]).itemsize * width
+        size = os.path.getsize(os.path.join(data_dir, name))
+        if size % row_bytes:
+            raise ValueError(f"{name} has {size} bytes, not a multiple of its {row_bytes}-byte "
+                             "sample: truncated, or metadata.json names the wrong type")
+        counts[name] = size // row_bytes
+    if len(set(counts.values())) != 1:
+        raise ValueError(f"the files in {data_dir} hold different sample counts: {counts}")
+    samples = next(iter(counts.values()))
+    if metadata.setdefault("samples", samples) != samples:
+        raise ValueError(f"{path} says {metadata['samples']} samples but the files hold "
+                         f"{samples}")
+    return metadata
+
+
 class BinaryDataset:
     """Iterates (dense [b, 13] float32, categorical [b, 26] int64, labels [b, 1] float32)."""
 
     def __init__(self, data_dir, global_batch_size, rank=0, num_workers=1, training=True,
                  prefetch=4):
-        with open(os.path.join(data_dir, "metadata.json")) as handle:
-            self.metadata = json.load(handle)
+        self.metadata = read_metadata(data_dir)
         samples = self.metadata["samples"]
         read = lambda name, kind, width: np.memmap(  # noqa: E731
             os.path.join(data_dir, name), dtype=TYPES[self.metadata[kind]], mode="r",

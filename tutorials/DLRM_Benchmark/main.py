@@ -61,6 +61,10 @@ def parse_args(argv=None):
                         default="static",
                         help="keras: tf.keras.layers.Embedding tables (C6's competitor); none: "
                              "no tables, features read as zeros (the dense part alone)")
+    parser.add_argument("--table_grad_scale", choices=["sok", "global_mean"], default="sok",
+                        help="sok: the tables step as in SOK's DLRM at the same --lr (each "
+                             "worker's mean loss, gradients added over workers: workers x the "
+                             "global mean's); global_mean: the global mean loss's gradient")
     parser.add_argument("--embedding_dim", type=int, default=128)
     parser.add_argument("--log_interval", type=int, default=50)
     parser.add_argument("--max_steps", type=int, default=-1)
@@ -87,6 +91,18 @@ class WarmupPolyDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
     def get_config(self):
         return {"lr": self.lr, "warmup_steps": self.warmup,
                 "decay_start_step": self.decay_start, "decay_steps": self.decay_steps}
+
+
+def scale_table_gradients(grads, workers, convention="sok"):
+    """The tables' gradients of the global mean loss, scaled to `convention`. SOK's DLRM
+    trains each worker on its own mean loss and the all-to-all adds the tables' gradients
+    over the workers, so at the same --lr its table step is `workers` times the global
+    mean's; its dense gradients are averaged, which is the global mean's (as here)."""
+    if convention == "global_mean" or workers == 1:
+        return grads
+    return [g if g is None else
+            tf.IndexedSlices(g.values * workers, g.indices, g.dense_shape)
+            if isinstance(g, tf.IndexedSlices) else g * workers for g in grads]
 
 
 def auc_from_histograms(positive, negative):
@@ -172,6 +188,7 @@ def main(argv=None):
             dense_optimizer.apply_gradients(zip(table_grads + dense_grads, variables))
         else:
             if model.tables:
+                table_grads = scale_table_gradients(table_grads, workers, args.table_grad_scale)
                 table_optimizer.apply_gradients(zip(table_grads, model.tables))
             dense_optimizer.apply_gradients(zip(dense_grads, model.dense_variables))
         return hvd.allreduce(loss, op=hvd.Sum) if workers > 1 else loss

@@ -65,7 +65,11 @@ def split(input_path, output_dir, slot_sizes, dense_type="int32", label_type="in
         raise
     for path, name in zip(temporary, names):
         os.replace(path, os.path.join(output_dir, name))
+    # SOK's keys (vocab_sizes, *_raw_type, dense_log), so SOK's scripts read these files,
+    # and this project's (*_type, samples, ...), which dataset.py reads as well.
     metadata = {"samples": int(records), "vocab_sizes": list(map(int, slot_sizes)),
+                "label_raw_type": label_type, "dense_raw_type": dense_type,
+                "category_raw_type": category_type,
                 "label_type": label_type, "dense_type": dense_type,
                 "category_type": category_type, "dense_log": bool(dense_log),
                 "num_dense": NUM_DENSE, "num_categorical": NUM_CATEGORICAL}
