@@ -43,6 +43,17 @@ def ragged_batch(rng, batch, vocab, max_len, id_dtype=tf.int64, empty_rows=True)
             tf.RaggedTensor.from_row_lengths(tf.constant(weights), row_lengths))
 
 
+def tf_reference(refs, batches, weights, combiner, cotangents):
+    """TensorFlow's pooled lookups on the CPU and the gradients of sum(out * cotangent)."""
+    with tf.device("CPU:0"):
+        with tf.GradientTape() as tape:
+            outs = [tf.nn.safe_embedding_lookup_sparse(
+                r, ids.to_sparse(), None if w is None else w.to_sparse(), combiner=combiner)
+                for r, (ids, _), w in zip(refs, batches, weights)]
+            loss = sum(tf.reduce_sum(o * c) for o, c in zip(outs, cotangents))
+        return outs, tape.gradient(loss, refs)
+
+
 def dense_grad(grad):
     return tf.convert_to_tensor(grad).numpy()
 
@@ -73,13 +84,7 @@ def test_lookup_matches_tf(device, mode, combiner, weighted, dim, id_dtype):
         return outs, tape.gradient(loss, tables)
 
     outs, grads = on(device, step if mode == "eager" else tf.function(step))
-    with tf.device("CPU:0"):
-        with tf.GradientTape() as tape:
-            ref_outs = [tf.nn.safe_embedding_lookup_sparse(
-                r, ids.to_sparse(), None if w is None else w.to_sparse(), combiner=combiner)
-                for r, (ids, _), w in zip(refs, batches, weights)]
-            ref_loss = sum(tf.reduce_sum(o * c) for o, c in zip(ref_outs, cotangents))
-        ref_grads = tape.gradient(ref_loss, refs)
+    ref_outs, ref_grads = tf_reference(refs, batches, weights, combiner, cotangents)
     for out, ref, grad, ref_grad in zip(outs, ref_outs, grads, ref_grads):
         assert device in out.device
         np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
@@ -125,13 +130,7 @@ def test_hot_rows_and_sparse_ids_match_tf(device, form, combiner, dim):
         return outs, tape.gradient(loss, tables)
 
     outs, grads = on(device, tf.function(step))
-    with tf.device("CPU:0"):
-        with tf.GradientTape() as tape:
-            ref_outs = [tf.nn.safe_embedding_lookup_sparse(
-                r, ids.to_sparse(), None if w is None else w.to_sparse(), combiner=combiner)
-                for r, (ids, _), w in zip(refs, batches, weights)]
-            ref_loss = sum(tf.reduce_sum(o * c) for o, c in zip(ref_outs, cotangents))
-        ref_grads = tape.gradient(ref_loss, refs)
+    ref_outs, ref_grads = tf_reference(refs, batches, weights, combiner, cotangents)
     for out, ref, grad, ref_grad in zip(outs, ref_outs, grads, ref_grads):
         assert device in out.device
         np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)

@@ -24,6 +24,9 @@ import tensorflow as tf
 
 import sparse_operation_kit as sok
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tf_gpu import looped, timed  # noqa: E402
+
 KEYS, DIM = 8 << 20, 128
 DYNAMICEMB_H100 = {  # BENCHMARKS.md, G1a / G1b: dynamicemb v1 on an H100, ms
     "T4": {"eval_ms": 0.069, "fwd_ms": 0.196, "bwd_ms": 0.410, "train_ms": 0.606},
@@ -33,26 +36,6 @@ DYNAMICEMB_H100 = {  # BENCHMARKS.md, G1a / G1b: dynamicemb v1 on an H100, ms
 
 def log(*args):
     print(*args, flush=True)
-
-
-def timed(fn, iters):
-    fn().numpy()
-    start = time.perf_counter()
-    for _ in range(iters):
-        result = fn()
-    result.numpy()
-    return (time.perf_counter() - start) / iters * 1e3
-
-
-def looped(step, loop):
-    """A tf.function running `step` `loop` times in a tf.range loop."""
-    @tf.function
-    def run():
-        total = tf.constant(0.0)
-        for _ in tf.range(loop):
-            total += step()
-        return total
-    return run
 
 
 def interleaved(steps, loop, rounds=5, iters=5):

@@ -15,33 +15,14 @@ import sparse_operation_kit as sok
 from sparse_operation_kit import raw_ops
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from tf_gpu import BATCH, CRITEO_TB, DIM, zipf_ids  # noqa: E402
+from tf_gpu import BATCH, CRITEO_TB, DIM, looped, timed, zipf_ids  # noqa: E402
 
 LOOP = 10
 
 
-def timed(fn, iters=10):
-    fn().numpy()
-    start = time.perf_counter()
-    for _ in range(iters):
-        out = fn()
-    out.numpy()
-    return (time.perf_counter() - start) / iters * 1e3
-
-
-def looped(step):
-    @tf.function
-    def run():
-        total = tf.constant(0.0)
-        for _ in tf.range(LOOP):
-            total += step()
-        return total
-    return run
-
-
 def report(name, step):
-    call = timed(tf.function(step))
-    loop = timed(looped(step), iters=3) / LOOP
+    call = timed(tf.function(step), 10)
+    loop = timed(looped(step, LOOP), 3) / LOOP
     print(f"{name}: call {call:.3f} ms, loop {loop:.3f} ms/step", flush=True)
 
 
