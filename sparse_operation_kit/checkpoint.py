@@ -56,6 +56,8 @@ def _header(table_name, file_type, slot_name, dtype):
 
 def _write(path, table_name, file_type, slot_name, array):
     array = np.ascontiguousarray(array)
+    if np.dtype(array.dtype) not in DTYPE_CODES:  # bfloat16: no code; float32 holds it exactly
+        array = array.astype(np.float32)
     partial = path + ".partial"
     with open(partial, "wb") as handle:
         handle.write(_header(table_name, file_type, slot_name, array.dtype))

@@ -270,12 +270,20 @@ def alltoall(tensor, splits):
     if _state.num_workers == 1:
         return tensor, splits
     if _state.exchange_device is None:
-        return _state.hvd.alltoall(tensor, splits=splits)
+        return _horovod_alltoall(tensor, splits)
     from sparse_operation_kit._ops import raw_ops  # noqa: PLC0415
 
     with tf.device(_state.exchange_device):
         received_splits = _ordered(lambda: raw_ops.sok_all_to_all_counts(send_splits=splits))
     return alltoall_known(tensor, splits, received_splits), received_splits
+
+
+def _horovod_alltoall(tensor, splits):
+    """hvd.alltoall; bfloat16, which Horovod lacks, travels as float32 (exactly)."""
+    if tensor.dtype != tf.bfloat16:
+        return _state.hvd.alltoall(tensor, splits=splits)
+    received, received_splits = _state.hvd.alltoall(tf.cast(tensor, tf.float32), splits=splits)
+    return tf.cast(received, tf.bfloat16), received_splits
 
 
 def alltoall_known(tensor, send_splits, recv_splits):
@@ -284,7 +292,7 @@ def alltoall_known(tensor, send_splits, recv_splits):
     if _state.num_workers == 1:
         return tensor
     if _state.exchange_device is None:
-        return _state.hvd.alltoall(tensor, splits=send_splits)[0]
+        return _horovod_alltoall(tensor, send_splits)[0]
     from sparse_operation_kit._ops import raw_ops  # noqa: PLC0415
 
     with tf.device(_state.exchange_device):

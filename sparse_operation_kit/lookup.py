@@ -30,6 +30,7 @@ from sparse_operation_kit.variables import DISTRIBUTED, Variable
 COMBINERS = ("sum", "mean", "sqrtn")
 _ID_DTYPES = (tf.int32, tf.int64)
 _WEIGHT_DTYPES = (tf.float32, tf.float16, tf.bfloat16, tf.float64)
+_TABLE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)  # of static tables
 
 
 class _Lookup(collections.namedtuple("_Lookup",
@@ -102,9 +103,9 @@ def _check_table(param, index):
     if not isinstance(param, resource_variable_ops.BaseResourceVariable):
         raise TypeError(f"params[{index}] must be a sok.Variable or tf.Variable, got "
                         f"{type(param).__name__}")
-    if param.dtype != tf.float32:
+    if param.dtype not in _TABLE_DTYPES:
         raise TypeError(f"params[{index}] ({param.name}) has dtype {param.dtype.name}; tables "
-                        "must be float32")
+                        "must be float32, float16 or bfloat16")
     if param.shape.rank != 2:
         raise ValueError(f"params[{index}] ({param.name}) must be a [rows, dim] table, got shape "
                          f"{param.shape}")
@@ -145,11 +146,20 @@ def _validate(params, sp_ids, sp_weights, combiners):
     return lookups
 
 
+def _output_dtype(table):
+    """A static table's lookups come out in its dtype (pooled in float32, rounded once), as
+    tf.nn.safe_embedding_lookup_sparse's do; dynamic tables' rows read as float32 whatever
+    their storage."""
+    return tf.float32 if isinstance(table, DynamicVariable) else table.dtype
+
+
 def _group_tables(lookups):
-    """{(dim, dynamic): [lookup index, ...]} in first-seen order: one op chain per group."""
+    """{(dim, dynamic, dtype): [lookup index, ...]} in first-seen order: one op chain per
+    group."""
     groups = collections.OrderedDict()
     for i, lookup in enumerate(lookups):
-        key = (int(lookup.table.shape[1]), isinstance(lookup.table, DynamicVariable))
+        key = (int(lookup.table.shape[1]), isinstance(lookup.table, DynamicVariable),
+               _output_dtype(lookup.table))
         groups.setdefault(key, []).append(i)
     return groups
 
@@ -174,8 +184,10 @@ def _partition_keys(ids, lookup_table, tables, dynamic):
 
 
 def _fused_group(lookups, dim, dynamic=False, training=True, low_frequency_filter=False,
-                 compress=False):
-    """Runs the op chain for lookups whose tables share `dim`; returns one output each."""
+                 compress=False, dtype=tf.float32):
+    """Runs the op chain for lookups whose tables share `dim` (and, static, `dtype`); returns
+    one output each. 16-bit static tables: their rows are gathered and exchanged as they are
+    stored, pooled in float32, and the outputs rounded to `dtype` once."""
     tables, lookup_table = _unique_tables(lookups)
     for table in tables:  # so GradientTape and tf.function see the tables being read
         resource_variable_ops.variable_accessed(table)
@@ -191,7 +203,7 @@ def _fused_group(lookups, dim, dynamic=False, training=True, low_frequency_filte
     # Positions and keys come from Sok>PartitionKeys, row_splits from RaggedTensors: only
     # user weights still need the combine ops' checks (see Sok>CombineForward's validate).
     validate = any(lookup.weights is not None for lookup in lookups)
-    if not dynamic and communication.num_workers() == 1:
+    if not dynamic and dtype == tf.float32 and communication.num_workers() == 1:
         # Nothing to exchange: pool each sample's rows straight from the shards.
         return raw_ops.sok_combine_from_shards(
             shards=[table.handle for table in tables], keys=send_keys, position=position,
@@ -206,17 +218,21 @@ def _fused_group(lookups, dim, dynamic=False, training=True, low_frequency_filte
             insert=training, admit_probability=admit, validate=False)
     else:
         rows = raw_ops.sok_gather_shard_rows(
-            shards=[table.handle for table in tables], keys=received_keys, dtype=tf.float32,
+            shards=[table.handle for table in tables], keys=received_keys, dtype=dtype,
             dim=dim)
     # Output distribution (with compress, vectors and their gradients travel as float16).
     # The rows go back along the keys' routes: each worker knows what it receives.
-    if compress and communication.num_workers() > 1:
+    if dtype != tf.float32:  # 16-bit rows travel as stored
+        rows = tf.cast(communication.alltoall_known(rows, received_splits, splits), tf.float32)
+    elif compress and communication.num_workers() > 1:
         rows = communication.alltoall_known(tf.cast(rows, tf.float16), received_splits, splits)
         rows = tf.cast(rows, tf.float32)
     else:
         rows = communication.alltoall_known(rows, received_splits, splits)
-    return raw_ops.sok_combine_forward(rows=rows, position=position, row_splits=row_splits,
-                                       weights=weights, combiners=combiners, validate=validate)
+    outputs = raw_ops.sok_combine_forward(rows=rows, position=position, row_splits=row_splits,
+                                          weights=weights, combiners=combiners,
+                                          validate=validate)
+    return outputs if dtype == tf.float32 else [tf.cast(output, dtype) for output in outputs]
 
 
 def _single_id_candidates(lookups, dynamic):
@@ -370,14 +386,17 @@ def _concat(tensors):
     return tensors[0] if len(tensors) == 1 else tf.concat(tensors, 0)
 
 
-def _lookup_group(lookups, dim, dynamic, training, low_frequency_filter, compress):
+def _lookup_group(lookups, dim, dynamic, training, low_frequency_filter, compress,
+                  dtype=tf.float32):
     """One group's outputs: the fused chain, or, on one worker when every sample is known at
     trace time to hold one id (a RaggedTensor with uniform_row_length 1, as
     tf.RaggedTensor.from_tensor(ids[:, None]) gives), the rows straight from the tables;
     on the CPU, ids of unknown lengths get that choice at run time (_either_id_path_group;
     on a GPU the check would wait for the device every step); dynamic tables on one worker
     read their rows directly (no low-frequency filter: that draws in the owner's read of
-    the fused chain)."""
+    the fused chain). 16-bit static tables always take the fused chain."""
+    if dtype != tf.float32:
+        return _fused_group(lookups, dim, training=training, compress=compress, dtype=dtype)
     if _single_id_candidates(lookups, dynamic):
         if all(lookup.one_id for lookup in lookups):
             return _single_id_group(lookups, dim)
@@ -394,7 +413,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
 
     Args:
       params: list of tables (`sok.Variable`, `sok.DynamicVariable`; a plain `tf.Variable`
-        is treated as replicated on every worker). Several lookups may share one table.
+        is treated as replicated on every worker), static ones float32, float16 or bfloat16.
+        Several lookups may share one table.
       sp_ids: list, one per lookup, of 2-D `tf.SparseTensor` or `tf.RaggedTensor` of int32 or
         int64 ids, [local_batch, None].
       sp_weights: None, or a list like sp_ids of per-id weights (entries may be None), float32
@@ -406,10 +426,12 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
         are not inserted; with True they are inserted with their initial value.
       compress: send the embedding vectors (and, backward, their gradients) between workers
         as float16, halving the all-to-all's bytes; pooling and updates stay float32.
+        (Rows of 16-bit static tables always travel as stored.)
 
     Returns:
-      A list with one [local_batch, dim] float32 tensor per lookup, equal to
-      `tf.nn.safe_embedding_lookup_sparse` on the whole table (empty samples give zeros).
+      A list with one [local_batch, dim] tensor per lookup, equal to
+      `tf.nn.safe_embedding_lookup_sparse` on the whole table (empty samples give zeros):
+      float32, or a float16 / bfloat16 static table's dtype (pooled in float32, rounded once).
       Gradients reach the tables as `tf.IndexedSlices` of their local shards.
 
     Raises:
@@ -425,9 +447,9 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
     lookups = _validate(params, sp_ids, sp_weights, combiners)
     outputs = [None] * len(lookups)
     with tf.name_scope("sok_lookup_sparse"):
-        for (dim, dynamic), members in _group_tables(lookups).items():
+        for (dim, dynamic, dtype), members in _group_tables(lookups).items():
             results = _lookup_group([lookups[i] for i in members], dim, dynamic, training,
-                                    use_low_frequency_filter, compress)
+                                    use_low_frequency_filter, compress, dtype)
             for i, result in zip(members, results):
                 outputs[i] = result
     return outputs[0] if single else outputs
@@ -445,7 +467,8 @@ def all2all_dense_embedding(param, indices):
         row_splits = tf.range(tf.size(flat, out_type=tf.int64) + 1)
         lookup = _Lookup(param, flat, row_splits, None, "sum", True)
         (rows,) = _lookup_group([lookup], int(param.shape[1]), isinstance(param, DynamicVariable),
-                                training=True, low_frequency_filter=False, compress=False)
+                                training=True, low_frequency_filter=False, compress=False,
+                                dtype=_output_dtype(param))
         return tf.reshape(rows, tf.concat([tf.shape(indices), [int(param.shape[1])]], 0))
 
 
@@ -482,10 +505,13 @@ def _gather_single_ids_grad(op, *output_grads):
 
 @tf.RegisterGradient("Sok>GatherShardRows")
 def _gather_shard_rows_grad(op, grad):
-    num_tables = op.get_attr("num_tables")
+    """The rows' gradients by table, in the tables' dtype (16-bit tables: split as float32,
+    each row rounded once)."""
+    num_tables, dtype = op.get_attr("num_tables"), op.get_attr("dtype")
     keys = op.inputs[num_tables]
     indices, values = raw_ops.sok_split_gradient_by_table(
-        keys=keys, grad=tf.convert_to_tensor(grad), num_tables=num_tables)
+        keys=keys, grad=tf.cast(grad, tf.float32), num_tables=num_tables)
+    values = [tf.cast(v, dtype) for v in values]
     return _table_gradients(op, indices, values) + [None]
 
 

@@ -399,7 +399,9 @@ class OptimizerWrapper:
         return tf.group(writes) if writes else update
 
     def _lazy_static(self, grad, variable):
-        return (isinstance(variable, Variable) and isinstance(grad, tf.IndexedSlices) and
+        # Sok>StaticApply updates float32 tables; 16-bit ones go to the wrapped optimizer.
+        return (isinstance(variable, Variable) and variable.dtype == tf.float32 and
+                isinstance(grad, tf.IndexedSlices) and
                 self._kind in _LAZY_STATIC_SLOTS and hasattr(self._optimizer, "_get_hyper") and
                 not getattr(self._optimizer, "amsgrad", False))
 

@@ -93,7 +93,7 @@ def test_weights_that_do_not_match_ids(table, mode):
 
 
 def test_table_of_wrong_dtype_or_rank():
-    with pytest.raises(TypeError, match="has dtype float64; tables must be float32"):
+    with pytest.raises(TypeError, match="has dtype float64; tables must be float32, float16 or bfloat16"):
         sok.lookup_sparse([tf.Variable(np.ones([3, 2]))], [ragged([[1]])])
     with pytest.raises(ValueError, match="must be a \\[rows, dim\\] table, got shape \\(3,\\)"):
         sok.lookup_sparse([tf.Variable(np.ones([3], np.float32))], [ragged([[1]])])

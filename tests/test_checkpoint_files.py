@@ -63,6 +63,31 @@ def test_round_trip_restores_rows_and_optimizer_state(tmp_path):
                                   accumulator)
 
 
+@pytest.mark.parametrize("dtype, code", [(tf.float16, 4), (tf.bfloat16, 5)])
+def test_16bit_static_tables_round_trip(tmp_path, dtype, code):
+    """float16 rows are written as float16 (SOK's code 4); bfloat16, which SOK's format has
+    no code for, as float32, which holds them exactly. Rows and Adagrad state come back."""
+    table = sok.Variable(tf.cast(np.linspace(-3, 3, 24).reshape(6, 4), dtype), name="half")
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adagrad(0.1))
+    with tf.GradientTape() as tape:
+        out = sok.lookup_sparse([table], [tf.ragged.constant([[1, 2], [5]], tf.int64)])[0]
+        loss = tf.reduce_sum(tf.cast(out, tf.float32) ** 2)
+    optimizer.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+    sok.dump(str(tmp_path), [table], optimizer)
+    data = (tmp_path / "half_0-weight").read_bytes()
+    assert struct.unpack(">I", data[292:296])[0] == code
+    rows = table.numpy().copy()
+    accumulator = optimizer.optimizer.get_slot(table, "accumulator").numpy().copy()
+    table.assign(tf.zeros([6, 4], dtype))
+    optimizer.optimizer.get_slot(table, "accumulator").assign(tf.zeros([6, 4], dtype))
+    sok.load(str(tmp_path), [table], optimizer)
+    assert table.dtype == dtype
+    np.testing.assert_array_equal(table.numpy().view(np.uint16), rows.view(np.uint16))
+    np.testing.assert_array_equal(
+        optimizer.optimizer.get_slot(table, "accumulator").numpy().view(np.uint16),
+        accumulator.view(np.uint16))
+
+
 def test_truncated_or_mismatched_files_change_nothing(tmp_path):
     static, dynamic, optimizer = trained_tables()
     sok.dump(str(tmp_path), [static, dynamic])

@@ -228,6 +228,120 @@ def test_gather_rows_and_split_gradient(device, grouped):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("dim", [1, 6, 7, 16])
+def test_gather_rows_of_16bit_tables_bit_for_bit(device, dtype, dim):
+    """16-bit shards are copied bit for bit (odd widths value by value, even ones as word
+    pairs on the GPU); a key naming no row fails and names it."""
+    rng = np.random.default_rng(dim)
+    inits = [tf.cast(rng.normal(size=[r, dim]), dtype) for r in (30, 5)]
+    with tf.device(f"{device}:0"):
+        shards = [tf.Variable(init) for init in inits]
+    tables = rng.integers(0, 2, size=100)
+    local = np.array([rng.integers(0, inits[t].shape[0]) for t in tables])
+    keys = tf.constant((tables << PACKED_ROW_BITS) | local, tf.int64)
+    rows = on(device, lambda: raw_ops.sok_gather_shard_rows(
+        shards=[s.handle for s in shards], keys=keys, dtype=dtype, dim=dim))
+    assert rows.dtype == dtype
+    expected = np.stack([inits[t].numpy()[r] for t, r in zip(tables, local)])
+    np.testing.assert_array_equal(rows.numpy().view(np.uint16), expected.view(np.uint16))
+    bad = tf.constant([1, (1 << PACKED_ROW_BITS) | 5], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="key 281474976710661"):
+        on(device, lambda: raw_ops.sok_gather_shard_rows(
+            shards=[s.handle for s in shards], keys=bad, dtype=dtype, dim=dim).numpy())
+
+
+def one_rounding(dtype):
+    """The spacing of `dtype` values in [1, 2): the error of one rounding, relative."""
+    return {tf.float16: 2.0 ** -10, tf.bfloat16: 2.0 ** -7}[dtype]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("weighted, one_id", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("dim", [3, 16])
+def test_16bit_tables_pool_in_float32_and_round_once(device, mode, dtype, combiner, weighted,
+                                                     one_id, dim):
+    """A float16 / bfloat16 sok.Variable: outputs in its dtype, equal to TF's float32 lookup
+    of the same (rounded) rows rounded once; each touched row's gradient is the float32 sum
+    rounded once, as IndexedSlices in the table's dtype."""
+    rng = np.random.default_rng(dim + len(combiner) + 10 * weighted)
+    vocabs, batch = [40, 9], 33
+    inits = [tf.cast(rng.normal(size=[v, dim]), dtype) for v in vocabs]
+    with tf.device(f"{device}:0"):
+        tables = [sok.Variable(init) for init in inits]
+    with tf.device("CPU:0"):
+        refs = [tf.Variable(tf.cast(init, tf.float32)) for init in inits]
+    if one_id:
+        batches = [(tf.RaggedTensor.from_tensor(
+            tf.constant(rng.integers(0, v, size=[batch, 1]), tf.int64)), None) for v in vocabs]
+    else:
+        batches = [ragged_batch(rng, batch, v, 4) for v in vocabs]
+    weights = [w if weighted else None for _, w in batches]
+    # Representable in dtype: the outputs' gradients arrive in it.
+    cotangents = [tf.cast(tf.cast(rng.normal(size=[batch, dim]), dtype), tf.float32)
+                  for _ in vocabs]
+
+    def step():
+        with tf.GradientTape() as tape:
+            outs = sok.lookup_sparse(tables, [ids for ids, _ in batches], weights,
+                                     [combiner] * len(tables))
+            loss = sum(tf.reduce_sum(tf.cast(o, tf.float32) * c)
+                       for o, c in zip(outs, cotangents))
+        return outs, tape.gradient(loss, tables)
+
+    outs, grads = on(device, step if mode == "eager" else tf.function(step))
+    ref_outs, ref_grads = tf_reference(refs, batches, weights, combiner, cotangents)
+    eps = one_rounding(dtype)
+    for out, ref, grad, ref_grad in zip(outs, ref_outs, grads, ref_grads):
+        assert device in out.device and out.dtype == dtype
+        rounded = tf.cast(tf.cast(ref, dtype), tf.float32).numpy()
+        np.testing.assert_allclose(tf.cast(out, tf.float32).numpy(), rounded, rtol=eps,
+                                   atol=1e-6)
+        assert isinstance(grad, tf.IndexedSlices) and grad.values.dtype == dtype
+        rounded_grad = tf.cast(tf.cast(dense_grad(ref_grad), dtype), tf.float32).numpy()
+        np.testing.assert_allclose(tf.cast(dense_grad(grad), tf.float32).numpy(),
+                                   rounded_grad, rtol=eps, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+def test_16bit_tables_train_like_keras_on_a_16bit_variable(device, dtype):
+    """The wrapper hands 16-bit tables to the wrapped optimizer (Sok>StaticApply is
+    float32): three legacy Adam steps equal Keras' on a tf.Variable of the same dtype fed
+    by TF's own lookup, to a few roundings."""
+    rng = np.random.default_rng(11)
+    init = tf.cast(rng.normal(size=[30, 8]), dtype)
+    with tf.device(f"{device}:0"):
+        table = sok.Variable(init)
+        ref = tf.Variable(init)
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.05))
+    ref_optimizer = tf.keras.optimizers.legacy.Adam(0.05)
+    ids = ragged_batch(rng, 16, 30, 3)[0]
+    target = tf.constant(rng.normal(size=[16, 8]), dtype)
+
+    def step():
+        with tf.GradientTape() as tape:
+            out = sok.lookup_sparse([table], [ids], combiners=["sum"])[0]
+            loss = tf.reduce_sum(tf.square(tf.cast(out - target, tf.float32)))
+        optimizer.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+        with tf.GradientTape() as tape:
+            out = tf.nn.safe_embedding_lookup_sparse(ref, ids.to_sparse(), combiner="sum")
+            loss = tf.reduce_sum(tf.square(tf.cast(out - target, tf.float32)))
+        ref_optimizer.apply_gradients(zip(tape.gradient(loss, [ref]), [ref]))
+
+    for _ in range(3):
+        on(device, step)
+    after = tf.cast(table, tf.float32).numpy()
+    np.testing.assert_allclose(after, tf.cast(ref, tf.float32).numpy(),
+                               atol=8 * one_rounding(dtype) * np.abs(after).max())
+    untouched = np.setdiff1d(np.arange(30), ids.values.numpy())
+    np.testing.assert_array_equal(after[untouched], tf.cast(init, tf.float32).numpy()[untouched])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dim", [1, 8, 33])
 def test_combine_forward_and_backward_raw(device, dim):
     """The exchange path's combine: pooling rows by position, and its gradient."""

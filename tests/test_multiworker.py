@@ -53,6 +53,14 @@ def test_float16_compressed_exchange_matches_reference_within_float16_rounding()
     assert output.count("PASS rank=") == 2, output[-3000:]
 
 
+@pytest.mark.parametrize("table_dtype", ["float16", "bfloat16"])
+def test_16bit_static_tables_match_reference_within_their_rounding(table_dtype):
+    # Their rows cross the exchange as stored and pool in float32 (sok.lookup_sparse).
+    output = horovodrun("train_static.py", "--optimizer", "sgd_momentum", "--function",
+                        "--table_dtype", table_dtype)
+    assert output.count("PASS rank=") == 2, output[-3000:]
+
+
 @pytest.mark.parametrize("optimizer", ["sgd_momentum", "adagrad"])
 @pytest.mark.parametrize("function", [False, True])
 def test_dynamic_tables_match_single_worker_reference(optimizer, function):

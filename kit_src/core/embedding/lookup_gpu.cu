@@ -167,6 +167,22 @@ __global__ void GatherShardRowsKernel(const GpuShard* shards, int32_t num_tables
   }
 }
 
+// 16-bit rows of odd width, one value per thread.
+__global__ void GatherShardRows16Kernel(const GpuShard* shards, int32_t num_tables, int64_t dim,
+                                        const int64_t* keys, int64_t n, uint16_t* out,
+                                        LookupCheck* check) {
+  for (int64_t e = GlobalThread(); e < n * dim; e += GridThreads()) {
+    const int64_t i = e / dim, key = keys[i];
+    const int64_t t = key >> kPackedRowBits, row = key & kPackedRowMask;
+    if (key < 0 || t >= num_tables || row >= shards[t].rows) {
+      if (e % dim == 0) RecordBad(check, EncodeBad(0, BadKind::kBadKey, i));
+      out[e] = 0;
+    } else {
+      out[e] = reinterpret_cast<const uint16_t*>(shards[t].data)[row * dim + e % dim];
+    }
+  }
+}
+
 template <int kVec>
 __global__ void GatherSingleIdsKernel(const GpuSingleIdLookup* lookups, int32_t num_lookups,
                                       bool ids64, int64_t total, int64_t dim, int group,
@@ -537,6 +553,19 @@ cudaError_t GatherShardRowsGpu(const GpuShard* shards_device, int32_t num_tables
     GatherShardRowsKernel<vec.value><<<GridFor(n, group), kThreads, 0, stream>>>(
         shards_device, num_tables, dim, keys, n, out, group, check);
   });
+}
+
+cudaError_t GatherShardRows16Gpu(const GpuShard* shards_device, int32_t num_tables, int64_t dim,
+                                 const int64_t* keys, int64_t n, uint16_t* out,
+                                 LookupCheck* check, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (dim % 2 == 0) {  // GpuShard::data + row * (dim / 2) floats is the 16-bit row's address
+    return GatherShardRowsGpu(shards_device, num_tables, dim / 2, keys, n,
+                              reinterpret_cast<float*>(out), check, stream);
+  }
+  GatherShardRows16Kernel<<<GridBlocks(n * dim, kThreads), kThreads, 0, stream>>>(
+      shards_device, num_tables, dim, keys, n, out, check);
+  return cudaGetLastError();
 }
 
 cudaError_t GatherSingleIdsGpu(const GpuSingleIdLookup* lookups_device, int32_t num_lookups,

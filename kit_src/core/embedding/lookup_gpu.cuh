@@ -81,6 +81,12 @@ cudaError_t GatherShardRowsGpu(const GpuShard* shards_device, int32_t num_tables
                                const int64_t* keys, int64_t n, float* out, LookupCheck* check,
                                cudaStream_t stream);
 
+// The same for 16-bit tables (float16, bfloat16), whose GpuShard::data points at 16-bit rows:
+// rows copied bit for bit (an even width as 32-bit word pairs through the kernel above).
+cudaError_t GatherShardRows16Gpu(const GpuShard* shards_device, int32_t num_tables, int64_t dim,
+                                 const int64_t* keys, int64_t n, uint16_t* out,
+                                 LookupCheck* check, cudaStream_t stream);
+
 // One lookup of the one-id path: output row i = table row ids[i].
 struct GpuSingleIdLookup {
   const void* ids = nullptr;  // [count] int32 or int64

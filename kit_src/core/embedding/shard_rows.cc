@@ -135,6 +135,10 @@ void SplitGradientByTable(const int64_t* keys, int64_t n, int64_t dim, const T* 
 
 template Status GatherShardRows<float>(const std::vector<ShardView<float>>&, int64_t,
                                        const int64_t*, int64_t, float*, const ParallelFor&);
+// 16-bit tables (float16, bfloat16): the gather copies their rows as words.
+template Status GatherShardRows<uint16_t>(const std::vector<ShardView<uint16_t>>&, int64_t,
+                                          const int64_t*, int64_t, uint16_t*,
+                                          const ParallelFor&);
 template void SplitGradientByTable<float>(const int64_t*, int64_t, int64_t, const float*,
                                           const std::vector<int64_t*>&,
                                           const std::vector<float*>&, const ParallelFor&);

@@ -2,6 +2,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kit_src/core/embedding/combine.h"
@@ -131,8 +132,15 @@ class GatherShardRowsOp : public tf::OpKernel {
     tf::Tensor* rows = nullptr;
     OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, 0, tf::TensorShape({keys.NumElements(), dim_}),
                                              &rows));
-    SOK_OP_REQUIRES_OK(ctx, GatherShardRows(shards.views(), dim_, keys.flat<int64_t>().data(),
-                                            keys.NumElements(), rows->flat<T>().data(),
+    // The gather copies rows bit for bit: 16-bit tables reach the core as uint16_t words.
+    using Word = typename std::conditional<sizeof(T) == 2, uint16_t, T>::type;
+    std::vector<ShardView<Word>> words;
+    for (const ShardView<T>& shard : shards.views()) {
+      words.push_back(ShardView<Word>{reinterpret_cast<const Word*>(shard.data), shard.rows});
+    }
+    SOK_OP_REQUIRES_OK(ctx, GatherShardRows(words, dim_, keys.flat<int64_t>().data(),
+                                            keys.NumElements(),
+                                            reinterpret_cast<Word*>(rows->flat<T>().data()),
                                             CpuParallelFor(ctx)));
   }
 
@@ -140,8 +148,14 @@ class GatherShardRowsOp : public tf::OpKernel {
   int64_t dim_ = 0;
 };
 
-REGISTER_KERNEL_BUILDER(Name("Sok>GatherShardRows").Device(tf::DEVICE_CPU).TypeConstraint<float>("dtype"),
-                        GatherShardRowsOp<float>);
+#define REGISTER_GATHER(T)                                                                 \
+  REGISTER_KERNEL_BUILDER(                                                                 \
+      Name("Sok>GatherShardRows").Device(tf::DEVICE_CPU).TypeConstraint<T>("dtype"),      \
+      GatherShardRowsOp<T>)
+REGISTER_GATHER(float);
+REGISTER_GATHER(Eigen::half);
+REGISTER_GATHER(tf::bfloat16);
+#undef REGISTER_GATHER
 
 // One worker, one id per sample: rows straight from the tables (see Sok>GatherSingleIds).
 template <typename Tindex>

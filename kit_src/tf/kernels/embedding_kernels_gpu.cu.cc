@@ -40,8 +40,10 @@ int BitsFor(uint64_t values) {  // bits to hold 0 .. values - 1
 // hold them), each looked up once even when several inputs share it.
 class GpuTables {
  public:
+  // dtype: the tables' type. 16-bit tables' GpuShard::data points at their 16-bit rows (only
+  // Sok>GatherShardRows takes them, and copies their bits).
   tf::Status Lock(tf::OpKernelContext* ctx, int first_input, int count, int64_t dim,
-                  const std::vector<std::string>* names) {
+                  const std::vector<std::string>* names, tf::DataType dtype = tf::DT_FLOAT) {
     vars_.resize(count);
     for (int t = 0; t < count; ++t) {
       TF_RETURN_IF_ERROR(tf::LookupResource(ctx, tf::HandleFromInput(ctx, first_input + t),
@@ -50,13 +52,15 @@ class GpuTables {
       for (int k = 0; k < t; ++k) seen = seen || vars_[k].get() == vars_[t].get();
       if (!seen) locks_.push_back(std::make_unique<tf::tf_shared_lock>(*vars_[t]->mu()));
       const tf::Tensor& table = *vars_[t]->tensor();
-      if (table.dtype() != tf::DT_FLOAT || table.dims() != 2 || table.dim_size(1) != dim) {
+      if (table.dtype() != dtype || table.dims() != 2 || table.dim_size(1) != dim) {
         const std::string name = names ? "'" + (*names)[t] + "'" : std::to_string(t);
-        return tf::errors::InvalidArgument("table ", name, " must be float32 [rows, ", dim,
-                                           "], got ", tf::DataTypeString(table.dtype()), " ",
+        return tf::errors::InvalidArgument("table ", name, " must be ", tf::DataTypeString(dtype),
+                                           " [rows, ", dim, "], got ",
+                                           tf::DataTypeString(table.dtype()), " ",
                                            table.shape().DebugString());
       }
-      shards_.push_back(GpuShard{table.flat<float>().data(), table.dim_size(0)});
+      shards_.push_back(GpuShard{reinterpret_cast<const float*>(table.tensor_data().data()),
+                                 table.dim_size(0)});
     }
     return tf::Status();
   }
@@ -535,6 +539,7 @@ REGISTER_PARTITION_GPU(int64_t);  // int64 ids only, as Sok>GatherSingleIds
 
 // ------------------------------------------------------------------ Sok>GatherShardRows
 
+template <typename T>
 class GatherShardRowsGpuOp : public tf::AsyncOpKernel {
  public:
   explicit GatherShardRowsGpuOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
@@ -549,7 +554,9 @@ class GatherShardRowsGpuOp : public tf::AsyncOpKernel {
                                                   keys.shape().DebugString()),
                       done);
     GpuTables tables;
-    OP_REQUIRES_OK_ASYNC(ctx, tables.Lock(ctx, 0, num_tables, dim_, nullptr), done);
+    OP_REQUIRES_OK_ASYNC(ctx, tables.Lock(ctx, 0, num_tables, dim_, nullptr,
+                                          tf::DataTypeToEnum<T>::value),
+                         done);
     tf::Tensor* rows = nullptr;
     OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, tf::TensorShape({keys.NumElements(), dim_}),
                                                    &rows),
@@ -560,13 +567,15 @@ class GatherShardRowsGpuOp : public tf::AsyncOpKernel {
     OP_REQUIRES_OK_ASYNC(ctx, memory->Upload(ctx, tables.shards(), &shards), done);
     OP_REQUIRES_OK_ASYNC(ctx, check.Init(ctx, memory.get()), done);
     const cudaStream_t stream = GpuStream(ctx);
-    OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(GatherShardRowsGpu(shards, num_tables, dim_,
-                                                          keys.flat<int64_t>().data(),
-                                                          keys.NumElements(),
-                                                          rows->flat<float>().data(),
-                                                          check.device, stream),
-                                       "gather shard rows"),
-                         done);
+    void* out = const_cast<char*>(rows->tensor_data().data());
+    const int64_t* key_data = keys.flat<int64_t>().data();
+    const cudaError_t gathered =
+        sizeof(T) == 2
+            ? GatherShardRows16Gpu(shards, num_tables, dim_, key_data, keys.NumElements(),
+                                   static_cast<uint16_t*>(out), check.device, stream)
+            : GatherShardRowsGpu(shards, num_tables, dim_, key_data, keys.NumElements(),
+                                 static_cast<float*>(out), check.device, stream);
+    OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(gathered, "gather shard rows"), done);
     GpuRowSource source;
     source.keys = keys.flat<int64_t>().data();
     OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(DescribePooledError(nullptr, 0, nullptr, nullptr, 0,
@@ -584,9 +593,14 @@ class GatherShardRowsGpuOp : public tf::AsyncOpKernel {
   int64_t dim_ = 0;
 };
 
-REGISTER_KERNEL_BUILDER(
-    Name("Sok>GatherShardRows").Device(tf::DEVICE_GPU).TypeConstraint<float>("dtype"),
-    GatherShardRowsGpuOp);
+#define REGISTER_GATHER_GPU(T)                                                             \
+  REGISTER_KERNEL_BUILDER(                                                                 \
+      Name("Sok>GatherShardRows").Device(tf::DEVICE_GPU).TypeConstraint<T>("dtype"),      \
+      GatherShardRowsGpuOp<T>)
+REGISTER_GATHER_GPU(float);
+REGISTER_GATHER_GPU(Eigen::half);
+REGISTER_GATHER_GPU(tf::bfloat16);
+#undef REGISTER_GATHER_GPU
 
 // ------------------------------------------------------------------ Sok>SplitGradientByTable
 

@@ -61,7 +61,7 @@ REGISTER_OP("Sok>GatherShardRows")
     .Input("keys: int64")
     .Output("rows: dtype")
     .Attr("num_tables: int >= 1")
-    .Attr("dtype: {float}")
+    .Attr("dtype: {float, half, bfloat16}")  // the shards' type; rows are copied bit for bit
     .Attr("dim: int >= 1")
     .SetShapeFn([](InferenceContext* c) -> Status {
       int64_t dim = 0;
