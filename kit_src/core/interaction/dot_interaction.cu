@@ -3,6 +3,8 @@
 // are summed in float.
 #include "kit_src/core/interaction/dot_interaction.cuh"
 
+#include <algorithm>
+
 namespace sok {
 namespace {
 
@@ -70,6 +72,53 @@ __global__ void BackwardKernel(const T* __restrict__ features, const T* __restri
   }
 }
 
+// Backward for up to kMaxFeatures features: dx[i, d] = sum_j g[i, j] x[j, d] (+ grad[d] for
+// i = 0). A thread owns column d: it keeps x[:, d] in registers (read once from global
+// memory), and the pair gradients, staged in shared memory with rows padded to a multiple of
+// 4, are read as float4 broadcasts, so shared memory serves about a quarter of a load per
+// multiply-add (the staged kernel above reads two).
+constexpr int kMaxRegisterFeatures = 32;
+
+template <typename T>
+__global__ void BackwardColumnKernel(const T* __restrict__ features,
+                                     const T* __restrict__ output_grad,
+                                     T* __restrict__ features_grad, int num_features, int dim) {
+  extern __shared__ float4 g4[];                  // [F, padded / 4]
+  float* g = reinterpret_cast<float*>(g4);
+  const int padded = (num_features + 3) & ~3;
+  const int64_t b = blockIdx.x;
+  const int width = dim + num_features * (num_features - 1) / 2;
+  const T* in = features + b * num_features * dim;
+  const T* grad = output_grad + b * width;
+  for (int k = threadIdx.x; k < num_features * padded; k += blockDim.x) {
+    const int i = k / padded, j = k % padded;
+    g[k] = (i == j || j >= num_features)
+               ? 0.0f
+               : Widen(grad[dim + (i > j ? i * (i - 1) / 2 + j : j * (j - 1) / 2 + i)]);
+  }
+  __syncthreads();
+  T* dx = features_grad + b * num_features * dim;
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+    float x[kMaxRegisterFeatures];
+#pragma unroll
+    for (int j = 0; j < kMaxRegisterFeatures; ++j) {
+      x[j] = j < num_features ? Widen(in[j * dim + d]) : 0.0f;
+    }
+    for (int i = 0; i < num_features; ++i) {
+      float sum = i == 0 ? Widen(grad[d]) : 0.0f;  // x[0] is copied to the output
+      const float4* row = g4 + i * (padded / 4);
+#pragma unroll
+      for (int q = 0; q < kMaxRegisterFeatures / 4; ++q) {
+        if (4 * q < padded) {
+          const float4 w = row[q];
+          sum += w.x * x[4 * q] + w.y * x[4 * q + 1] + w.z * x[4 * q + 2] + w.w * x[4 * q + 3];
+        }
+      }
+      dx[i * dim + d] = Narrow<T>(sum);
+    }
+  }
+}
+
 // Dynamic shared memory above the default 48 KiB must be asked for per kernel (Hopper gives up
 // to 227 KiB a block); more than the device has is refused before the launch.
 template <typename Kernel>
@@ -107,6 +156,16 @@ cudaError_t DotInteractionBackwardGpu(const InteractionShape& shape, const T* fe
                                       cudaStream_t stream) {
   if (shape.num_features < 1 || shape.dim < 0) return cudaErrorInvalidValue;
   if (shape.batch == 0) return cudaSuccess;
+  if (shape.num_features <= kMaxRegisterFeatures) {
+    const int64_t padded = (shape.num_features + 3) & ~3;
+    const int threads = static_cast<int>(std::min<int64_t>(
+        kThreads, std::max<int64_t>(32, (shape.dim + 31) / 32 * 32)));
+    BackwardColumnKernel<T><<<shape.batch, threads, shape.num_features * padded * sizeof(float),
+                              stream>>>(features, output_grad, features_grad,
+                                        static_cast<int>(shape.num_features),
+                                        static_cast<int>(shape.dim));
+    return cudaGetLastError();
+  }
   const size_t shared =
       (shape.num_features * shape.dim + shape.num_features * shape.num_features) * sizeof(float);
   const cudaError_t allowed = AllowSharedMemory(BackwardKernel<T>, shared);
