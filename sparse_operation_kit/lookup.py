@@ -17,6 +17,7 @@ Static tables deduplicate through a bitmap, so each table's keys are sorted and 
 reads the shard in increasing row order; pooling then reads the compact gathered rows.
 """
 import collections
+import weakref
 
 import tensorflow as tf
 from tensorflow.python.eager import record
@@ -366,7 +367,7 @@ def _either_id_path_group(lookups, dim):
 
             with tf.control_dependencies([checked]):  # no update from ids out of range
                 indices, values = tf.cond(one_id, grads_of_single_ids, grads_of_fused_chain)
-            return [tf.IndexedSlices(v, i, dense_shape=tf.raw_ops.VariableShape(
+            return [tf.IndexedSlices(v, _checked(i), dense_shape=tf.raw_ops.VariableShape(
                         input=handle, out_type=tf.int64))
                     for i, v, handle in zip(indices, values, handles)]
 
@@ -472,10 +473,27 @@ def all2all_dense_embedding(param, indices):
         return tf.reshape(rows, tf.concat([tf.shape(indices), [int(param.shape[1])]], 0))
 
 
+# Index tensors of static tables' gradients built here from ids already checked against the
+# tables' rows (by Sok>PartitionKeys or Sok>CheckGatheredIds, which the gradients wait for):
+# the optimizer need not check them again, which on the GPU would wait for the stream.
+# Keyed by id(), the tensor held weakly.
+_CHECKED_INDICES = weakref.WeakValueDictionary()
+
+
+def _checked(indices):
+    _CHECKED_INDICES[id(indices)] = indices
+    return indices
+
+
+def indices_are_checked(indices):
+    """Whether `indices` are a sok table gradient's, built from ids checked in its lookup."""
+    return _CHECKED_INDICES.get(id(indices)) is indices
+
+
 def _table_gradients(op, indices, values):
     """One IndexedSlices per table handle among op's first inputs."""
     return [
-        tf.IndexedSlices(values[t], indices[t],
+        tf.IndexedSlices(values[t], _checked(indices[t]),
                          dense_shape=tf.raw_ops.VariableShape(input=op.inputs[t],
                                                               out_type=tf.int64))
         for t in range(len(indices))
@@ -495,8 +513,9 @@ def _gather_single_ids_grad(op, *output_grads):
     check = raw_ops.sok_check_gathered_ids(op.outputs[n], table_names=op.get_attr("table_names"))
     with tf.control_dependencies([] if check is None else [check]):
         grads = [tf.identity(g) for g in grads]
+        ids = [_checked(tf.identity(tf.cast(op.inputs[n + l], tf.int64))) for l in range(n)]
     return [
-        tf.IndexedSlices(grads[l], tf.cast(op.inputs[n + l], tf.int64),
+        tf.IndexedSlices(grads[l], ids[l],
                          dense_shape=tf.raw_ops.VariableShape(input=op.inputs[l],
                                                               out_type=tf.int64))
         for l in range(n)

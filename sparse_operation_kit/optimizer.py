@@ -5,7 +5,9 @@ table's touched rows and their state change, in one fused op per table (Sok>Dyna
 A static `sok.Variable` under a legacy Adam or Nadam (whose Keras sparse updates move every
 row of the table and its moments each step) is updated lazily too, by Sok>StaticApply, its
 state kept in the wrapped optimizer's own slots ("m", "v"), so Keras checkpoints and
-get_slot see it. Every other variable goes to the wrapped optimizer itself; TF's sparse
+get_slot see it. So is one under a plain legacy SGD (no momentum, no clipping): one fused
+scatter per table instead of Keras' multiply and scatter, and on the GPU no second check of
+ids that lookup_sparse has checked. Every other variable goes to the wrapped optimizer itself; TF's sparse
 updates of the other legacy optimizers are lazy already.
 Hyper-parameters and learning-rate schedules are read from the wrapped optimizer at each step.
 """
@@ -14,12 +16,13 @@ import tensorflow as tf
 
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable
+from sparse_operation_kit.lookup import indices_are_checked
 from sparse_operation_kit.variables import Variable
 
 _SUPPORTED = ("SGD", "Adagrad", "Adam", "Adamax", "Adadelta", "RMSprop", "Ftrl", "Nadam")
 # Legacy optimizers whose Keras sparse update is not lazy, and their slots in the order the
 # update rule packs a row's state.
-_LAZY_STATIC_SLOTS = {"Adam": ["m", "v"], "Nadam": ["m", "v"]}
+_LAZY_STATIC_SLOTS = {"Adam": ["m", "v"], "Nadam": ["m", "v"], "SGD": []}
 
 
 # A dynamic table's optimizer state: consecutive [dim] slots after each row, in this order
@@ -403,7 +406,13 @@ class OptimizerWrapper:
         return (isinstance(variable, Variable) and variable.dtype == tf.float32 and
                 isinstance(grad, tf.IndexedSlices) and
                 self._kind in _LAZY_STATIC_SLOTS and hasattr(self._optimizer, "_get_hyper") and
-                not getattr(self._optimizer, "amsgrad", False))
+                not getattr(self._optimizer, "amsgrad", False) and
+                (self._kind != "SGD" or self._plain_sgd()))
+
+    def _plain_sgd(self):
+        opt = self._optimizer
+        return (not opt._momentum and opt.clipnorm is None and opt.clipvalue is None and
+                opt.global_clipnorm is None)
 
     def _apply_static(self, grad, variable, lr, step):
         """Sok>StaticApply on the touched rows, state in the wrapped optimizer's slots."""
@@ -416,7 +425,8 @@ class OptimizerWrapper:
             table=variable.handle, slots=[slot.handle for slot in slots],
             indices=tf.cast(grad.indices, tf.int64),
             grads=tf.convert_to_tensor(grad.values, tf.float32), hyper=hyper, rule=rule,
-            nesterov=nesterov, table_name=variable.name)
+            nesterov=nesterov, table_name=variable.name,
+            validate=not indices_are_checked(grad.indices))
 
     def _advance_nadam_schedule(self, step):
         """Keras' Nadam momentum schedule, kept here for the dynamic tables: m_t, m_t+1 and

@@ -572,6 +572,79 @@ def test_static_apply_bad_row_writes_nothing(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_static_apply_without_validation_never_writes_outside(device):
+    """validate=False (ids lookup_sparse checked): the GPU skips a row outside the table and
+    updates the others without waiting for a check; the CPU checks anyway."""
+    init = np.arange(12, dtype=np.float32).reshape(4, 3)
+    with tf.device(f"{device}:0"):
+        table = tf.Variable(init)
+
+    def apply():
+        raw_ops.sok_static_apply(
+            table=table.handle, slots=[], indices=tf.constant([0, 4, 1, -3], tf.int64),
+            grads=tf.ones([4, 3]), hyper=tf.constant([0.5, 0.0]), rule="sgd", table_name="emb",
+            validate=False)
+
+    if device == "CPU":
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 4 of table 'emb'"):
+            on(device, apply)
+        np.testing.assert_array_equal(table.numpy(), init)
+        return
+    on(device, apply)
+    expected = init.copy()
+    expected[[0, 1]] -= 0.5
+    np.testing.assert_array_equal(table.numpy(), expected)
+
+
+def graph_nodes(fn):
+    graph_def = tf.function(fn).get_concrete_function().graph.as_graph_def()
+    return list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("one_id", [False, True])
+def test_plain_sgd_wrapper_is_one_fused_update_like_keras(device, one_id):
+    """Legacy SGD without momentum through the wrapper: one Sok>StaticApply per table, which
+    skips the check of ids lookup_sparse checked (and only of those), equal to Keras' SGD on a
+    tf.Variable; a hand-built gradient with an id out of range fails and writes nothing."""
+    rng = np.random.default_rng(5)
+    init = rng.normal(size=[30, 8]).astype(np.float32)
+    values = tf.constant((rng.zipf(1.5, size=64) - 1) % 30, tf.int64)
+    ids = (tf.RaggedTensor.from_tensor(values[:, None]) if one_id
+           else tf.RaggedTensor.from_row_lengths(values, [2] * 32))
+    with tf.device(f"{device}:0"):
+        table, reference = sok.Variable(init), tf.Variable(init)
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.3))
+    keras_sgd = tf.keras.optimizers.legacy.SGD(0.3)
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse([table], [ids], combiners=["sum"])[0] ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+        with tf.GradientTape() as tape:
+            out = tf.nn.safe_embedding_lookup_sparse(reference, ids.to_sparse(), combiner="sum")
+            loss = tf.reduce_sum(out ** 2)
+        keras_sgd.apply_gradients(zip(tape.gradient(loss, [reference]), [reference]))
+
+    with tf.device(f"{device}:0"):
+        applies = [n for n in graph_nodes(step) if n.op == "Sok>StaticApply"]
+    assert [n.attr["validate"].b for n in applies] == [False]
+    for _ in range(2):
+        on(device, tf.function(step))
+    np.testing.assert_allclose(table.numpy(), reference.numpy(), rtol=1e-5, atol=1e-5)
+
+    before = table.numpy()
+    bad = tf.IndexedSlices(tf.ones([2, 8]), tf.constant([3, 30], tf.int64))
+    with tf.device(f"{device}:0"):
+        applies = [n for n in graph_nodes(lambda: optimizer.apply_gradients([(bad, table)]))
+                   if n.op == "Sok>StaticApply"]
+    assert [n.attr["validate"].b for n in applies] == [True]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 30 of table"):
+        on(device, lambda: optimizer.apply_gradients([(bad, table)]))
+    np.testing.assert_array_equal(table.numpy(), before)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_static_apply_refuses_state_the_rule_lacks(device):
     with tf.device(f"{device}:0"):
         table = tf.Variable(tf.zeros([4, 3]))

@@ -24,8 +24,9 @@ __global__ void DescribeBadRow(const int64_t* ids, LookupCheck* check) {
   if (check->first_bad != kNoError) check->value_a = ids[check->first_bad & ((1ull << 40) - 1)];
 }
 
+// A null check: the caller checked the ids; the writers still skip a row outside the table.
 __device__ __forceinline__ bool Failed(const LookupCheck* check) {
-  return *static_cast<const volatile unsigned long long*>(&check->first_bad) != kNoError;
+  return check != nullptr && *static_cast<const volatile unsigned long long*>(&check->first_bad) != kNoError;
 }
 
 __global__ void Iota(int32_t* out, int64_t n) {
@@ -71,12 +72,13 @@ __global__ void SumRuns(const int32_t* order, const int32_t* run_of, const float
 // Plain SGD (no momentum) is linear in the gradient: each use subtracts its own share by an
 // atomic add, with no sort and no summing of duplicate ids first (as TF's scatter_add).
 __global__ void ScatterSgd(const int64_t* ids, const float* grads, int64_t n, int64_t dim,
-                           float lr, float* values, const LookupCheck* check) {
+                           int64_t rows, float lr, float* values, const LookupCheck* check) {
   if (Failed(check)) return;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n * dim;
        e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t k = e / dim;
-    atomicAdd(&values[ids[k] * dim + (e - k * dim)], -lr * grads[e]);
+    const int64_t k = e / dim, row = ids[k];
+    if (row < 0 || row >= rows) continue;
+    atomicAdd(&values[row * dim + (e - k * dim)], -lr * grads[e]);
   }
 }
 
@@ -90,6 +92,7 @@ __global__ void ApplyRuns(const int64_t* run_id, const int32_t* num_runs, const 
   const int64_t dim = table.dim, runs = *num_runs;
   for (int64_t run = blockIdx.x; run < runs; run += gridDim.x) {
     const int64_t row = run_id[run];
+    if (row < 0 || row >= table.rows) continue;
     float* values = table.values + row * dim;
     for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
       float g = summed[run * dim + d];
@@ -133,11 +136,13 @@ cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper, int
   if (!visited.ok() || !fits) return cudaErrorInvalidValue;
   const int64_t n = gradient.n;
   if (n == 0) return cudaSuccess;
-  CheckIds<<<GridBlocks(n, 256), 256, 0, stream>>>(gradient.ids, n, table.rows, check);
-  DescribeBadRow<<<1, 1, 0, stream>>>(gradient.ids, check);
+  if (check != nullptr) {
+    CheckIds<<<GridBlocks(n, 256), 256, 0, stream>>>(gradient.ids, n, table.rows, check);
+    DescribeBadRow<<<1, 1, 0, stream>>>(gradient.ids, check);
+  }
   if (rule == "sgd" && hyper[1] == 0.0f) {
     ScatterSgd<<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(
-        gradient.ids, gradient.values, n, table.dim, hyper[0], table.values, check);
+        gradient.ids, gradient.values, n, table.dim, table.rows, hyper[0], table.values, check);
     return cudaGetLastError();
   }
 

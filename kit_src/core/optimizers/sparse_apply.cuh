@@ -47,8 +47,9 @@ namespace sok {
 
 // SparseApplyGpu without synchronising, for TensorFlow's kernels: the ids are checked on the
 // device, the first bad one is recorded in `check` (kBadId, item = its index, value_a = the
-// id) and then nothing is written. Host-side argument errors return cudaErrorInvalidValue
-// before anything is enqueued.
+// id) and then nothing is written. A null `check`: the caller has checked the ids (rows outside
+// the table are skipped, never written). Host-side argument errors return
+// cudaErrorInvalidValue before anything is enqueued.
 cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper, int64_t hyper_count,
                                 bool nesterov, const SparseApplyTable& table,
                                 const SparseGradient& gradient, const DeviceAllocate& allocate,

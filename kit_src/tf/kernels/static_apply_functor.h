@@ -26,6 +26,7 @@ struct StaticApplyArgs {
   const int64_t* indices = nullptr;  // [n]
   const float* grads = nullptr;      // [n, dim]
   int64_t n = 0;
+  bool validate = true;  // false: the GPU skips the check (and its wait for the stream)
 };
 
 namespace functor {

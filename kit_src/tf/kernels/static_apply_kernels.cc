@@ -114,6 +114,7 @@ class StaticApplyOp : public tf::AsyncOpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &rule_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("nesterov", &nesterov_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table_name_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("validate", &validate_));
     OP_REQUIRES(ctx, num_slots_ <= 3,
                 tf::errors::InvalidArgument("at most 3 optimizer slots, got ", num_slots_));
   }
@@ -168,6 +169,7 @@ class StaticApplyOp : public tf::AsyncOpKernel {
                       done);
     args.indices = indices.flat<int64_t>().data();
     args.grads = grads.flat<float>().data();
+    args.validate = validate_;
     // The rule must find its state in the slots given (it would read past them otherwise).
     bool fits = true;
     OP_REQUIRES_OK_ASYNC(ctx, ToTfStatus(VisitRule(rule_, args.hyper, args.hyper_count, nesterov_,
@@ -190,6 +192,7 @@ class StaticApplyOp : public tf::AsyncOpKernel {
   std::string rule_;
   bool nesterov_ = false;
   std::string table_name_;
+  bool validate_ = true;
 };
 
 REGISTER_KERNEL_BUILDER(Name("Sok>StaticApply").Device(tf::DEVICE_CPU),

@@ -1,7 +1,8 @@
 // GPU functor of Sok>StaticApply (static_apply_functor.h): kit_src/core/optimizers/
 // sparse_apply.cu on TensorFlow's stream, the Keras slot variables as the rule's state
 // sections. An id outside the table is found on the device, nothing is written, and the op
-// fails once the stream has passed the check (no host thread waits).
+// fails once the stream has passed the check (no host thread waits); with validate=false
+// (ids lookup_sparse checked) the op neither checks nor waits.
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU  // before any Eigen header: the GPU device
 #include <memory>
@@ -28,7 +29,7 @@ void StaticApply<GpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticAp
   for (int s = 0; s < target.num_slots; ++s) target.slots[s] = args.slots[s];
   auto memory = std::make_shared<GpuCallMemory>();
   GpuCheck check;
-  tf::Status status = check.Init(ctx, memory.get());
+  tf::Status status = args.validate ? check.Init(ctx, memory.get()) : tf::Status();
   if (!status.ok()) return finish(status);
   tf::Status allocation;
   const DeviceAllocate allocate = [&](size_t bytes) -> void* {
@@ -42,6 +43,8 @@ void StaticApply<GpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticAp
       SparseGradient{args.indices, args.grads, args.n}, allocate, check.device, GpuStream(ctx));
   if (!allocation.ok()) return finish(allocation);
   status = CudaToTf(launched, "sparse apply");
+  // Ids checked by the caller: done once enqueued, nothing waits for the stream.
+  if (!args.validate) return finish(status.ok() ? ReleaseAfterStream(ctx, memory) : status);
   if (status.ok()) status = check.CopyToHost(ctx);
   if (!status.ok()) return finish(status);
   const LookupCheck* host = check.host;

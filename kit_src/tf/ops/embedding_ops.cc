@@ -256,6 +256,7 @@ REGISTER_OP("Sok>StaticApply")
     .Attr("rule: {'sgd', 'adagrad', 'adam', 'adamax', 'adadelta', 'rmsprop', 'ftrl', 'nadam'}")
     .Attr("nesterov: bool = false")
     .Attr("table_name: string = ''")
+    .Attr("validate: bool = true")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc(R"doc(
@@ -264,6 +265,9 @@ summed, then each touched row and its rows of the N optimizer slot variables (ea
 the table; together the state that kit_src/core/optimizers/update_rules.h lays out one after
 another) are updated in place. Untouched rows and their slots do not change. hyper as for
 Sok>DynamicApply. A row index outside the shard fails before anything is written.
+validate=false (indices that lookup_sparse's gradient built from ids it had checked): on the
+GPU the op does not wait for its stream to check them (the kernels skip a row outside the
+shard rather than write it); the CPU always checks.
 )doc");
 
 }  // namespace sok
