@@ -505,15 +505,30 @@ def _dense_output_grads(op, output_grads):
             for i, g in enumerate(output_grads)]
 
 
+def _guards_ids_on_device(op):
+    """Whether op's gradients guard their ids on the device instead of waiting for the id
+    check: on a GPU, where that wait would leave the GPU idle every step."""
+    return "GPU" in op.inputs[0].device.upper()
+
+
 @tf.RegisterGradient("Sok>GatherSingleIds")
 def _gather_single_ids_grad(op, *output_grads):
     n = op.get_attr("N")
     grads = _dense_output_grads(op, output_grads)[:n]
-    # No update may use a step whose ids were out of range: the gradients wait for the check.
-    check = raw_ops.sok_check_gathered_ids(op.outputs[n], table_names=op.get_attr("table_names"))
-    with tf.control_dependencies([] if check is None else [check]):
-        grads = [tf.identity(g) for g in grads]
-        ids = [_checked(tf.identity(tf.cast(op.inputs[n + l], tf.int64))) for l in range(n)]
+    ids = [tf.cast(op.inputs[n + l], tf.int64) for l in range(n)]
+    # No update may use a step whose ids were out of range.
+    if _guards_ids_on_device(op):
+        # The forward's Sok>CheckGatheredIds reports the error; here, on the device, every
+        # gradient id of such a step becomes -1, a row that every sparse update skips
+        # (Sok>StaticApply, TF's GPU scatters) or refuses before writing.
+        ok = tf.equal(op.outputs[n][:1], -1)  # LookupCheck.first_bad == kNoError
+        ids = [_checked(tf.where(ok, i, tf.constant(-1, tf.int64))) for i in ids]
+    else:  # the gradients wait for the check
+        check = raw_ops.sok_check_gathered_ids(op.outputs[n],
+                                               table_names=op.get_attr("table_names"))
+        with tf.control_dependencies([] if check is None else [check]):
+            grads = [tf.identity(g) for g in grads]
+            ids = [_checked(tf.identity(i)) for i in ids]
     return [
         tf.IndexedSlices(grads[l], ids[l],
                          dense_shape=tf.raw_ops.VariableShape(input=op.inputs[l],

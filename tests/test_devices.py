@@ -557,6 +557,41 @@ def test_bad_id_in_a_training_step_changes_nothing(device, one_id):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_one_id_gradients_guarded_on_the_device(device, monkeypatch):
+    """The one-id path's gradients as on a GPU, forced on every device: nothing waits for the
+    id check (one Sok>CheckGatheredIds, the forward's); a good step trains as Keras' SGD on a
+    tf.Variable, and a step with an id out of range fails and writes nothing (its gradient
+    ids became -1 on the device)."""
+    from sparse_operation_kit import lookup
+    monkeypatch.setattr(lookup, "_guards_ids_on_device", lambda op: True)
+    init = np.arange(40, dtype=np.float32).reshape(10, 4)
+    with tf.device(f"{device}:0"):
+        table, reference = sok.Variable(init, name="items"), tf.Variable(init)
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.5))
+    keras_sgd = tf.keras.optimizers.legacy.SGD(0.5)
+
+    def step(values):
+        ids = tf.RaggedTensor.from_tensor(values[:, None])
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse([table], [ids], combiners=["sum"])[0] ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+
+    good = tf.constant([1, 7, 1], tf.int64)
+    nodes = graph_nodes(lambda: step(good))
+    assert sum(n.op == "Sok>CheckGatheredIds" for n in nodes) == 1
+    on(device, tf.function(lambda: step(good)))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.gather(reference, good) ** 2)
+    keras_sgd.apply_gradients(zip(tape.gradient(loss, [reference]), [reference]))
+    np.testing.assert_allclose(table.numpy(), reference.numpy(), rtol=1e-6)
+    before = table.numpy()
+    # The forward's check names the id; on the CPU the update may refuse the guard's -1 first.
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id (10|-1) of table 'items:0'"):
+        on(device, tf.function(lambda: step(tf.constant([1, 10, 2], tf.int64))))
+    np.testing.assert_array_equal(table.numpy(), before)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_static_apply_bad_row_writes_nothing(device):
     init = np.arange(12, dtype=np.float32).reshape(4, 3)
     with tf.device(f"{device}:0"):

@@ -180,24 +180,35 @@ struct RowArrays {
 };
 
 // The fresh rows' initial values and state (the first dim floats of state `initial`, the
-// rest zero).
+// rest zero). A warp takes 32 keys, ballots the fresh ones and writes their rows one after
+// another across its lanes: a lookup that inserts nothing reads one byte a key.
 template <typename T>
 __global__ void InitFreshRows(GpuKeys keys, const int64_t* rows, const uint8_t* fresh,
                               RowArrays t, InitKind kind, float init_a, float init_b,
                               uint64_t seed, float initial, bool initial_values) {
   const int64_t width = max(initial_values ? t.dim : 0, t.state_dim);
-  const int64_t total = keys.n * width;
   T* values = static_cast<T*>(t.values);
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
-       e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t i = e / width, d = e - i * width;
-    int64_t key;
-    if (!fresh[i] || !KeyAt(keys, i, &key)) continue;
-    const int64_t r = rows[i];
-    if (initial_values && d < t.dim) {
-      values[r * t.dim + d] = Narrow<T>(InitialValue(kind, init_a, init_b, seed, key, d));
+  const int lane = threadIdx.x % 32;
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int64_t warps = int64_t{gridDim.x} * blockDim.x / 32;
+  // The loop's bound depends on the warp only: every lane reaches the ballot and shuffles.
+  for (int64_t base = warp * 32; base < keys.n; base += warps * 32) {
+    const int64_t i = base + lane;
+    int64_t key = 0;
+    const bool mine = i < keys.n && fresh[i] && KeyAt(keys, i, &key);
+    const int64_t own_row = mine ? rows[i] : 0;
+    for (unsigned pending = __ballot_sync(0xffffffffu, mine); pending != 0;
+         pending &= pending - 1) {
+      const int src = __ffs(pending) - 1;
+      const int64_t k = __shfl_sync(0xffffffffu, key, src);
+      const int64_t r = __shfl_sync(0xffffffffu, own_row, src);
+      for (int64_t d = lane; d < width; d += 32) {
+        if (initial_values && d < t.dim) {
+          values[r * t.dim + d] = Narrow<T>(InitialValue(kind, init_a, init_b, seed, k, d));
+        }
+        if (d < t.state_dim) t.state[r * t.state_dim + d] = d < t.dim ? initial : 0.0f;
+      }
     }
-    if (d < t.state_dim) t.state[r * t.state_dim + d] = d < t.dim ? initial : 0.0f;
   }
 }
 
@@ -315,66 +326,97 @@ __global__ void ClaimRows(const int64_t* keys, int64_t n, const Slot* slots, int
   }
 }
 
-// Uses are handled by groups of `lanes` lanes (dividing 32), several to a warp, so many rows
-// are in flight at once; loop bounds depend on the warp only (the apply synchronises lanes).
-struct UseGroups {
-  int lane, per_warp, warp_lane;
-  int64_t first, stride;
-  __device__ explicit UseGroups(int lanes) {
-    warp_lane = threadIdx.x % 32;
-    lane = warp_lane % lanes;
-    per_warp = 32 / lanes;
-    first = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32 * per_warp;
-    stride = int64_t{gridDim.x} * blockDim.x / 32 * per_warp;
-  }
-};
+// Each use's role, read once from the claims (coalesced by the kernels after): kNoRow (the
+// key is absent), kOnlyUse (the row's one use: applied from its own gradient), or the index
+// of the row's first use (the head, which applies the summed gradient).
+constexpr int32_t kNoRow = -2, kOnlyUse = -1;
 
-// head: the claiming use copies its gradient in; others: they add theirs to it.
-__global__ void GatherGradients(const int64_t* rows, const int32_t* row_first,
-                                const int32_t* row_uses, int64_t n, int64_t dim,
-                                const float* grads, float* summed, bool head, int lanes) {
-  const UseGroups g(lanes);
-  for (int64_t base = g.first; base < n; base += g.stride) {
-    const int64_t i = base + g.warp_lane / lanes;
-    if (i >= n) continue;
+__global__ void ResolveUses(const int64_t* rows, const int32_t* row_first,
+                            const int32_t* row_uses, int64_t n, int32_t* head) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = rows[i];
-    if (r < 0) continue;
-    const int64_t first = row_first[r];
-    if ((first == i) != head || row_uses[r] == 1) continue;
-    for (int64_t d = g.lane; d < dim; d += lanes) {
-      if (head) {
-        summed[i * dim + d] = grads[i * dim + d];
-      } else {
-        atomicAdd(summed + first * dim + d, grads[i * dim + d]);
+    head[i] = r < 0 ? kNoRow : row_uses[r] == 1 ? kOnlyUse : row_first[r];
+  }
+}
+
+// Gradients of rows used more than once. head_pass: each head copies its gradient to
+// summed; else every other use adds its gradient to its head's (atomics). A warp takes 32
+// uses, ballots those with work and copies their rows one after another across its lanes.
+__global__ void GatherGradients(const int32_t* head, int64_t n, int64_t dim, const float* grads,
+                                float* summed, bool head_pass) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int64_t warps = int64_t{gridDim.x} * blockDim.x / 32;
+  for (int64_t base = warp * 32; base < n; base += warps * 32) {
+    const int64_t i = base + lane;
+    const int32_t h = i < n ? head[i] : kNoRow;
+    const bool work = h >= 0 && (h == i) == head_pass;
+    for (unsigned pending = __ballot_sync(0xffffffffu, work); pending != 0;
+         pending &= pending - 1) {
+      const int src = __ffs(pending) - 1;
+      const int64_t use = base + src;
+      const int64_t to = __shfl_sync(0xffffffffu, h, src);
+      for (int64_t d = lane; d < dim; d += 32) {
+        if (head_pass) {
+          summed[use * dim + d] = grads[use * dim + d];
+        } else {
+          atomicAdd(summed + to * dim + d, grads[use * dim + d]);
+        }
       }
     }
   }
 }
 
-template <typename Value, typename Hyper>
-__global__ void ApplyClaimed(const int64_t* rows, int32_t* row_first, int32_t* row_uses,
-                             int64_t n, const float* grads, const float* summed, RowArrays t,
-                             int sections, Hyper hyper, uint32_t now, int lanes) {
-  const UseGroups g(lanes);
-  for (int64_t base = g.first; base < n; base += g.stride) {
-    const int64_t i = base + g.warp_lane / lanes;
-    const int64_t r = i < n ? rows[i] : -1;
-    const bool claimed = r >= 0 && row_first[r] == i;
-    if (claimed) {
-      Value* values = static_cast<Value*>(t.values) + r * t.dim;
-      const float* gradient = (row_uses[r] == 1 ? grads : summed) + i * t.dim;
-      for (int64_t d = g.lane; d < t.dim; d += lanes) {
-        float grad = gradient[d];
-        float w = Widen(values[d]);
-        float state[3];
-        for (int s = 0; s < sections; ++s) state[s] = t.state[r * t.state_dim + s * t.dim + d];
-        ApplyRule(&w, state, &grad, 1, hyper);
-        values[d] = Narrow<Value>(w);
-        for (int s = 0; s < sections; ++s) t.state[r * t.state_dim + s * t.dim + d] = state[s];
+// One step of the rule on each claimed row (the only use or the head), a group of `lanes`
+// lanes per use (dividing 32, several uses to a warp), `width` consecutive elements a lane
+// (4: float4 loads of float rows and gradients), then the claim is freed.
+template <typename Value, int kWidth, typename Hyper>
+__global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, int32_t* row_first,
+                             int32_t* row_uses, int64_t n, const float* grads,
+                             const float* summed, RowArrays t, int sections, Hyper hyper,
+                             uint32_t now, int lanes) {
+  const int lane = threadIdx.x % lanes;
+  const int64_t groups = int64_t{gridDim.x} * blockDim.x / lanes;
+  for (int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / lanes; i < n;
+       i += groups) {
+    const int32_t h = head[i];
+    if (h != kOnlyUse && h != i) continue;
+    const int64_t r = rows[i];
+    Value* values = static_cast<Value*>(t.values) + r * t.dim;
+    const float* gradient = (h == kOnlyUse ? grads : summed) + i * t.dim;
+    for (int64_t d0 = lane * kWidth; d0 < t.dim; d0 += lanes * kWidth) {
+      float grad[kWidth], w[kWidth], state[3][kWidth];
+      if constexpr (kWidth == 4) {
+        const float4 g4 = *reinterpret_cast<const float4*>(gradient + d0);
+        const float4 w4 = *reinterpret_cast<const float4*>(values + d0);
+        grad[0] = g4.x; grad[1] = g4.y; grad[2] = g4.z; grad[3] = g4.w;
+        w[0] = w4.x; w[1] = w4.y; w[2] = w4.z; w[3] = w4.w;
+      } else {
+        for (int k = 0; k < kWidth; ++k) {
+          grad[k] = gradient[d0 + k];
+          w[k] = Widen(values[d0 + k]);
+        }
+      }
+      for (int s = 0; s < sections; ++s) {
+        for (int k = 0; k < kWidth; ++k) state[s][k] = t.state[r * t.state_dim + s * t.dim + d0 + k];
+      }
+      for (int k = 0; k < kWidth; ++k) {
+        float element_state[3];
+        for (int s = 0; s < sections; ++s) element_state[s] = state[s][k];
+        ApplyRule(&w[k], element_state, &grad[k], 1, hyper);
+        for (int s = 0; s < sections; ++s) state[s][k] = element_state[s];
+      }
+      if constexpr (kWidth == 4) {
+        *reinterpret_cast<float4*>(values + d0) = make_float4(w[0], w[1], w[2], w[3]);
+      } else {
+        for (int k = 0; k < kWidth; ++k) values[d0 + k] = Narrow<Value>(w[k]);
+      }
+      for (int s = 0; s < sections; ++s) {
+        for (int k = 0; k < kWidth; ++k) t.state[r * t.state_dim + s * t.dim + d0 + k] = state[s][k];
       }
     }
-    __syncwarp();  // every lane of the group has read the claim
-    if (claimed && g.lane == 0) {
+    if (lane == 0) {
       row_first[r] = kUnclaimed;
       row_uses[r] = 0;
       t.row_meta[r] = (t.row_meta[r] & ~kStampBits) | now;
@@ -860,7 +902,7 @@ Status GpuHashTable::FindOrInsert(const GpuKeys& keys, bool insert, float admit,
   const int64_t width = std::max(initial_values ? options_.dim : 0, options_.state_dim);
   if (width == 0) return CudaStatus(cudaGetLastError(), "insert");
   VisitValueType(options_.value_type, [&](auto value) {
-    InitFreshRows<decltype(value)><<<Blocks(keys.n * width), kThreads, 0, stream>>>(
+    InitFreshRows<decltype(value)><<<Blocks(keys.n), kThreads, 0, stream>>>(
         keys, rows, fresh, arrays, static_cast<InitKind>(initializer_.kind), initializer_.a,
         initializer_.b, initializer_.seed, options_.state_initial_value, initial_values);
   });
@@ -1067,27 +1109,42 @@ Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t 
   std::lock_guard<std::mutex> lock(mutex_);
   if (n == 0) return Status::Ok();
   int64_t* rows = nullptr;
+  int32_t* head = nullptr;
   float* summed = nullptr;
   Status status = Scratch(n, &rows);
+  if (status.ok()) status = Scratch(n, &head);
   if (status.ok()) status = Scratch(n * options_.dim, &summed);
   if (status.ok()) {
     const int64_t dim = options_.dim;
-    const int lanes = RowLanes(dim);
-    const int blocks = Blocks(n * lanes);
     ClaimRows<<<Blocks(n), kThreads, 0, stream>>>(keys, n, static_cast<const Slot*>(slots_),
                                                   num_slots_ - 1, rows, row_first_,
                                                   row_uses_);
-    for (const bool head : {true, false}) {
-      GatherGradients<<<blocks, kThreads, 0, stream>>>(rows, row_first_, row_uses_, n, dim,
-                                                       grads, summed, head, lanes);
+    ResolveUses<<<Blocks(n), kThreads, 0, stream>>>(rows, row_first_, row_uses_, n, head);
+    for (const bool head_pass : {true, false}) {
+      GatherGradients<<<Blocks(n), kThreads, 0, stream>>>(head, n, dim, grads, summed,
+                                                          head_pass);
     }
     const RowArrays arrays{row_keys_, row_meta_, values_, state_, dim, options_.state_dim};
     const int sections = static_cast<int>(options_.state_dim / dim);
     const uint32_t now = StampNow();
+    // float4 when float rows of a multiple of 4 elements (the table's rows and the gradients
+    // are 16-byte aligned then).
+    const bool vector = options_.value_type == ValueType::kFloat32 && dim % 4 == 0;
+    const int lanes = RowLanes(vector ? dim / 4 : dim);
+    const int blocks = Blocks(n * lanes);
     VisitRule(rule, hyper, hyper_count, nesterov, [&](const auto& h) {
       VisitValueType(options_.value_type, [&](auto value) {
-        ApplyClaimed<decltype(value)><<<blocks, kThreads, 0, stream>>>(
-            rows, row_first_, row_uses_, n, grads, summed, arrays, sections, h, now, lanes);
+        using Value = decltype(value);
+        if constexpr (std::is_same<Value, float>::value) {
+          if (vector) {
+            ApplyClaimed<Value, 4><<<blocks, kThreads, 0, stream>>>(
+                rows, head, row_first_, row_uses_, n, grads, summed, arrays, sections, h, now,
+                lanes);
+            return;
+          }
+        }
+        ApplyClaimed<Value, 1><<<blocks, kThreads, 0, stream>>>(
+            rows, head, row_first_, row_uses_, n, grads, summed, arrays, sections, h, now, lanes);
       });
     });
     status = CudaStatus(cudaGetLastError(), "apply");
