@@ -130,6 +130,23 @@ def _learning_rate(optimizer):
     return tf.cast(rate, tf.float32)
 
 
+def _dimension(table):
+    return table.dimension if isinstance(table, DynamicVariable) else int(table.shape[1])
+
+
+def _hyper_state_on_host(optimizer):
+    """Creates a legacy optimizer's hyper-parameter variables and step counter in host memory
+    if it has not made them yet (it would put them on the GPU, and every step would then
+    wait for the GPU to copy them back for the fused ops, which read them on the host).
+    Keras' own GPU updates copy them to the GPU without waiting."""
+    if not hasattr(optimizer, "_create_hypers"):
+        return
+    with tf.init_scope(), tf.device("CPU:0"):
+        if not optimizer._hypers_created:
+            optimizer._create_hypers()
+        optimizer.iterations  # noqa: B018  (created on first access)
+
+
 def _unwrapped(optimizer):
     """The optimizer that owns the slots (a LossScaleOptimizer's inner one)."""
     return getattr(optimizer, "inner_optimizer", None) or optimizer
@@ -312,12 +329,19 @@ class OptimizerWrapper:
         static = [(g, v) for g, v in grads_and_vars if self._lazy_static(g, v)]
         lazy = {id(v) for _, v in dynamic + static}
         others = [(g, v) for g, v in grads_and_vars if id(v) not in lazy]
-        step = tf.cast(self._optimizer.iterations + 1, tf.float32)  # before `others` count it
-        lr = _learning_rate(self._optimizer)
-        if self._kind == "Nadam" and (dynamic or static):
-            self._nadam_step = self._advance_nadam_schedule(step)
-        updates = [self._apply_dynamic(g, v, lr, step) for g, v in dynamic if g is not None]
-        updates += [self._apply_static(g, v, lr, step) for g, v in static]
+        _hyper_state_on_host(self._optimizer)
+        # The fused ops take their hyper-parameters in host memory: computed there, from
+        # host variables, no step waits for the GPU to copy them back.
+        with tf.device("CPU:0"):
+            step = tf.cast(self._optimizer.iterations + 1, tf.float32)  # before `others` count it
+            lr = _learning_rate(self._optimizer)
+            if self._kind == "Nadam" and (dynamic or static):
+                self._nadam_step = self._advance_nadam_schedule(step)
+            rules = {dim: self._rule(lr, step, dim)
+                     for dim in {_dimension(v) for g, v in dynamic + static if g is not None}}
+        updates = [self._apply_dynamic(g, v, rules[_dimension(v)])
+                   for g, v in dynamic if g is not None]
+        updates += [self._apply_static(g, v, rules[_dimension(v)]) for g, v in static]
         with tf.control_dependencies(updates):
             if others:
                 return self._optimizer.apply_gradients(others, **kwargs)
@@ -414,13 +438,13 @@ class OptimizerWrapper:
         return (not opt._momentum and opt.clipnorm is None and opt.clipvalue is None and
                 opt.global_clipnorm is None)
 
-    def _apply_static(self, grad, variable, lr, step):
+    def _apply_static(self, grad, variable, rule_of_step):
         """Sok>StaticApply on the touched rows, state in the wrapped optimizer's slots."""
         with tf.init_scope():
             self._optimizer._create_all_weights([variable])
         slots = [self._optimizer.get_slot(variable, name)
                  for name in _LAZY_STATIC_SLOTS[self._kind]]
-        rule, hyper, _, _, nesterov = self._rule(lr, step, variable.shape[1])
+        rule, hyper, _, _, nesterov = rule_of_step
         return raw_ops.sok_static_apply(
             table=variable.handle, slots=[slot.handle for slot in slots],
             indices=tf.cast(grad.indices, tf.int64),
@@ -443,11 +467,11 @@ class OptimizerWrapper:
         schedule = self._nadam_cache.assign(self._nadam_cache * now)
         return now, following, schedule, schedule * following
 
-    def _apply_dynamic(self, grad, variable, lr, step):
+    def _apply_dynamic(self, grad, variable, rule_of_step):
         if not isinstance(grad, tf.IndexedSlices):
             raise TypeError(f"the gradient of dynamic table {variable.name} must be "
                             f"tf.IndexedSlices keyed by id, got {type(grad).__name__}")
-        rule, hyper, state_dim, state_initial, nesterov = self._rule(lr, step, variable.dimension)
+        rule, hyper, state_dim, state_initial, nesterov = rule_of_step
         return raw_ops.sok_dynamic_apply(
             variable.handle, tf.cast(grad.indices, tf.int64),
             tf.convert_to_tensor(grad.values, tf.float32), hyper, rule=rule,

@@ -349,3 +349,31 @@ def test_sok_sgd():
     sok.SGD(0.25).apply_gradients([(tf.IndexedSlices(tf.ones([2, 2]), tf.constant([7, 7], tf.int64)),
                                     table)])
     np.testing.assert_allclose(table.sparse_read(tf.constant([7], tf.int64)).numpy(), [[0.5, 0.5]])
+
+
+@pytest.mark.parametrize("name", ["legacy_sgd", "legacy_adam", "legacy_adam_schedule"])
+def test_fused_updates_read_their_hyper_parameters_on_the_host(name):
+    """Sok>StaticApply / Sok>DynamicApply take their hyper-parameters in host memory: the
+    wrapper makes a legacy optimizer's hyper variables and step counter there and computes
+    them there even in a step placed on a GPU (a copy back from the GPU would make each step
+    wait for it). The updates' values are checked against Keras by the tests above."""
+    optimizer = OPTIMIZERS[name]()
+    wrapper = sok.OptimizerWrapper(optimizer)
+    static, dynamic = sok.Variable(tf.ones([8, 4])), sok.DynamicVariable(4)
+    ids = tf.constant([1, 5, 1], tf.int64)
+    grad = tf.IndexedSlices(tf.ones([3, 4]), ids)
+
+    def step():
+        wrapper.apply_gradients([(grad, static), (grad, dynamic)])
+
+    with tf.device("/GPU:0"):  # a placement request only: the graph is not run here
+        graph = tf.function(step).get_concrete_function().graph
+    for variable in list(optimizer._hyper.values()) + [optimizer.iterations]:
+        if isinstance(variable, tf.Variable):
+            assert "CPU" in variable.device, variable
+    hypers = [op.inputs[-1].op for op in graph.get_operations()
+              if op.type in ("Sok>StaticApply", "Sok>DynamicApply")]
+    assert len(hypers) == 2 and all("CPU" in op.device for op in hypers), \
+        [op.device for op in hypers]
+    tf.function(step)()
+    assert int(optimizer.iterations) == 1
