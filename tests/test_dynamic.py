@@ -108,9 +108,10 @@ def normal_rows_model(seed, keys, dim, mean, stddev):
 
 
 def test_normal_rows_equal_a_float64_box_muller_model_over_many_keys():
-    # The CPU table computes the angle's cosine from tables (fast_box_muller.h), libm's cos
-    # cost most of an insert: its rows must still equal double-precision Box-Muller rounded
-    # once (a value within a float ulp where the exact one sits on a rounding boundary).
+    # The CPU table computes the radius' log and the angle's cosine from tables
+    # (fast_box_muller.h), libm's cost most of an insert: its rows must still equal
+    # double-precision Box-Muller rounded once (a value within a float ulp where the exact one
+    # sits on a rounding boundary).
     import zlib
     keys = np.random.default_rng(4).integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max,
                                              20000)
