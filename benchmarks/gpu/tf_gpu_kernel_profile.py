@@ -8,6 +8,11 @@ against the step's wall time (the difference is launch and host-wait time).
     python3 tf_gpu_kernel_profile.py WORKLOAD              # wall time only
     ncu ... python3 tf_gpu_kernel_profile.py WORKLOAD > x.csv
     python3 tf_gpu_kernel_profile.py summarize x.csv WALL_MS
+    python3 tf_gpu_kernel_profile.py timeline WORKLOAD     # where the GPU waits for the host
+
+`timeline` runs PROFILE_STEPS steps under TensorFlow's profiler (CUPTI) and prints, from its
+XSpace, the GPU's busy time a step, its idle gaps and the TensorFlow ops the host ran in each:
+the time ncu's kernel list cannot explain.
 """
 import collections
 import csv
@@ -46,8 +51,28 @@ def workload(name):
         ones = tf.ones([BATCH], tf.int64)
         inputs = [tf.RaggedTensor.from_row_lengths(
             tf.constant(zipf_ids(rng, v, BATCH), tf.int64), ones) for v in vocabs]
-    elif name in ("t3", "g1b_static"):
-        rows, batch = 8 << 20, BATCH if name == "t3" else 1 << 20
+    elif name == "t3_tf":  # plain TensorFlow's T3, for comparison
+        table = tf.Variable(tf.random.stateless_uniform([8 << 20, DIM], [3, 0], -0.05, 0.05))
+        ids = tf.constant(rng.integers(0, 8 << 20, size=BATCH), tf.int64)
+        tf_optimizer = tf.keras.optimizers.legacy.SGD(0.01)
+
+        def tf_step():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.nn.embedding_lookup(table, ids))
+            tf_optimizer.apply_gradients([(tape.gradient(loss, table), table)])
+            return loss
+        return tf_step
+    elif name in ("t3", "t3_nocheck", "g1b_static"):
+        if name == "t3_nocheck":  # experiment: the forward without its id check's wait
+            import sparse_operation_kit.lookup as lookup_module
+
+            class NoForwardCheck:
+                def __getattr__(self, op):
+                    if op == "sok_check_gathered_ids":
+                        return lambda *args, **kwargs: None
+                    return getattr(sok.raw_ops, op)
+            lookup_module.raw_ops = NoForwardCheck()
+        rows, batch = 8 << 20, 1 << 20 if name == "g1b_static" else BATCH
         tables = [sok.Variable(tf.random.stateless_uniform([rows, DIM], [3, 0], -0.05, 0.05))]
         inputs = [tf.RaggedTensor.from_tensor(
             tf.constant(rng.integers(0, rows, size=batch), tf.int64)[:, None])]
@@ -90,6 +115,82 @@ def run(name):
         profiler(False)
 
 
+def timeline(name, logdir="/tmp/sok_timeline"):
+    import glob
+    import shutil
+    import tensorflow as tf
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from tf_gpu import timed
+    shutil.rmtree(logdir, ignore_errors=True)
+    with tf.device("GPU:0"):
+        call = tf.function(workload(name))
+        wall_ms = min(timed(call, 10) for _ in range(3))
+        tf.profiler.experimental.start(logdir)
+        for _ in range(PROFILE_STEPS):
+            result = call()
+        result.numpy()
+        tf.profiler.experimental.stop()
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(open(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0],
+                               "rb").read())
+    print_timeline(name, space, wall_ms)
+
+
+def plane_events(plane, keep_line):
+    """(start_us, end_us, name) of the plane's events on the lines keep_line accepts."""
+    events = []
+    for line in plane.lines:
+        if not keep_line(line.name):
+            continue
+        for event in line.events:
+            start = line.timestamp_ns / 1e3 + event.offset_ps / 1e6
+            events.append((start, start + event.duration_ps / 1e6,
+                           plane.event_metadata[event.metadata_id].name))
+    return sorted(events)
+
+
+def print_timeline(name, space, wall_ms, min_gap_us=8.0):
+    planes = {plane.name: plane for plane in space.planes}
+    host = [e for e in plane_events(planes["/host:CPU"], lambda n: n != "python")
+            if ":" in e[2] and "::" not in e[2]]  # TensorFlow ops: "node:type"
+    gpu = plane_events(planes["/device:GPU:0"], lambda n: n.startswith("Stream"))
+    if not gpu:
+        sys.exit("no GPU activity in the profile")
+    busy, gaps, end = 0.0, [], gpu[0][0]
+    for start, stop, kernel in gpu:
+        if start - end > min_gap_us:
+            gaps.append((end, start))
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    span = end - gpu[0][0]
+    print(f"# {name}: wall {wall_ms:.3f} ms a call; profiled {PROFILE_STEPS} steps: GPU busy "
+          f"{busy / 1e3 / PROFILE_STEPS:.3f} ms a step, {len(gpu) / PROFILE_STEPS:.0f} GPU "
+          f"activities, {len(host) / PROFILE_STEPS:.0f} host ops, "
+          f"{len(gaps) / PROFILE_STEPS:.1f} gaps over {min_gap_us} us a step "
+          f"({sum(b - a for a, b in gaps) / 1e3 / PROFILE_STEPS:.3f} ms)")
+    by_type = collections.Counter()
+    for start, stop, op in host:
+        by_type[op.split(":")[-1]] += (stop - start) / PROFILE_STEPS
+    print("host op time a step by type (us):",
+          ", ".join(f"{op} {us:.0f}" for op, us in by_type.most_common(12)))
+    # The second profiled step in order: host ops and GPU activities, from its first op.
+    calls = [e for e in plane_events(planes["/host:CPU"], lambda n: n == "python")
+             if e[2] in ("step", "tf_step")]
+    if len(calls) >= 3:
+        t0, t1 = calls[1][0], calls[2][0]
+        merged = sorted([(s, e, "host " + op[-70:]) for s, e, op in host if t0 <= s < t1] +
+                        [(s, e, "GPU  " + k[:70]) for s, e, k in gpu if t0 <= s < t1])
+        for start, stop, what in merged:
+            print(f"    {start - t0:8.1f} {stop - start:7.1f} us  {what}")
+    for gap_start, gap_end in sorted(gaps, key=lambda g: g[0] - g[1])[:15]:
+        during = [op.split(":")[0][-60:] for start, stop, op in host
+                  if stop > gap_start and start < gap_end]
+        before = [k[:50] for s, e, k in gpu if gap_start - 1 <= e <= gap_start + 0.01][-1:]
+        print(f"  gap {gap_end - gap_start:7.1f} us after {before}: host ran {during[:8]}"
+              f"{' ...' if len(during) > 8 else ''}")
+
+
 def summarize(path, wall_ms):
     """Kernel time per step by kernel name, from ncu's CSV (gpu__time_duration.sum in ns)."""
     text = open(path).read()
@@ -111,7 +212,9 @@ def summarize(path, wall_ms):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "summarize":
+    if sys.argv[1] == "timeline":
+        timeline(sys.argv[2])
+    elif sys.argv[1] == "summarize":
         summarize(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "?")
     else:
         run(sys.argv[1])
