@@ -607,6 +607,71 @@ def test_static_apply_bad_row_writes_nothing(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_static_apply_refuses_a_rule_its_slots_cannot_hold(device):
+    """A rule whose type needs more state than the slots hold fails on both devices; SGD's
+    momentum without its slot (known from the values, which a GPU kernel reads in device
+    memory) fails on the CPU and writes nothing on the GPU."""
+    init = np.arange(12, dtype=np.float32).reshape(4, 3)
+    with tf.device(f"{device}:0"):
+        table = tf.Variable(init)
+        slot = tf.Variable(np.ones_like(init))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"adam of table emb needs more"):
+        on(device, lambda: raw_ops.sok_static_apply(
+            table=table.handle, slots=[slot.handle], indices=tf.constant([0, 1], tf.int64),
+            grads=tf.ones([2, 3]), hyper=tf.constant([0.1, 0.9, 0.999, 1e-7]), rule="adam",
+            table_name="emb"))
+
+    def momentum_without_slot():
+        raw_ops.sok_static_apply(
+            table=table.handle, slots=[], indices=tf.constant([0, 1], tf.int64),
+            grads=tf.ones([2, 3]), hyper=tf.constant([0.1, 0.9]), rule="sgd", table_name="emb")
+
+    if device == "CPU":
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"sgd of table emb needs more"):
+            on(device, momentum_without_slot)
+    else:
+        on(device, momentum_without_slot)
+    np.testing.assert_array_equal(table.numpy(), init)
+    np.testing.assert_array_equal(slot.numpy(), np.ones_like(init))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("make", [lambda: tf.keras.optimizers.legacy.SGD(0.2),
+                                  lambda: tf.keras.optimizers.legacy.Adam(0.2)],
+                         ids=["sgd", "adam"])
+def test_fused_static_updates_read_hypers_where_the_tables_live(device, make):
+    """With static tables only, the wrapper makes a legacy optimizer's hypers and step counter
+    on the tables' device and computes the fused update's hyper vector there: on a GPU the
+    step stays on the GPU (a host part would make it a two-device function). Values equal
+    Keras' on a tf.Variable."""
+    rng = np.random.default_rng(9)
+    init = rng.normal(size=[20, 4]).astype(np.float32)
+    with tf.device(f"{device}:0"):
+        table, reference = sok.Variable(init), tf.Variable(init)
+    optimizer, keras_optimizer = make(), make()
+    wrapper = sok.OptimizerWrapper(optimizer)
+    ids = tf.constant([3, 7, 3, 19], tf.int64)
+
+    def step():
+        grad = tf.IndexedSlices(tf.ones([4, 4]), ids, dense_shape=tf.constant([20, 4], tf.int64))
+        wrapper.apply_gradients([(grad, table)])
+        keras_optimizer.apply_gradients([(grad, reference)])
+
+    with tf.device(f"{device}:0"):
+        nodes = {n.name: n for n in graph_nodes(step)}
+    applies = [n for n in nodes.values() if n.op == "Sok>StaticApply"]
+    hyper = [i for i in applies[0].input if not i.startswith("^")][-1].split(":")[0]
+    assert len(applies) == 1 and device in nodes[hyper].device, nodes[hyper]
+    for _ in range(3):
+        on(device, tf.function(step))
+    for variable in list(optimizer._hyper.values()) + [optimizer.iterations]:
+        if isinstance(variable, tf.Variable):
+            assert device in variable.device, (variable.name, variable.device)
+    np.testing.assert_allclose(table.numpy(), reference.numpy(), rtol=1e-5, atol=1e-6)
+    assert int(optimizer.iterations) == 3
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_static_apply_without_validation_never_writes_outside(device):
     """validate=False (ids lookup_sparse checked): the GPU skips a row outside the table and
     updates the others without waiting for a check; the CPU checks anyway."""

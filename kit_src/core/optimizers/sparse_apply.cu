@@ -71,9 +71,12 @@ __global__ void SumRuns(const int32_t* order, const int32_t* run_of, const float
 
 // Plain SGD (no momentum) is linear in the gradient: each use subtracts its own share by an
 // atomic add, with no sort and no summing of duplicate ids first (as TF's scatter_add).
+// hyper: [lr, momentum] in device memory; a momentum would need state: nothing is written.
 __global__ void ScatterSgd(const int64_t* ids, const float* grads, int64_t n, int64_t dim,
-                           int64_t rows, float lr, float* values, const LookupCheck* check) {
-  if (Failed(check)) return;
+                           int64_t rows, const float* hyper, float* values,
+                           const LookupCheck* check) {
+  if (Failed(check) || hyper[1] != 0.0f) return;
+  const float lr = hyper[0];
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n * dim;
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t k = e / dim, row = ids[k];
@@ -84,11 +87,14 @@ __global__ void ScatterSgd(const int64_t* ids, const float* grads, int64_t n, in
 
 // One step of the rule per element of every touched row (elementwise rules: dim 1, state
 // sections of length 1): a block per row, its threads across the row's elements.
+// The rule's values come from device memory; values that need more state than the table
+// holds (a momentum without its slot) write nothing.
 template <typename Hyper>
 __global__ void ApplyRuns(const int64_t* run_id, const int32_t* num_runs, const float* summed,
-                          SparseApplyTable table, int sections, Hyper hyper,
-                          const LookupCheck* check) {
-  if (Failed(check)) return;
+                          SparseApplyTable table, int sections, const float* hyper_values,
+                          bool nesterov, const LookupCheck* check) {
+  const Hyper hyper = MakeHyper<Hyper>(hyper_values, nesterov);
+  if (Failed(check) || RuleStateFloats(hyper, table.dim) > table.state_dim) return;
   const int64_t dim = table.dim, runs = *num_runs;
   for (int64_t run = blockIdx.x; run < runs; run += gridDim.x) {
     const int64_t row = run_id[run];
@@ -113,36 +119,36 @@ __global__ void ApplyRuns(const int64_t* run_id, const int32_t* num_runs, const 
 
 }  // namespace
 
-cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper, int64_t hyper_count,
-                                bool nesterov, const SparseApplyTable& table,
+cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper_device,
+                                int64_t hyper_count, bool nesterov, const SparseApplyTable& table,
                                 const SparseGradient& gradient, const DeviceAllocate& allocate,
                                 LookupCheck* check, cudaStream_t stream) {
   const int sections = table.num_slots > 0 ? table.num_slots
                                            : static_cast<int>(table.state_dim / std::max<int64_t>(table.dim, 1));
-  if (RuleHyperCount(rule) != hyper_count || table.dim <= 0 ||
-      table.state_dim % table.dim != 0 || table.state_dim / table.dim > kMaxSections ||
-      table.num_slots > kMaxSections ||
+  if (table.dim <= 0 || table.state_dim % table.dim != 0 ||
+      table.state_dim / table.dim > kMaxSections || table.num_slots > kMaxSections ||
       (table.num_slots > 0 && table.num_slots * table.dim != table.state_dim) ||
       (table.state_dim > 0 && table.state == nullptr && table.num_slots == 0) ||
       gradient.n >= (int64_t{1} << 31)) {
     return cudaErrorInvalidValue;
   }
-  // The rule must find the state it expects: a state_dim that does not fit it is refused
-  // before anything runs (it would read state that is not there).
+  // The rule must find the state it expects: a state_dim below what its type needs with any
+  // values is refused before anything runs; the kernels refuse values that need more.
   bool fits = true;
-  const Status visited = VisitRule(rule, hyper, hyper_count, nesterov, [&](const auto& h) {
-    fits = RuleStateFloats(h, table.dim) <= table.state_dim;
+  const Status known = VisitRuleType(rule, hyper_count, [&](auto type) {
+    fits = RuleStateFloats(type, table.dim) <= table.state_dim;
   });
-  if (!visited.ok() || !fits) return cudaErrorInvalidValue;
+  if (!known.ok() || !fits) return cudaErrorInvalidValue;
   const int64_t n = gradient.n;
   if (n == 0) return cudaSuccess;
   if (check != nullptr) {
     CheckIds<<<GridBlocks(n, 256), 256, 0, stream>>>(gradient.ids, n, table.rows, check);
     DescribeBadRow<<<1, 1, 0, stream>>>(gradient.ids, check);
   }
-  if (rule == "sgd" && hyper[1] == 0.0f) {
+  if (rule == "sgd" && table.state_dim == 0) {
     ScatterSgd<<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(
-        gradient.ids, gradient.values, n, table.dim, table.rows, hyper[0], table.values, check);
+        gradient.ids, gradient.values, n, table.dim, table.rows, hyper_device, table.values,
+        check);
     return cudaGetLastError();
   }
 
@@ -185,9 +191,9 @@ cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper, int
   const int64_t chunks = (n + kUsesPerChunk - 1) / kUsesPerChunk;
   SumRuns<<<GridBlocks(chunks, 1), threads, 0, stream>>>(
       order, run_of, gradient.values, n, table.dim, summed, check);
-  VisitRule(rule, hyper, hyper_count, nesterov, [&](const auto& h) {
-    ApplyRuns<<<GridBlocks(n, 1), threads, 0, stream>>>(run_id, num_runs, summed, table,
-                                                         sections, h, check);
+  VisitRuleType(rule, hyper_count, [&](auto type) {
+    ApplyRuns<decltype(type)><<<GridBlocks(n, 1), threads, 0, stream>>>(
+        run_id, num_runs, summed, table, sections, hyper_device, nesterov, check);
   });
   return cudaGetLastError();
 }
@@ -195,13 +201,25 @@ cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper, int
 cudaError_t SparseApplyGpu(const std::string& rule, const float* hyper, int64_t hyper_count,
                            bool nesterov, const SparseApplyTable& table,
                            const SparseGradient& gradient, cudaStream_t stream) {
+  // Host values: the state they need is checked here, then they go to the device.
+  bool fits = true;
+  const Status known = VisitRule(rule, hyper, hyper_count, nesterov, [&](const auto& h) {
+    fits = RuleStateFloats(h, table.dim) <= table.state_dim;
+  });
+  if (!known.ok() || !fits) return cudaErrorInvalidValue;
   StreamScratch scratch(stream);
   LookupCheck* check = nullptr;
+  float* hyper_device = nullptr;
   cudaError_t status = scratch.Get(1, &check);
+  if (status == cudaSuccess) status = scratch.Get(hyper_count, &hyper_device);
+  if (status == cudaSuccess) {
+    status = cudaMemcpyAsync(hyper_device, hyper, hyper_count * sizeof(float),
+                             cudaMemcpyHostToDevice, stream);
+  }
   if (status != cudaSuccess) return status;
   status = ResetLookupCheck(check, stream);
   if (status != cudaSuccess) return status;
-  status = SparseApplyGpuAsync(rule, hyper, hyper_count, nesterov, table, gradient,
+  status = SparseApplyGpuAsync(rule, hyper_device, hyper_count, nesterov, table, gradient,
                                [&](size_t bytes) -> void* {
                                  char* p = nullptr;
                                  return scratch.Get(bytes, &p) == cudaSuccess ? p : nullptr;

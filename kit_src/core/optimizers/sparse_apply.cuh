@@ -45,12 +45,15 @@ cudaError_t SparseApplyGpu(const std::string& rule, const float* hyper, int64_t 
 
 namespace sok {
 
-// SparseApplyGpu without synchronising, for TensorFlow's kernels: the ids are checked on the
+// SparseApplyGpu without synchronising, for TensorFlow's kernels, the hyper-parameters in
+// device memory (the kernels read them: no copy to the host, no wait): the ids are checked on the
 // device, the first bad one is recorded in `check` (kBadId, item = its index, value_a = the
 // id) and then nothing is written. A null `check`: the caller has checked the ids (rows outside
 // the table are skipped, never written). Host-side argument errors return
-// cudaErrorInvalidValue before anything is enqueued.
-cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper, int64_t hyper_count,
+// cudaErrorInvalidValue before anything is enqueued; values needing more state than the table
+// holds (an SGD or RMSprop momentum without its slot) write nothing.
+cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper_device,
+                                int64_t hyper_count,
                                 bool nesterov, const SparseApplyTable& table,
                                 const SparseGradient& gradient, const DeviceAllocate& allocate,
                                 LookupCheck* check, cudaStream_t stream);

@@ -198,17 +198,17 @@ SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, in
 
 // Floats of state per row each rule reads and writes: a table's state_dim must hold at least
 // this many, or the rule would read state that is not there.
-inline int64_t RuleStateFloats(const SgdHyper& h, int64_t dim) {
+SOK_HOST_DEVICE inline int64_t RuleStateFloats(const SgdHyper& h, int64_t dim) {
   return h.momentum != 0.0f ? dim : 0;
 }
-inline int64_t RuleStateFloats(const AdagradHyper&, int64_t dim) { return dim; }
-inline int64_t RuleStateFloats(const AdamHyper&, int64_t dim) { return 2 * dim; }
-inline int64_t RuleStateFloats(const AdamaxHyper&, int64_t dim) { return 2 * dim; }
-inline int64_t RuleStateFloats(const AdadeltaHyper&, int64_t dim) { return 2 * dim; }
-inline int64_t RuleStateFloats(const RmspropHyper& h, int64_t dim) {
+SOK_HOST_DEVICE inline int64_t RuleStateFloats(const AdagradHyper&, int64_t dim) { return dim; }
+SOK_HOST_DEVICE inline int64_t RuleStateFloats(const AdamHyper&, int64_t dim) { return 2 * dim; }
+SOK_HOST_DEVICE inline int64_t RuleStateFloats(const AdamaxHyper&, int64_t dim) { return 2 * dim; }
+SOK_HOST_DEVICE inline int64_t RuleStateFloats(const AdadeltaHyper&, int64_t dim) { return 2 * dim; }
+SOK_HOST_DEVICE inline int64_t RuleStateFloats(const RmspropHyper& h, int64_t dim) {
   return (h.centered ? 3 : h.momentum != 0.0f ? 2 : 1) * dim;
 }
-inline int64_t RuleStateFloats(const NadamHyper&, int64_t dim) { return 2 * dim; }
-inline int64_t RuleStateFloats(const FtrlHyper&, int64_t dim) { return 2 * dim; }
+SOK_HOST_DEVICE inline int64_t RuleStateFloats(const NadamHyper&, int64_t dim) { return 2 * dim; }
+SOK_HOST_DEVICE inline int64_t RuleStateFloats(const FtrlHyper&, int64_t dim) { return 2 * dim; }
 
 }  // namespace sok

@@ -16,7 +16,7 @@ namespace sok {
 // checked by the functor (before anything is written).
 struct StaticApplyArgs {
   std::string rule;
-  const float* hyper = nullptr;  // host memory
+  const float* hyper = nullptr;  // the device's memory (the GPU kernels read it there)
   int64_t hyper_count = 0;
   bool nesterov = false;
   std::string table_name;        // for the out-of-range error

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "kit_src/core/embedding/key_partition.h"
@@ -171,11 +172,18 @@ class StaticApplyOp : public tf::AsyncOpKernel {
     args.grads = grads.flat<float>().data();
     args.validate = validate_;
     // The rule must find its state in the slots given (it would read past them otherwise).
+    // The CPU reads the values; on the GPU they stay in device memory (no step waits for
+    // them): the state the rule's type needs with any values is checked here, and the
+    // kernels write nothing for values that need more (a momentum without its slot).
     bool fits = true;
-    OP_REQUIRES_OK_ASYNC(ctx, ToTfStatus(VisitRule(rule_, args.hyper, args.hyper_count, nesterov_,
-                                                   [&](const auto& rule) {
+    const auto fit = [&](const auto& rule) {
       fits = RuleStateFloats(rule, args.dim) <= num_slots_ * args.dim;
-    })), done);
+    };
+    OP_REQUIRES_OK_ASYNC(ctx, ToTfStatus(std::is_same<Device, CpuDevice>::value
+                                             ? VisitRule(rule_, args.hyper, args.hyper_count,
+                                                         nesterov_, fit)
+                                             : VisitRuleType(rule_, args.hyper_count, fit)),
+                         done);
     OP_REQUIRES_ASYNC(ctx, fits,
                       tf::errors::InvalidArgument(rule_, " of table ", table_name_,
                                                   " needs more optimizer state than its ",
@@ -198,7 +206,7 @@ class StaticApplyOp : public tf::AsyncOpKernel {
 REGISTER_KERNEL_BUILDER(Name("Sok>StaticApply").Device(tf::DEVICE_CPU),
                         StaticApplyOp<CpuDevice>);
 #if GOOGLE_CUDA
-REGISTER_KERNEL_BUILDER(Name("Sok>StaticApply").Device(tf::DEVICE_GPU).HostMemory("hyper"),
+REGISTER_KERNEL_BUILDER(Name("Sok>StaticApply").Device(tf::DEVICE_GPU),
                         StaticApplyOp<GpuDevice>);
 #endif
 

@@ -264,7 +264,9 @@ Lazy optimizer update of a static table's local shard: the gradients of duplicat
 summed, then each touched row and its rows of the N optimizer slot variables (each shaped like
 the table; together the state that kit_src/core/optimizers/update_rules.h lays out one after
 another) are updated in place. Untouched rows and their slots do not change. hyper as for
-Sok>DynamicApply. A row index outside the shard fails before anything is written.
+Sok>DynamicApply, in the device's memory: a GPU kernel reads it there (a step need not copy
+it to the host), so values needing more state than the slots hold (an SGD momentum without
+its slot) write nothing on the GPU, while the CPU reports them. A row index outside the shard fails before anything is written.
 validate=false (indices that lookup_sparse's gradient built from ids it had checked): on the
 GPU the op does not wait for its stream to check them (the kernels skip a row outside the
 shard rather than write it); the CPU always checks.
