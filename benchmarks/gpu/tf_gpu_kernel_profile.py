@@ -41,7 +41,8 @@ def workload(name):
     import sparse_operation_kit as sok
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from tf_gpu import BATCH, CRITEO_TB, DIM, zipf_ids
-    sok.init(comm_tool="single")
+    if not sok.communication.is_initialized():
+        sok.init(comm_tool="single")
     rng = np.random.default_rng(12)
     optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.01))
     if name == "t1":
