@@ -196,7 +196,7 @@ def _fused_group(lookups, dim, dynamic=False, training=True, low_frequency_filte
     ids = [tf.cast(lookup.ids, tf.int64) for lookup in lookups]
 
     # Input distribution.
-    send_keys, splits, position = _partition_keys(ids, lookup_table, tables, dynamic)
+    send_keys, splits, position, _ = _partition_keys(ids, lookup_table, tables, dynamic)
     row_splits = [lookup.row_splits for lookup in lookups]
     empty = tf.zeros([0], tf.float32)
     weights = [empty if lookup.weights is None else lookup.weights for lookup in lookups]
@@ -332,7 +332,7 @@ def _either_id_path_group(lookups, dim):
                 return list(outputs), empty_keys, empty_position, tf.constant(True)
 
         def rows_of_fused_chain():
-            keys, _, position = _partition_keys(ids, lookup_table, tables, dynamic=False)
+            keys, _, position, _ = _partition_keys(ids, lookup_table, tables, dynamic=False)
             outputs = raw_ops.sok_combine_from_shards(
                 shards=list(handles), keys=keys, position=position, row_splits=row_splits,
                 weights=[tf.zeros([0], tf.float32)] * len(lookups), combiners=combiners,
@@ -362,7 +362,8 @@ def _either_id_path_group(lookups, dim):
                     num_rows=tf.size(keys, out_type=tf.int64), combiners=combiners,
                     validate=False)
                 indices, values = raw_ops.sok_split_gradient_by_table(
-                    keys=keys, grad=rows_grad, num_tables=len(tables))
+                    keys=keys, grad=rows_grad, table_counts=_table_counts_of(keys),
+                    num_tables=len(tables))
                 return list(indices), list(values)
 
             with tf.control_dependencies([checked]):  # no update from ids out of range
@@ -490,6 +491,16 @@ def indices_are_checked(indices):
     return _CHECKED_INDICES.get(id(indices)) is indices
 
 
+def _table_counts_of(keys):
+    """Sok>PartitionKeys' count of each table's keys where `keys` are its own send_keys (one
+    worker; Sok>SplitGradientByTable then need not count them on the GPU, nor wait for that),
+    else an empty tensor (unknown: counted)."""
+    if (not tf.executing_eagerly() and keys.op.type == "Sok>PartitionKeys" and
+            keys.value_index == 0):
+        return keys.op.outputs[3]
+    return tf.zeros([0], tf.int32)
+
+
 def _table_gradients(op, indices, values):
     """One IndexedSlices per table handle among op's first inputs."""
     return [
@@ -544,7 +555,8 @@ def _gather_shard_rows_grad(op, grad):
     num_tables, dtype = op.get_attr("num_tables"), op.get_attr("dtype")
     keys = op.inputs[num_tables]
     indices, values = raw_ops.sok_split_gradient_by_table(
-        keys=keys, grad=tf.cast(grad, tf.float32), num_tables=num_tables)
+        keys=keys, grad=tf.cast(grad, tf.float32), table_counts=_table_counts_of(keys),
+        num_tables=num_tables)
     values = [tf.cast(v, dtype) for v in values]
     return _table_gradients(op, indices, values) + [None]
 
@@ -572,8 +584,8 @@ def _combine_from_shards_grad(op, *output_grads):
         output_grads=_dense_output_grads(op, output_grads), position=position,
         row_splits=row_splits, weights=weights, num_rows=tf.size(keys, out_type=tf.int64),
         combiners=op.get_attr("combiners"), validate=op.get_attr("validate"))
-    indices, values = raw_ops.sok_split_gradient_by_table(keys=keys, grad=rows_grad,
-                                                          num_tables=num_tables)
+    indices, values = raw_ops.sok_split_gradient_by_table(
+        keys=keys, grad=rows_grad, table_counts=_table_counts_of(keys), num_tables=num_tables)
     return _table_gradients(op, indices, values) + [None] * (2 + 2 * n)
 
 

@@ -181,8 +181,12 @@ def test_partition_keys_routes_every_id(device, num_workers, owners, dedup):
             table_rows=rows, table_owner=owners, table_names=["a", "b"],
             num_workers=num_workers, dedup=dedup)
 
-    send_keys, splits, position = [t.numpy() for t in on(device, partition)]
+    send_keys, splits, position, table_counts = [t.numpy() for t in on(device, partition)]
     assert splits.sum() == len(send_keys)
+    # One worker: the keys of each table, for the gradient's split; several: none.
+    expected_counts = (np.bincount(send_keys >> PACKED_ROW_BITS, minlength=2)
+                       if num_workers == 1 else np.zeros([0]))
+    np.testing.assert_array_equal(table_counts, expected_counts)
     flat = np.concatenate(ids)
     tables = np.concatenate([[t] * len(i) for t, i in zip(lookup_table, ids)])
     owner = np.where(np.array(owners)[tables] >= 0, np.array(owners)[tables], flat % num_workers)
@@ -200,8 +204,10 @@ def test_partition_keys_routes_every_id(device, num_workers, owners, dedup):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("grouped", [True, False])
-def test_gather_rows_and_split_gradient(device, grouped):
+@pytest.mark.parametrize("grouped, counted", [(True, False), (True, True), (False, False)])
+def test_gather_rows_and_split_gradient(device, grouped, counted):
+    """Rows gathered by packed key; their gradient split by table, counted on the device or
+    from given table_counts (keys grouped by table, as Sok>PartitionKeys lays them out)."""
     rng = np.random.default_rng(5)
     dim = 12
     inits = [rng.normal(size=[r, dim]).astype(np.float32) for r in (30, 5, 9)]
@@ -216,7 +222,9 @@ def test_gather_rows_and_split_gradient(device, grouped):
     def run():
         rows = raw_ops.sok_gather_shard_rows(shards=[s.handle for s in shards], keys=keys,
                                              dtype=tf.float32, dim=dim)
-        indices, values = raw_ops.sok_split_gradient_by_table(keys=keys, grad=grad, num_tables=3)
+        counts = (np.bincount(tables, minlength=3) if counted else np.zeros([0])).astype(np.int32)
+        indices, values = raw_ops.sok_split_gradient_by_table(
+            keys=keys, grad=grad, table_counts=tf.constant(counts), num_tables=3)
         return rows, indices, values
 
     rows, indices, values = on(device, run)
@@ -225,6 +233,29 @@ def test_gather_rows_and_split_gradient(device, grouped):
         mine = np.nonzero(tables == t)[0]
         np.testing.assert_array_equal(indices[t].numpy(), local[mine])
         np.testing.assert_array_equal(values[t].numpy(), grad.numpy()[mine])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("counts, message", [
+    ([3, 1], r"table_counts must be empty or hold 3 counts"),
+    ([3, -1, 2], r"table_counts\[1\] = -1 is negative"),
+    ([3, 1, 1], r"table_counts add up to 5, not the 4 keys")])
+def test_split_gradient_refuses_table_counts_that_cannot_describe_the_keys(device, counts,
+                                                                           message):
+    keys = tf.constant([(t << PACKED_ROW_BITS) | 1 for t in (0, 0, 0, 2)], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        on(device, lambda: raw_ops.sok_split_gradient_by_table(
+            keys=keys, grad=tf.ones([4, 2]), table_counts=tf.constant(counts, tf.int32),
+            num_tables=3))
+
+
+def test_split_gradient_on_the_cpu_checks_given_counts_against_the_keys():
+    """The GPU trusts Sok>PartitionKeys' counts; the CPU checks them against the keys."""
+    keys = tf.constant([(t << PACKED_ROW_BITS) | 1 for t in (0, 0, 0, 2)], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"do not describe the keys"):
+        on("CPU", lambda: raw_ops.sok_split_gradient_by_table(
+            keys=keys, grad=tf.ones([4, 2]), table_counts=tf.constant([2, 1, 1], tf.int32),
+            num_tables=3))
 
 
 @pytest.mark.parametrize("device", DEVICES)

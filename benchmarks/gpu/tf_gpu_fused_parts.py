@@ -59,13 +59,13 @@ def main():
             return step
 
         def partition():
-            _, _, position = raw_ops.sok_partition_keys(
+            _, _, position, _ = raw_ops.sok_partition_keys(
                 ids=ids, lookup_table=list(range(26)), table_rows=vocabs, table_owner=[0] * 26,
                 table_names=names, num_workers=1, table_dynamic=[False] * 26, pair_keys=False)
             return tf.cast(tf.reduce_sum(tf.cast(position, tf.int64)), tf.float32)
 
         def partition_combine():
-            keys, _, position = raw_ops.sok_partition_keys(
+            keys, _, position, _ = raw_ops.sok_partition_keys(
                 ids=ids, lookup_table=list(range(26)), table_rows=vocabs, table_owner=[0] * 26,
                 table_names=names, num_workers=1, table_dynamic=[False] * 26, pair_keys=False)
             return loss_of(raw_ops.sok_combine_from_shards(
@@ -102,7 +102,7 @@ def main():
         report("tf fwd sparse given", tf_fwd)
         report("tf train sparse given", tf_train)
         del tf_tables
-        keys, _, position = raw_ops.sok_partition_keys(
+        keys, _, position, counts = raw_ops.sok_partition_keys(
             ids=ids, lookup_table=list(range(26)), table_rows=vocabs, table_owner=[0] * 26,
             table_names=names, num_workers=1, table_dynamic=[False] * 26, pair_keys=False)
         out_grads = [tf.ones([BATCH, DIM])] * 26
@@ -115,7 +115,7 @@ def main():
 
         def split():
             indices, values = raw_ops.sok_split_gradient_by_table(
-                keys=keys, grad=combine_backward(), num_tables=26)
+                keys=keys, grad=combine_backward(), table_counts=counts, num_tables=26)
             return indices, values
         report("raw combine_backward", lambda: tf.reduce_sum(combine_backward()))
         report("raw combine_backward + split", lambda: loss_of(split()[1]))

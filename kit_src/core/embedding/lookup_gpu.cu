@@ -107,22 +107,28 @@ __global__ void PartitionSortKeysKernel(const GpuPartitionLookup* lookups, int32
   }
 }
 
+// local_counts: [num_workers] heads per worker, then (num_tables > 0, one worker) per table.
 __global__ void MarkUniqueKernel(const uint64_t* sorted, int64_t total, bool dedup,
-                                 int worker_shift, int32_t num_workers, int32_t* head,
-                                 int64_t* worker_counts) {
+                                 int row_bits, int worker_shift, int32_t num_workers,
+                                 int32_t num_tables, int32_t* head, int64_t* worker_counts,
+                                 int64_t* table_counts) {
   extern __shared__ unsigned long long local_counts[];
-  for (int w = threadIdx.x; w < num_workers; w += blockDim.x) local_counts[w] = 0;
+  const uint64_t table_mask = (uint64_t{1} << (worker_shift - row_bits)) - 1;
+  for (int w = threadIdx.x; w < num_workers + num_tables; w += blockDim.x) local_counts[w] = 0;
   __syncthreads();
   for (int64_t k = GlobalThread(); k < total; k += GridThreads()) {
     const bool is_head = !dedup || k == 0 || sorted[k] != sorted[k - 1];
     head[k] = is_head;
-    if (is_head) atomicAdd(&local_counts[sorted[k] >> worker_shift], 1ull);
+    if (!is_head) continue;
+    atomicAdd(&local_counts[sorted[k] >> worker_shift], 1ull);
+    if (num_tables > 0) {
+      atomicAdd(&local_counts[num_workers + ((sorted[k] >> row_bits) & table_mask)], 1ull);
+    }
   }
   __syncthreads();
-  for (int w = threadIdx.x; w < num_workers; w += blockDim.x) {
-    if (local_counts[w]) {
-      atomicAdd(reinterpret_cast<unsigned long long*>(&worker_counts[w]), local_counts[w]);
-    }
+  for (int w = threadIdx.x; w < num_workers + num_tables; w += blockDim.x) {
+    int64_t* counts = w < num_workers ? worker_counts + w : table_counts + (w - num_workers);
+    if (local_counts[w]) atomicAdd(reinterpret_cast<unsigned long long*>(counts), local_counts[w]);
   }
 }
 
@@ -525,13 +531,19 @@ cudaError_t BuildPartitionSortKeys(const GpuPartitionLookup* lookups_device, int
 }
 
 cudaError_t MarkUniqueKeys(const uint64_t* sorted, int64_t total, bool dedup, int row_bits,
-                           int table_bits, int32_t num_workers, int32_t* head,
-                           int64_t* worker_counts, cudaStream_t stream) {
+                           int table_bits, int32_t num_workers, int32_t num_tables,
+                           int32_t* head, int64_t* worker_counts, int64_t* table_counts,
+                           cudaStream_t stream) {
+  if (table_counts == nullptr || num_workers != 1) num_tables = 0;
   cudaError_t status = cudaMemsetAsync(worker_counts, 0, num_workers * sizeof(int64_t), stream);
+  if (status == cudaSuccess && num_tables > 0) {
+    status = cudaMemsetAsync(table_counts, 0, num_tables * sizeof(int64_t), stream);
+  }
   if (status != cudaSuccess || total == 0) return status;
   MarkUniqueKernel<<<GridBlocks(total, kThreads), kThreads,
-                     num_workers * sizeof(unsigned long long), stream>>>(
-      sorted, total, dedup, row_bits + table_bits, num_workers, head, worker_counts);
+                     (num_workers + num_tables) * sizeof(unsigned long long), stream>>>(
+      sorted, total, dedup, row_bits, row_bits + table_bits, num_workers, num_tables, head,
+      worker_counts, table_counts);
   return cudaGetLastError();
 }
 

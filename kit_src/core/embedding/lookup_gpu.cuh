@@ -61,10 +61,13 @@ cudaError_t BuildPartitionSortKeys(const GpuPartitionLookup* lookups_device, int
                                    int32_t* order, LookupCheck* check, cudaStream_t stream);
 
 // Phase 2, after the sort: head[k] is 1 where sorted key k starts a new unique key (every key
-// with !dedup); per-worker counts are added to worker_counts ([num_workers], zeroed here).
+// with !dedup); per-worker counts are added to worker_counts ([num_workers], zeroed here) and,
+// with one worker and a non-null table_counts, per-table counts to table_counts
+// ([num_tables], zeroed here; the caller keeps num_tables small enough for shared memory).
 cudaError_t MarkUniqueKeys(const uint64_t* sorted, int64_t total, bool dedup, int row_bits,
-                           int table_bits, int32_t num_workers, int32_t* head,
-                           int64_t* worker_counts, cudaStream_t stream);
+                           int table_bits, int32_t num_workers, int32_t num_tables,
+                           int32_t* head, int64_t* worker_counts, int64_t* table_counts,
+                           cudaStream_t stream);
 
 // Phase 3, after an inclusive scan of head into slot (slot[k] - 1 is the unique index of
 // sorted key k): position[order[k]] = slot[k] - 1 and send_keys[slot[k] - 1] = PackKey(table,

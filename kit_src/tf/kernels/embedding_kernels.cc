@@ -51,6 +51,7 @@ class PartitionKeysOp : public tf::OpKernel {
     }
     std::vector<int32_t> splits(result.splits.begin(), result.splits.end());
     CopyToOutput(ctx, 1, splits);
+    CopyToOutput(ctx, 3, TableCounts(result.send_keys));
     tf::Tensor* position = nullptr;  // uint32 (see the op), the same bits as the core's int32
     const int64_t p = static_cast<int64_t>(result.position.size());
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({p}), &position));
@@ -58,6 +59,16 @@ class PartitionKeysOp : public tf::OpKernel {
   }
 
  private:
+  // One worker's packed keys: how many name each table (they come grouped by table); for
+  // several workers or pair keys, none.
+  template <typename Keys>
+  std::vector<int32_t> TableCounts(const Keys& send_keys) const {
+    if (attrs_.options.num_workers != 1 || attrs_.options.pair_keys) return {};
+    std::vector<int32_t> counts(attrs_.tables.size(), 0);
+    for (int64_t key : send_keys) ++counts[PackedTable(key)];
+    return counts;
+  }
+
   template <typename Vector>
   static void CopyToOutput(tf::OpKernelContext* ctx, int index, const Vector& values) {
     using T = typename Vector::value_type;
@@ -256,8 +267,15 @@ class SplitGradientByTableOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, CheckKeysAndGrad(keys, grad));
     const int64_t n = keys.NumElements(), dim = grad.dim_size(1);
     const int64_t* key_data = keys.flat<int64_t>().data();
-    std::vector<int64_t> first, counts;
-    if (TableBlocks(key_data, n, static_cast<int32_t>(num_tables_), &first, &counts).ok()) {
+    std::vector<int64_t> first, counts, given_first;
+    OP_REQUIRES_OK(ctx, ReadTableCounts(ctx->input(2), num_tables_, n, &given_first));
+    const bool grouped =
+        TableBlocks(key_data, n, static_cast<int32_t>(num_tables_), &first, &counts).ok();
+    // Given counts (Sok>PartitionKeys' own) must describe the keys: the GPU trusts them.
+    OP_REQUIRES(ctx, given_first.empty() || (grouped && given_first == first),
+                tf::errors::InvalidArgument("table_counts do not describe the keys: they must "
+                                            "come grouped by table, with these counts"));
+    if (grouped) {
       SliceGroupedGradient(ctx, key_data, grad, first, counts);
       return;
     }

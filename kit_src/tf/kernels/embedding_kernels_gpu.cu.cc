@@ -30,6 +30,10 @@ namespace tf = ::tensorflow;
 
 namespace {
 
+// Sok>PartitionKeys counts each table's keys (one worker) in shared memory up to this many
+// tables; above, its table_counts output is empty.
+constexpr size_t kMaxCountedTables = 4096;
+
 int BitsFor(uint64_t values) {  // bits to hold 0 .. values - 1
   int bits = 0;
   while (bits < 64 && (uint64_t{1} << bits) < values) ++bits;
@@ -402,12 +406,18 @@ class PartitionKeysGpuOp : public tf::OpKernel {
     GpuPartitionLookup* lookups_device = nullptr;
     uint64_t *keys = nullptr, *sorted = nullptr;
     int32_t *order = nullptr, *sorted_order = nullptr, *head = nullptr, *slot = nullptr;
-    int64_t* worker_counts = nullptr;
+    int64_t *worker_counts = nullptr, *table_counts = nullptr;
+    // One worker: each table's key count too, for Sok>SplitGradientByTable (no count, no
+    // synchronisation there).
+    const int64_t num_workers = attrs_.options.num_workers;
+    const int64_t num_tables = num_workers == 1 && attrs_.tables.size() <= kMaxCountedTables
+                                   ? static_cast<int64_t>(attrs_.tables.size())
+                                   : 0;
     struct HostView {
       LookupCheck check;
       int32_t unique;
       int32_t pad;
-      int64_t counts[1];  // [num_workers]
+      int64_t counts[1];  // [num_workers], then [num_tables]
     };
     HostView* host = nullptr;
     GpuCheck check;
@@ -415,8 +425,8 @@ class PartitionKeysGpuOp : public tf::OpKernel {
     for (tf::Status s : {memory.Device(ctx, total, &keys), memory.Device(ctx, total, &sorted),
                          memory.Device(ctx, total, &order), memory.Device(ctx, total, &sorted_order),
                          memory.Device(ctx, total, &head), memory.Device(ctx, total, &slot),
-                         memory.Device(ctx, attrs_.options.num_workers, &worker_counts),
-                         memory.Pinned(ctx, sizeof(HostView) + 8 * attrs_.options.num_workers, 
+                         memory.Device(ctx, num_workers + num_tables, &worker_counts),
+                         memory.Pinned(ctx, sizeof(HostView) + 8 * (num_workers + num_tables),
                                        reinterpret_cast<char**>(&host))}) {
       OP_REQUIRES_OK(ctx, s);
     }
@@ -438,9 +448,11 @@ class PartitionKeysGpuOp : public tf::OpKernel {
       cub::DeviceRadixSort::SortPairs(temp, sort_bytes, keys, sorted, order, sorted_order,
                                       static_cast<int>(total), 0, std::max(key_bits, 1), stream);
     }
-    OP_REQUIRES_OK(ctx, CudaToTf(MarkUniqueKeys(sorted, total, attrs_.options.dedup, row_bits_, table_bits_,
-                                                static_cast<int32_t>(attrs_.options.num_workers), head,
-                                                worker_counts, stream),
+    if (num_tables > 0) table_counts = worker_counts + num_workers;
+    OP_REQUIRES_OK(ctx, CudaToTf(MarkUniqueKeys(sorted, total, attrs_.options.dedup, row_bits_,
+                                                table_bits_, static_cast<int32_t>(num_workers),
+                                                static_cast<int32_t>(num_tables), head,
+                                                worker_counts, table_counts, stream),
                                  "mark unique keys"));
     host->unique = 0;
     if (total > 0) {
@@ -458,7 +470,7 @@ class PartitionKeysGpuOp : public tf::OpKernel {
                                  "describe"));
     cudaMemcpyAsync(&host->check, check.device, sizeof(LookupCheck), cudaMemcpyDeviceToHost,
                     stream);
-    cudaMemcpyAsync(host->counts, worker_counts, attrs_.options.num_workers * sizeof(int64_t),
+    cudaMemcpyAsync(host->counts, worker_counts, (num_workers + num_tables) * sizeof(int64_t),
                     cudaMemcpyDeviceToHost, stream);
     // The one synchronisation: the unique count sizes send_keys.
     OP_REQUIRES_OK(ctx, CudaToTf(cudaStreamSynchronize(stream), "partition keys"));
@@ -473,6 +485,11 @@ class PartitionKeysGpuOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({total}), &position));
     for (int64_t w = 0; w < attrs_.options.num_workers; ++w) {
       splits->flat<int32_t>()(w) = static_cast<int32_t>(host->counts[w]);
+    }
+    tf::Tensor* counts_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, tf::TensorShape({num_tables}), &counts_out));
+    for (int64_t t = 0; t < num_tables; ++t) {
+      counts_out->flat<int32_t>()(t) = static_cast<int32_t>(host->counts[num_workers + t]);
     }
     OP_REQUIRES_OK(ctx, CudaToTf(ScatterPartition(sorted, sorted_order, slot, total, row_bits_,
                                                   table_bits_, send_keys->flat<int64_t>().data(),
@@ -516,6 +533,8 @@ class PartitionKeysGpuOp : public tf::OpKernel {
     for (int32_t w = 0; w < num_workers; ++w) {
       splits->flat<int32_t>()(w) = static_cast<int32_t>(host[1 + w]);
     }
+    tf::Tensor* no_counts = nullptr;  // pair keys: no table counts
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, tf::TensorShape({0}), &no_counts));
     OP_REQUIRES_OK(ctx, CudaToTf(ScatterPairKeys(sorted, total, table_bits_,
                                                  send_keys->flat<int64_t>().data(),
                                                  reinterpret_cast<int32_t*>(
@@ -532,7 +551,8 @@ class PartitionKeysGpuOp : public tf::OpKernel {
   REGISTER_KERNEL_BUILDER(Name("Sok>PartitionKeys")                                          \
                               .Device(tf::DEVICE_GPU)                                        \
                               .TypeConstraint<Tindex>("Tindex")                              \
-                              .HostMemory("splits"),                                         \
+                              .HostMemory("splits")                                          \
+                              .HostMemory("table_counts"),                                   \
                           PartitionKeysGpuOp)
 REGISTER_PARTITION_GPU(int64_t);  // int64 ids only, as Sok>GatherSingleIds
 #undef REGISTER_PARTITION_GPU
@@ -604,9 +624,11 @@ REGISTER_GATHER_GPU(tf::bfloat16);
 
 // ------------------------------------------------------------------ Sok>SplitGradientByTable
 
-// Counts the keys of each table on the device and synchronises once (the counts size the
-// outputs). Keys grouped by table (one worker's own keys) hand out blocks of the gradient
-// without a copy where aligned; otherwise a stable radix sort by table orders them.
+// With table_counts (Sok>PartitionKeys' own, keys grouped by table), hands out blocks of the
+// gradient without counting or waiting. Otherwise counts the keys of each table on the device
+// and synchronises once (the counts size the outputs); keys grouped by table (one worker's
+// own) hand out blocks of the gradient without a copy where aligned, others are ordered by a
+// stable radix sort by table.
 class SplitGradientByTableGpuOp : public tf::OpKernel {
  public:
   explicit SplitGradientByTableGpuOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -620,6 +642,15 @@ class SplitGradientByTableGpuOp : public tf::OpKernel {
     const int64_t n = keys.NumElements(), dim = grad.dim_size(1);
     const int64_t* key_data = keys.flat<int64_t>().data();
     const cudaStream_t stream = GpuStream(ctx);
+    std::vector<int64_t> first;
+    OP_REQUIRES_OK(ctx, ReadTableCounts(ctx->input(2), num_tables_, n, &first));
+    if (!first.empty()) {
+      const auto& counts = ctx->input(2).flat<int32_t>();
+      for (int64_t t = 0; t < num_tables_ && ctx->status().ok(); ++t) {
+        HandOutBlock(ctx, keys, grad, t, first[t], counts(t));
+      }
+      return;
+    }
     GpuCallMemory memory;
     int64_t* counts = nullptr;
     int32_t* grouped = nullptr;
@@ -674,46 +705,59 @@ class SplitGradientByTableGpuOp : public tf::OpKernel {
       cub::DeviceRadixSort::SortPairs(temp, sort_bytes, table_of, sorted_tables, iota, order,
                                       static_cast<int>(n), 0, bits, stream);
     }
-    int64_t first = 0;
-    for (int64_t t = 0; t < num_tables_; ++t) {
+    int64_t start = 0;
+    for (int64_t t = 0; t < num_tables_ && ctx->status().ok(); ++t) {
       const int64_t count = host->counts[t];
-      tf::Tensor* index_out = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(t, tf::TensorShape({count}), &index_out));
-      float* values = nullptr;
       if (order == nullptr) {
-        tf::Tensor block = grad.Slice(first, first + count);
-        if (block.IsAligned()) {
-          ctx->set_output(num_tables_ + t, block);
-        } else {
-          tf::Tensor* value_out = nullptr;
-          OP_REQUIRES_OK(ctx, ctx->allocate_output(num_tables_ + t, block.shape(), &value_out));
-          values = value_out->flat<float>().data();
-        }
+        HandOutBlock(ctx, keys, grad, t, start, count);
       } else {
-        tf::Tensor* value_out = nullptr;
+        tf::Tensor *index_out = nullptr, *value_out = nullptr;
+        OP_REQUIRES_OK(ctx, ctx->allocate_output(t, tf::TensorShape({count}), &index_out));
         OP_REQUIRES_OK(ctx, ctx->allocate_output(num_tables_ + t, tf::TensorShape({count, dim}),
                                                  &value_out));
-        values = value_out->flat<float>().data();
+        OP_REQUIRES_OK(ctx, CudaToTf(GatherGradientRows(key_data, order + start, count, dim,
+                                                        grad.flat<float>().data(),
+                                                        index_out->flat<int64_t>().data(),
+                                                        value_out->flat<float>().data(), stream),
+                                     "split gradient"));
       }
-      OP_REQUIRES_OK(ctx, CudaToTf(GatherGradientRows(order ? key_data : key_data + first,
-                                                      order ? order + first : nullptr, count,
-                                                      dim,
-                                                      order ? grad.flat<float>().data()
-                                                            : grad.flat<float>().data() + first * dim,
-                                                      index_out->flat<int64_t>().data(), values,
-                                                      stream),
-                                   "split gradient"));
-      first += count;
+      start += count;
     }
   }
 
  private:
+  // Table t's keys are rows [first, first + count) of keys and grad: its indices unpacked
+  // from the keys, its values that block of grad (a copy only where it is not aligned).
+  void HandOutBlock(tf::OpKernelContext* ctx, const tf::Tensor& keys, const tf::Tensor& grad,
+                    int64_t t, int64_t first, int64_t count) {
+    const int64_t dim = grad.dim_size(1);
+    tf::Tensor* index_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(t, tf::TensorShape({count}), &index_out));
+    float* values = nullptr;
+    tf::Tensor block = grad.Slice(first, first + count);
+    if (block.IsAligned()) {
+      ctx->set_output(num_tables_ + t, block);
+    } else {
+      tf::Tensor* value_out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(num_tables_ + t, block.shape(), &value_out));
+      values = value_out->flat<float>().data();
+    }
+    OP_REQUIRES_OK(ctx, CudaToTf(GatherGradientRows(keys.flat<int64_t>().data() + first, nullptr,
+                                                    count, dim,
+                                                    grad.flat<float>().data() + first * dim,
+                                                    index_out->flat<int64_t>().data(), values,
+                                                    GpuStream(ctx)),
+                                 "split gradient"));
+  }
+
   int64_t num_tables_ = 0;
 };
 
-REGISTER_KERNEL_BUILDER(
-    Name("Sok>SplitGradientByTable").Device(tf::DEVICE_GPU).TypeConstraint<float>("dtype"),
-    SplitGradientByTableGpuOp);
+REGISTER_KERNEL_BUILDER(Name("Sok>SplitGradientByTable")
+                            .Device(tf::DEVICE_GPU)
+                            .TypeConstraint<float>("dtype")
+                            .HostMemory("table_counts"),
+                        SplitGradientByTableGpuOp);
 
 // ------------------------------------------------------------------ combine ops
 

@@ -99,6 +99,35 @@ inline ::tensorflow::Status CheckKeysAndGrad(const ::tensorflow::Tensor& keys,
                                                grad.shape().DebugString());
 }
 
+// Sok>SplitGradientByTable's table_counts: empty (unknown), or one count >= 0 a table adding
+// up to the keys; first[t] receives where table t's keys start.
+inline ::tensorflow::Status ReadTableCounts(const ::tensorflow::Tensor& counts, int64_t num_tables,
+                                            int64_t num_keys, std::vector<int64_t>* first) {
+  first->clear();
+  if (counts.NumElements() == 0) return ::tensorflow::Status();
+  if (!::tensorflow::TensorShapeUtils::IsVector(counts.shape()) ||
+      counts.NumElements() != num_tables) {
+    return ::tensorflow::errors::InvalidArgument("table_counts must be empty or hold ", num_tables,
+                                                 " counts, got shape ",
+                                                 counts.shape().DebugString());
+  }
+  int64_t total = 0;
+  for (int64_t t = 0; t < num_tables; ++t) {
+    const int64_t count = counts.flat<int32_t>()(t);
+    if (count < 0) {
+      return ::tensorflow::errors::InvalidArgument("table_counts[", t, "] = ", count,
+                                                   " is negative");
+    }
+    first->push_back(total);
+    total += count;
+  }
+  if (total != num_keys) {
+    return ::tensorflow::errors::InvalidArgument("table_counts add up to ", total, ", not the ",
+                                                 num_keys, " keys");
+  }
+  return ::tensorflow::Status();
+}
+
 // Sok>CombineBackward: num_rows is a scalar >= 0, each output gradient [batch, dim].
 inline ::tensorflow::Status ReadNumRows(const ::tensorflow::Tensor& tensor, int64_t* num_rows) {
   if (!::tensorflow::TensorShapeUtils::IsScalar(tensor.shape())) {

@@ -23,6 +23,7 @@ REGISTER_OP("Sok>PartitionKeys")
     .Output("send_keys: int64")
     .Output("splits: int32")
     .Output("position: uint32")
+    .Output("table_counts: int32")
     .Attr("N: int >= 1")
     .Attr("Tindex: {int32, int64}")
     .Attr("lookup_table: list(int)")
@@ -47,12 +48,15 @@ REGISTER_OP("Sok>PartitionKeys")
       c->set_output(0, pair_keys ? c->Matrix(c->UnknownDim(), 2) : c->Vector(c->UnknownDim()));
       c->set_output(1, c->Vector(num_workers));
       c->set_output(2, c->Vector(total));
+      c->set_output(3, c->Vector(c->UnknownDim()));
       return Status();
     })
     .Doc(R"doc(
 Deduplicates the ids of each table, maps them to their owner worker and local row, and lays
 them out grouped by worker for an all-to-all. send_keys packs (table, local row); splits counts
 the keys for each worker; position gives, for every input id, its key's index in send_keys.
+table_counts: with one worker and packed keys, the keys of each table (send_keys come grouped
+by table), for Sok>SplitGradientByTable; otherwise empty (also above 4096 tables on a GPU).
 )doc");
 
 REGISTER_OP("Sok>GatherShardRows")
@@ -77,6 +81,7 @@ REGISTER_OP("Sok>SplitGradientByTable")
     .SetIsStateful()  // part of a collective chain: never pruned or folded
     .Input("keys: int64")
     .Input("grad: dtype")
+    .Input("table_counts: int32")
     .Output("indices: num_tables * int64")
     .Output("values: num_tables * dtype")
     .Attr("num_tables: int >= 1")
@@ -93,7 +98,12 @@ REGISTER_OP("Sok>SplitGradientByTable")
       }
       return Status();
     })
-    .Doc("Gradient of GatherShardRows: the rows' gradients grouped by the table they belong to.");
+    .Doc(R"doc(
+Gradient of GatherShardRows: the rows' gradients grouped by the table they belong to.
+table_counts: empty, or Sok>PartitionKeys' table_counts for these keys (its send_keys of one
+worker): then the GPU kernel neither counts nor waits for the device (it trusts them; the CPU
+kernel checks that they describe the keys).
+)doc");
 
 REGISTER_OP("Sok>GatherSingleIds")
     .Input("tables: N * resource")
