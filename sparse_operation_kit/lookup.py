@@ -530,10 +530,10 @@ def _gather_single_ids_grad(op, *output_grads):
     # No update may use a step whose ids were out of range.
     if _guards_ids_on_device(op):
         # The forward's Sok>CheckGatheredIds reports the error; here, on the device, every
-        # gradient id of such a step becomes -1, a row that every sparse update skips
-        # (Sok>StaticApply, TF's GPU scatters) or refuses before writing.
-        ok = tf.equal(op.outputs[n][:1], -1)  # LookupCheck.first_bad == kNoError
-        ids = [_checked(tf.where(ok, i, tf.constant(-1, tf.int64))) for i in ids]
+        # gradient id of such a step becomes -1 (Sok>GuardIds, one op for all lookups), a
+        # row that every sparse update skips (Sok>StaticApply, TF's GPU scatters) or refuses
+        # before writing.
+        ids = [_checked(i) for i in raw_ops.sok_guard_ids(ids=ids, check=op.outputs[n])]
     else:  # the gradients wait for the check
         check = raw_ops.sok_check_gathered_ids(op.outputs[n],
                                                table_names=op.get_attr("table_names"))

@@ -549,6 +549,45 @@ def test_interaction_matches_tf_ops(device, dtype, batch, features, dim):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_one_id_path_of_many_lookups(device):
+    """40 one-id lookups (more than a GPU launch carries in its parameters: two batches) equal
+    tf.gather; a bad id in the second batch names its own table, id and range."""
+    rng = np.random.default_rng(40)
+    vocabs = [int(v) for v in rng.integers(5, 300, size=40)]
+    inits = [rng.normal(size=[v, 3]).astype(np.float32) for v in vocabs]
+    with tf.device(f"{device}:0"):
+        tables = [sok.Variable(init, name=f"t{i}") for i, init in enumerate(inits)]
+    ids = [rng.integers(0, v, size=int(rng.integers(0, 50))) for v in vocabs]
+    rows = on(device, lambda: sok.lookup_sparse(
+        tables, [tf.RaggedTensor.from_tensor(tf.constant(i, tf.int64)[:, None]) for i in ids],
+        combiners=["sum"] * 40))
+    for out, init, i in zip(rows, inits, ids):
+        np.testing.assert_array_equal(out.numpy(), init[i].reshape(-1, 3))
+    ids[37] = np.array([0, vocabs[37] + 4])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"id {vocabs[37] + 4} of table 't37:0' is out of range "
+                             rf"\[0, {vocabs[37]}\)"):
+        on(device, lambda: [o.numpy() for o in sok.lookup_sparse(
+            tables, [tf.RaggedTensor.from_tensor(tf.constant(i, tf.int64)[:, None])
+                     for i in ids], combiners=["sum"] * 40)])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("failed", [False, True])
+def test_guard_ids_passes_ids_or_blocks_them_all(device, failed):
+    """Sok>GuardIds over 40 lookups (two GPU batches): the ids as they are after a clean check
+    record, -1 everywhere after one holding an error."""
+    rng = np.random.default_rng(3)
+    ids = [tf.constant(rng.integers(0, 1000, size=int(rng.integers(0, 70))), tf.int64)
+           for _ in range(40)]
+    # LookupCheck: first_bad (kNoError = all ones), value_a, value_b.
+    check = tf.constant([5 << 44, 7, 9] if failed else [-1, 0, 0], tf.int64)
+    guarded = on(device, lambda: raw_ops.sok_guard_ids(ids=ids, check=check))
+    for g, i in zip(guarded, ids):
+        np.testing.assert_array_equal(g.numpy(), -np.ones_like(i.numpy()) if failed else i.numpy())
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("one_id", [False, True])
 @pytest.mark.parametrize("bad_id", [10, -1, 1 << 40])
 def test_out_of_range_id(device, one_id, bad_id):

@@ -16,7 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATIC_PATH_OPS = ["Sok>PartitionKeys", "Sok>GatherShardRows", "Sok>GatherSingleIds",
                    "Sok>SplitGradientByTable", "Sok>CombineForward", "Sok>CombineFromShards",
                    "Sok>CombineBackward", "Sok>StaticApply", "Sok>DotInteraction",
-                   "Sok>DotInteractionGrad", "Sok>Unfoldable", "Sok>CheckGatheredIds"]
+                   "Sok>DotInteractionGrad", "Sok>Unfoldable", "Sok>CheckGatheredIds",
+                   "Sok>GuardIds"]
 DYNAMIC_PATH_OPS = ["Sok>DynamicTableHandle", "Sok>DynamicTableCreate", "Sok>DynamicTableSize",
                     "Sok>DynamicTableLookup", "Sok>DynamicTableAssign", "Sok>DynamicTableImport",
                     "Sok>DynamicTableErase", "Sok>DynamicTableExport",

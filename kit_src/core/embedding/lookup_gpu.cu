@@ -190,18 +190,17 @@ __global__ void GatherShardRows16Kernel(const GpuShard* shards, int32_t num_tabl
 }
 
 template <int kVec>
-__global__ void GatherSingleIdsKernel(const GpuSingleIdLookup* lookups, int32_t num_lookups,
-                                      bool ids64, int64_t total, int64_t dim, int group,
-                                      LookupCheck* check) {
+__global__ void GatherSingleIdsKernel(const __grid_constant__ GpuSingleIdBatch batch, bool ids64,
+                                      int64_t dim, int group, LookupCheck* check) {
   const int lane = threadIdx.x % group;
-  for (int64_t i = GlobalThread() / group; i < total; i += GridThreads() / group) {
-    const int32_t l = FindLookup(lookups, num_lookups, i);
-    const GpuSingleIdLookup& lookup = lookups[l];
+  for (int64_t i = GlobalThread() / group; i < batch.total; i += GridThreads() / group) {
+    const int32_t l = FindLookup(batch.items, batch.count, i);
+    const GpuSingleIdLookup& lookup = batch.items[l];
     const int64_t j = i - lookup.first;
     const int64_t id = ReadId(lookup.ids, ids64, j);
     float* out = lookup.output + j * dim;
     if (id < 0 || id >= lookup.table.rows) {
-      if (lane == 0) RecordBad(check, EncodeBad(l, BadKind::kBadId, j));
+      if (lane == 0) RecordBad(check, EncodeBad(batch.first_group + l, BadKind::kBadId, j));
       ZeroRow<kVec>(out, dim, lane, group);
     } else {
       CopyRow<kVec>(lookup.table.data + id * dim, out, dim, lane, group);
@@ -209,16 +208,34 @@ __global__ void GatherSingleIdsKernel(const GpuSingleIdLookup* lookups, int32_t 
   }
 }
 
-__global__ void DescribeBadIdKernel(const GpuPartitionLookup* partition_lookups,
-                                    const GpuSingleIdLookup* single_lookups, bool ids64,
+__global__ void DescribeBadSingleIdKernel(const __grid_constant__ GpuSingleIdBatch batch,
+                                          bool ids64, LookupCheck* check) {
+  const unsigned long long code = check->first_bad;
+  if (code == kNoError || static_cast<BadKind>((code >> 40) & 15) != BadKind::kBadId) return;
+  const int64_t l = static_cast<int64_t>(code >> 44) - batch.first_group;
+  if (l < 0 || l >= batch.count) return;
+  check->value_a = ReadId(batch.items[l].ids, ids64, static_cast<int64_t>(code & ((1ull << 40) - 1)));
+  check->value_b = batch.items[l].table.rows;
+}
+
+__global__ void GuardSingleIdsKernel(const __grid_constant__ GpuBatch<GpuIdCopy> batch,
+                                     const LookupCheck* check) {
+  const bool failed = check->first_bad != kNoError;
+  for (int64_t i = GlobalThread(); i < batch.total; i += GridThreads()) {
+    const GpuIdCopy& copy = batch.items[FindLookup(batch.items, batch.count, i)];
+    const int64_t j = i - copy.first;
+    copy.output[j] = failed ? -1 : copy.ids[j];
+  }
+}
+
+__global__ void DescribeBadIdKernel(const GpuPartitionLookup* lookups, bool ids64,
                                     LookupCheck* check) {
   const unsigned long long code = check->first_bad;
   if (code == kNoError || static_cast<BadKind>((code >> 40) & 15) != BadKind::kBadId) return;
   const int64_t l = static_cast<int64_t>(code >> 44);
   const int64_t j = static_cast<int64_t>(code & ((1ull << 40) - 1));
-  const void* ids = partition_lookups ? partition_lookups[l].ids : single_lookups[l].ids;
-  check->value_a = ReadId(ids, ids64, j);
-  check->value_b = partition_lookups ? partition_lookups[l].rows : single_lookups[l].table.rows;
+  check->value_a = ReadId(lookups[l].ids, ids64, j);
+  check->value_b = lookups[l].rows;
 }
 
 __global__ void CountKeysKernel(const int64_t* keys, int64_t n, int32_t num_tables,
@@ -580,21 +597,32 @@ cudaError_t GatherShardRows16Gpu(const GpuShard* shards_device, int32_t num_tabl
   return cudaGetLastError();
 }
 
-cudaError_t GatherSingleIdsGpu(const GpuSingleIdLookup* lookups_device, int32_t num_lookups,
-                               bool ids64, int64_t total, int64_t dim, LookupCheck* check,
-                               cudaStream_t stream) {
-  if (total == 0) return cudaSuccess;
+cudaError_t GatherSingleIdsGpu(const GpuSingleIdBatch& batch, bool ids64, int64_t dim,
+                               LookupCheck* check, cudaStream_t stream) {
+  if (batch.total == 0) return cudaSuccess;
   return LaunchByVector(dim, [&](auto vec) {
     const int group = RowGroup(dim, vec.value);
-    GatherSingleIdsKernel<vec.value><<<GridFor(total, group), kThreads, 0, stream>>>(
-        lookups_device, num_lookups, ids64, total, dim, group, check);
+    GatherSingleIdsKernel<vec.value><<<GridFor(batch.total, group), kThreads, 0, stream>>>(
+        batch, ids64, dim, group, check);
   });
 }
 
-cudaError_t DescribeBadId(const GpuPartitionLookup* partition_lookups,
-                          const GpuSingleIdLookup* single_lookups, bool ids64,
+cudaError_t DescribeBadSingleId(const GpuSingleIdBatch& batch, bool ids64, LookupCheck* check,
+                                cudaStream_t stream) {
+  DescribeBadSingleIdKernel<<<1, 1, 0, stream>>>(batch, ids64, check);
+  return cudaGetLastError();
+}
+
+cudaError_t GuardSingleIds(const GpuBatch<GpuIdCopy>& batch, const LookupCheck* check,
+                           cudaStream_t stream) {
+  if (batch.total == 0) return cudaSuccess;
+  GuardSingleIdsKernel<<<GridBlocks(batch.total, kThreads), kThreads, 0, stream>>>(batch, check);
+  return cudaGetLastError();
+}
+
+cudaError_t DescribeBadId(const GpuPartitionLookup* partition_lookups, bool ids64,
                           LookupCheck* check, cudaStream_t stream) {
-  DescribeBadIdKernel<<<1, 1, 0, stream>>>(partition_lookups, single_lookups, ids64, check);
+  DescribeBadIdKernel<<<1, 1, 0, stream>>>(partition_lookups, ids64, check);
   return cudaGetLastError();
 }
 

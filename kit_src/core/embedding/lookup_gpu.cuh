@@ -99,14 +99,44 @@ struct GpuSingleIdLookup {
   float* output = nullptr;    // [count, dim]
 };
 
-cudaError_t GatherSingleIdsGpu(const GpuSingleIdLookup* lookups_device, int32_t num_lookups,
-                               bool ids64, int64_t total, int64_t dim, LookupCheck* check,
-                               cudaStream_t stream);
+// Up to kSingleIdBatch items of the one-id path travel by value in a kernel's parameters:
+// nothing to upload to device memory, nothing to hold until the stream has passed.
+constexpr int kSingleIdBatch = 32;
+template <typename Item>
+struct GpuBatch {
+  Item items[kSingleIdBatch];  // each item's `first` counts from this batch's first id
+  int32_t count = 0;           // items in the batch
+  int32_t first_group = 0;     // the first one's index among all lookups (the check's group)
+  int64_t total = 0;           // the batch's ids
+};
+using GpuSingleIdBatch = GpuBatch<GpuSingleIdLookup>;
 
-// Fills a kBadId record: value_a the id (ids of lookup = group, at item - first), value_b
-// its table's rows.
-cudaError_t DescribeBadId(const GpuPartitionLookup* partition_lookups,
-                          const GpuSingleIdLookup* single_lookups, bool ids64,
+// One lookup's ids for the gradient's guard (below).
+struct GpuIdCopy {
+  const int64_t* ids = nullptr;
+  int64_t count = 0;
+  int64_t first = 0;
+  int64_t* output = nullptr;  // [count]
+};
+
+// Each batch lookup's output row i = table row ids[i]; an id outside the table gives a zero
+// row and is recorded (group = first_group + lookup, kBadId).
+cudaError_t GatherSingleIdsGpu(const GpuSingleIdBatch& batch, bool ids64, int64_t dim,
+                               LookupCheck* check, cudaStream_t stream);
+
+// Where the recorded kBadId falls in this batch: value_a the id, value_b its table's rows.
+cudaError_t DescribeBadSingleId(const GpuSingleIdBatch& batch, bool ids64, LookupCheck* check,
+                                cudaStream_t stream);
+
+// The gradient's guard of the one-id path: each item's ids copied to its output, or -1
+// everywhere when `check` holds an error: no sparse update then writes a row (they skip or
+// refuse -1), and nothing waits for the check.
+cudaError_t GuardSingleIds(const GpuBatch<GpuIdCopy>& batch, const LookupCheck* check,
+                           cudaStream_t stream);
+
+// Fills a kBadId record of the partition: value_a the id (ids of lookup = group, at item -
+// first), value_b its table's rows.
+cudaError_t DescribeBadId(const GpuPartitionLookup* partition_lookups, bool ids64,
                           LookupCheck* check, cudaStream_t stream);
 
 // counts[t] ([num_tables], zeroed here) = keys naming table t; a key naming no table is

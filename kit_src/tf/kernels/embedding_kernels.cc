@@ -242,6 +242,30 @@ class CheckGatheredIdsOp : public tf::OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("Sok>CheckGatheredIds").Device(tf::DEVICE_CPU), CheckGatheredIdsOp);
+class GuardIdsOp : public tf::OpKernel {
+ public:
+  explicit GuardIdsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(tf::OpKernelContext* ctx) override {
+    const int n = ctx->num_inputs() - 1;
+    const tf::Tensor& check = ctx->input(n);
+    OP_REQUIRES(ctx, check.NumElements() == 3,
+                tf::errors::InvalidArgument("check must hold 3 values, got ",
+                                            check.shape().DebugString()));
+    LookupCheck record;
+    std::memcpy(&record, check.data(), sizeof(record));
+    for (int l = 0; l < n; ++l) {
+      if (record.first_bad == kNoError) {
+        ctx->set_output(l, ctx->input(l));  // the ids themselves
+        continue;
+      }
+      tf::Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(l, ctx->input(l).shape(), &out));
+      out->flat<int64_t>().setConstant(-1);
+    }
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>GuardIds").Device(tf::DEVICE_CPU), GuardIdsOp);
 
 #define REGISTER_SINGLE_IDS(Tindex)                                                         \
   REGISTER_KERNEL_BUILDER(Name("Sok>GatherSingleIds")                                      \

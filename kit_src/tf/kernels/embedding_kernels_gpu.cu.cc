@@ -270,38 +270,68 @@ class GatherSingleIdsGpuOp : public tf::OpKernel {
     const int n = ctx->num_inputs() / 3;
     GpuTables tables;
     OP_REQUIRES_OK(ctx, tables.Lock(ctx, 0, n, dim_, &table_names_));
-    std::vector<GpuSingleIdLookup> lookups(n);
-    int64_t total = 0;
+    // The lookups travel by value in the kernels' parameters, kSingleIdBatch a launch.
+    std::vector<GpuSingleIdBatch> batches((n + kSingleIdBatch - 1) / kSingleIdBatch);
     for (int l = 0; l < n; ++l) {
       const tf::Tensor& ids = ctx->input(n + l);
       const tf::Tensor& splits = ctx->input(2 * n + l);
       OP_REQUIRES_OK(ctx, CheckSingleIdLookup(l, ids, splits));
       tf::Tensor* out = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(l, tf::TensorShape({ids.NumElements(), dim_}), &out));
-      lookups[l] = GpuSingleIdLookup{ids.data(), ids.NumElements(), total, tables.shards()[l],
-                                     out->flat<float>().data()};
-      total += ids.NumElements();
+      GpuSingleIdBatch& batch = batches[l / kSingleIdBatch];
+      batch.first_group = l - l % kSingleIdBatch;
+      batch.items[batch.count++] = GpuSingleIdLookup{ids.data(), ids.NumElements(), batch.total,
+                                                      tables.shards()[l],
+                                                      out->flat<float>().data()};
+      batch.total += ids.NumElements();
     }
     tf::Tensor* check_out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(n, tf::TensorShape({3}), &check_out));
     auto* check = reinterpret_cast<LookupCheck*>(check_out->flat<int64_t>().data());
-    auto memory = std::make_shared<GpuCallMemory>();
-    GpuSingleIdLookup* lookups_device = nullptr;
-    OP_REQUIRES_OK(ctx, memory->Upload(ctx, lookups, &lookups_device));
     const cudaStream_t stream = GpuStream(ctx);
     OP_REQUIRES_OK(ctx, CudaToTf(ResetLookupCheck(check, stream), "reset check"));
-    OP_REQUIRES_OK(ctx, CudaToTf(GatherSingleIdsGpu(lookups_device, n, /*ids64=*/true, total,
-                                                    dim_, check, stream),
-                                 "gather single ids"));
-    OP_REQUIRES_OK(ctx, CudaToTf(DescribeBadId(nullptr, lookups_device, true, check, stream),
-                                 "describe"));
-    OP_REQUIRES_OK(ctx, ReleaseAfterStream(ctx, memory));
+    for (const GpuSingleIdBatch& batch : batches) {
+      OP_REQUIRES_OK(ctx, CudaToTf(GatherSingleIdsGpu(batch, /*ids64=*/true, dim_, check, stream),
+                                   "gather single ids"));
+    }
+    for (const GpuSingleIdBatch& batch : batches) {
+      OP_REQUIRES_OK(ctx, CudaToTf(DescribeBadSingleId(batch, true, check, stream), "describe"));
+    }
   }
 
  private:
   int64_t dim_ = 0;
   std::vector<std::string> table_names_;
 };
+
+// Sok>GuardIds: one launch a kSingleIdBatch of lookups, nothing waits for the check.
+class GuardIdsGpuOp : public tf::OpKernel {
+ public:
+  explicit GuardIdsGpuOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(tf::OpKernelContext* ctx) override {
+    const int n = ctx->num_inputs() - 1;
+    const tf::Tensor& check = ctx->input(n);
+    OP_REQUIRES(ctx, check.NumElements() == 3,
+                tf::errors::InvalidArgument("check must hold 3 values, got ",
+                                            check.shape().DebugString()));
+    std::vector<GpuBatch<GpuIdCopy>> batches((n + kSingleIdBatch - 1) / kSingleIdBatch);
+    for (int l = 0; l < n; ++l) {
+      const tf::Tensor& ids = ctx->input(l);
+      tf::Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(l, ids.shape(), &out));
+      GpuBatch<GpuIdCopy>& batch = batches[l / kSingleIdBatch];
+      batch.items[batch.count++] = GpuIdCopy{ids.flat<int64_t>().data(), ids.NumElements(),
+                                             batch.total, out->flat<int64_t>().data()};
+      batch.total += ids.NumElements();
+    }
+    const auto* record = reinterpret_cast<const LookupCheck*>(check.flat<int64_t>().data());
+    for (const GpuBatch<GpuIdCopy>& batch : batches) {
+      OP_REQUIRES_OK(ctx, CudaToTf(GuardSingleIds(batch, record, GpuStream(ctx)), "guard ids"));
+    }
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>GuardIds").Device(tf::DEVICE_GPU), GuardIdsGpuOp);
 
 class CheckGatheredIdsGpuOp : public tf::AsyncOpKernel {
  public:
@@ -465,8 +495,7 @@ class PartitionKeysGpuOp : public tf::OpKernel {
       cudaMemcpyAsync(&host->unique, slot + total - 1, sizeof(int32_t), cudaMemcpyDeviceToHost,
                       stream);
     }
-    OP_REQUIRES_OK(ctx, CudaToTf(DescribeBadId(lookups_device, nullptr, ids64, check.device,
-                                               stream),
+    OP_REQUIRES_OK(ctx, CudaToTf(DescribeBadId(lookups_device, ids64, check.device, stream),
                                  "describe"));
     cudaMemcpyAsync(&host->check, check.device, sizeof(LookupCheck), cudaMemcpyDeviceToHost,
                     stream);

@@ -151,6 +151,21 @@ Fails with the out-of-range error Sok>GatherSingleIds recorded in check (naming 
 id and the valid range); on the GPU it finishes once the stream has passed that record.
 )doc");
 
+REGISTER_OP("Sok>GuardIds")
+    .Input("ids: N * int64")
+    .Input("check: int64")
+    .Output("guarded: N * int64")
+    .Attr("N: int >= 1")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
+      return Status();
+    })
+    .Doc(R"doc(
+The ids of a one-id lookup's gradient, each guarded: a copy of ids, or -1 everywhere when check
+(Sok>GatherSingleIds' record) holds an error, so that no sparse update writes a row for that
+step (they skip or refuse -1) while nothing waits for Sok>CheckGatheredIds' verdict.
+)doc");
+
 namespace {
 
 Status CombineShapes(InferenceContext* c, int first_splits) {
