@@ -293,8 +293,12 @@ def _one_id_at_run_time(lookups):
     return checks[0] if len(checks) == 1 else tf.reduce_all(tf.stack(checks))
 
 
+def _on_gpu_device(tensor):
+    return "GPU" in tensor.device.upper()
+
+
 def _table_on_gpu(table):
-    return "GPU" in table.handle.device.upper()
+    return _on_gpu_device(table.handle)
 
 
 def _on_gpu(lookups):
@@ -519,7 +523,7 @@ def _dense_output_grads(op, output_grads):
 def _guards_ids_on_device(op):
     """Whether op's gradients guard their ids on the device instead of waiting for the id
     check: on a GPU, where that wait would leave the GPU idle every step."""
-    return "GPU" in op.inputs[0].device.upper()
+    return _on_gpu_device(op.inputs[0])
 
 
 @tf.RegisterGradient("Sok>GatherSingleIds")

@@ -891,8 +891,6 @@ def test_lookup_sparse_skips_the_combine_verdict_only_for_its_own_inputs(weighte
             loss = tf.reduce_sum(out)
         return tape.gradient(loss, [table])
 
-    graph_def = tf.function(step).get_concrete_function().graph.as_graph_def()
-    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
-    combines = {n.op: n.attr["validate"].b for n in nodes
+    combines = {n.op: n.attr["validate"].b for n in graph_nodes(step)
                 if n.op in ("Sok>CombineFromShards", "Sok>CombineBackward")}
     assert combines == {"Sok>CombineFromShards": weighted, "Sok>CombineBackward": weighted}
