@@ -135,13 +135,12 @@ def _dimension(table):
 
 
 def _hyper_device(dynamic, static):  # lists of (gradient, table)
-    """Where the fused updates want their hyper-parameters: the GPU of GPU-placed static
-    tables, whose Sok>StaticApply reads them in device memory (a step with parts on the host
-    runs as a two-device function, about 0.3 ms a step on an H100); otherwise the host, where
-    Sok>DynamicApply and the CPU kernels read them (from a GPU each step would wait for the
-    copy back)."""
-    gpu = [v.handle.device for _, v in static if "GPU" in v.handle.device.upper()]
-    return gpu[0] if gpu and not dynamic else "CPU:0"
+    """Where the fused updates want their hyper-parameters: the GPU of GPU-placed tables,
+    whose Sok>StaticApply / Sok>DynamicApply kernels read them in device memory (a step with
+    parts on the host runs as a two-device function, about 0.3 ms a step on an H100);
+    otherwise the host, where the CPU kernels read them."""
+    gpu = [v.handle.device for _, v in static + dynamic if "GPU" in v.handle.device.upper()]
+    return gpu[0] if gpu else "CPU:0"
 
 
 def _hyper_state_on(optimizer, device):

@@ -264,6 +264,11 @@ def test_training_agrees_across_devices_and_with_tf(name, dtype, chain):
         for rows, lengths in batches:
             with tf.device(f"{device}:0"):
                 step(tf.RaggedTensor.from_row_lengths(keys_of(universe[rows]), lengths))
+        keras = optimizer._optimizer
+        if hasattr(keras, "_create_hypers"):  # legacy: the wrapper made them, on the table's
+            for variable in list(keras._hyper.values()) + [keras.iterations]:  # device
+                if isinstance(variable, tf.Variable):
+                    assert device in variable.device, (variable.name, variable.device)
         results.append((table, initial))
     tables = [table for table, _ in results]
     assert_same_tables(tables, exact=False)
@@ -355,6 +360,21 @@ def test_bad_input_is_refused_and_changes_nothing(device):
         with pytest.raises(tf.errors.InvalidArgumentError, match="key pair 0 names table -1"):
             raw_ops.sok_split_dynamic_gradient(keys=keys_of([[-1, 5]]), grad=tf.zeros([1, 4]),
                                                    num_tables=1)
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match="rule adam does not fit a state of 4 floats per key"):
+            raw_ops.sok_dynamic_apply(table.handle, keys_of([1]), tf.ones([1, 4]),
+                                      tf.constant([0.1, 0.9, 0.999, 1e-7]), rule="adam",
+                                      state_dim=4)
+
+        def momentum_without_state():  # known from the values, in device memory on a GPU
+            raw_ops.sok_dynamic_apply(table.handle, keys_of([1]), tf.ones([1, 4]),
+                                      tf.constant([0.1, 0.9]), rule="sgd", state_dim=0)
+        if device == "CPU":
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match="rule sgd does not fit a state of 0 floats per key"):
+                momentum_without_state()
+        else:  # the GPU writes nothing
+            momentum_without_state()
     for a, b in zip(before, export_sorted(table)):
         np.testing.assert_array_equal(a, b)
 

@@ -353,10 +353,11 @@ def test_sok_sgd():
 
 @pytest.mark.parametrize("name", ["legacy_sgd", "legacy_adam", "legacy_adam_schedule"])
 def test_fused_updates_read_their_hyper_parameters_on_the_host(name):
-    """Sok>StaticApply / Sok>DynamicApply take their hyper-parameters in host memory: the
-    wrapper makes a legacy optimizer's hyper variables and step counter there and computes
-    them there even in a step placed on a GPU (a copy back from the GPU would make each step
-    wait for it). The updates' values are checked against Keras by the tests above."""
+    """Tables on the host: the wrapper makes a legacy optimizer's hyper variables and step
+    counter there and computes the fused ops' hyper vectors there, even in a step placed on a
+    GPU (the CPU kernels read them on the host; a copy back from the GPU would make each step
+    wait for it). GPU tables: tests/test_devices.py and test_dynamic_devices.py. The updates'
+    values are checked against Keras by the tests above."""
     optimizer = OPTIMIZERS[name]()
     wrapper = sok.OptimizerWrapper(optimizer)
     static, dynamic = sok.Variable(tf.ones([8, 4])), sok.DynamicVariable(4)

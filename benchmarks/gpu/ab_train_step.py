@@ -3,6 +3,7 @@ with and without one change of the step, interleaved in one process on one GPU (
 one kind differ too much between runs to compare across them).
 
     python3 ab_train_step.py hypers   # the fused updates' hypers on the tables' GPU / host
+    python3 ab_train_step.py dynamic_hypers   # the same for a dynamic table (G1b's step)
     python3 ab_train_step.py counts   # the gradient split given Sok>PartitionKeys' table
                                       # counts / counting (and waiting) itself
 """
@@ -21,6 +22,8 @@ from tf_gpu_kernel_profile import workload  # noqa: E402
 # change: (module, attribute, the value without the change), with the workloads it touches
 CHANGES = {
     "hypers": (sok_optimizer, "_hyper_device", lambda dynamic, static: "CPU:0", ("t3", "t1")),
+    "dynamic_hypers": (sok_optimizer, "_hyper_device", lambda dynamic, static: "CPU:0",
+                       ("g1b",)),
     "counts": (sok_lookup, "_table_counts_of", lambda keys: tf.zeros([0], tf.int32), ("t1",)),
 }
 

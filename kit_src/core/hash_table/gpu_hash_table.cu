@@ -371,11 +371,15 @@ __global__ void GatherGradients(const int32_t* head, int64_t n, int64_t dim, con
 // One step of the rule on each claimed row (the only use or the head), a group of `lanes`
 // lanes per use (dividing 32, several uses to a warp), `width` consecutive elements a lane
 // (4: float4 loads of float rows and gradients), then the claim is freed.
+// The rule's values come from device memory; values needing more state than the rows keep
+// (a momentum without its section) update nothing, the claims are freed all the same.
 template <typename Value, int kWidth, typename Hyper>
 __global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, int32_t* row_first,
                              int32_t* row_uses, int64_t n, const float* grads,
-                             const float* summed, RowArrays t, int sections, Hyper hyper,
-                             uint32_t now, int lanes) {
+                             const float* summed, RowArrays t, int sections,
+                             const float* hyper_values, bool nesterov, uint32_t now, int lanes) {
+  const Hyper hyper = MakeHyper<Hyper>(hyper_values, nesterov);
+  const bool fits = RuleStateFloats(hyper, t.dim) <= sections * t.dim;
   const int lane = threadIdx.x % lanes;
   const int64_t groups = int64_t{gridDim.x} * blockDim.x / lanes;
   for (int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / lanes; i < n;
@@ -385,7 +389,7 @@ __global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, int32_t* 
     const int64_t r = rows[i];
     Value* values = static_cast<Value*>(t.values) + r * t.dim;
     const float* gradient = (h == kOnlyUse ? grads : summed) + i * t.dim;
-    for (int64_t d0 = lane * kWidth; d0 < t.dim; d0 += lanes * kWidth) {
+    for (int64_t d0 = lane * kWidth; fits && d0 < t.dim; d0 += lanes * kWidth) {
       float grad[kWidth], w[kWidth], state[3][kWidth];
       if constexpr (kWidth == 4) {
         const float4 g4 = *reinterpret_cast<const float4*>(gradient + d0);
@@ -1096,10 +1100,12 @@ Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t 
                            bool nesterov, int64_t state_dim, float state_initial_value,
                            const int64_t* keys, int64_t n, const float* grads,
                            cudaStream_t stream) {
-  // The rule must find the state it expects (checked before anything runs).
+  // The rule must find the state it expects: what its type needs with any values is checked
+  // before anything runs (the values stay in device memory; the kernel refuses values that
+  // need more).
   bool fits = true;
-  SOK_RETURN_IF_ERROR(VisitRule(rule, hyper, hyper_count, nesterov, [&](const auto& h) {
-    fits = RuleStateFloats(h, options_.dim) <= std::max(state_dim, options_.state_dim);
+  SOK_RETURN_IF_ERROR(VisitRuleType(rule, hyper_count, [&](auto type) {
+    fits = RuleStateFloats(type, options_.dim) <= std::max(state_dim, options_.state_dim);
   }));
   if (!fits || state_dim % options_.dim != 0 || state_dim > 3 * options_.dim) {
     return Status::InvalidArgument("rule " + rule + " does not fit a state of " +
@@ -1132,19 +1138,21 @@ Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t 
     const bool vector = options_.value_type == ValueType::kFloat32 && dim % 4 == 0;
     const int lanes = RowLanes(vector ? dim / 4 : dim);
     const int blocks = Blocks(n * lanes);
-    VisitRule(rule, hyper, hyper_count, nesterov, [&](const auto& h) {
+    VisitRuleType(rule, hyper_count, [&](auto type) {
+      using Hyper = decltype(type);
       VisitValueType(options_.value_type, [&](auto value) {
         using Value = decltype(value);
         if constexpr (std::is_same<Value, float>::value) {
           if (vector) {
-            ApplyClaimed<Value, 4><<<blocks, kThreads, 0, stream>>>(
-                rows, head, row_first_, row_uses_, n, grads, summed, arrays, sections, h, now,
-                lanes);
+            ApplyClaimed<Value, 4, Hyper><<<blocks, kThreads, 0, stream>>>(
+                rows, head, row_first_, row_uses_, n, grads, summed, arrays, sections, hyper,
+                nesterov, now, lanes);
             return;
           }
         }
-        ApplyClaimed<Value, 1><<<blocks, kThreads, 0, stream>>>(
-            rows, head, row_first_, row_uses_, n, grads, summed, arrays, sections, h, now, lanes);
+        ApplyClaimed<Value, 1, Hyper><<<blocks, kThreads, 0, stream>>>(
+            rows, head, row_first_, row_uses_, n, grads, summed, arrays, sections, hyper,
+            nesterov, now, lanes);
       });
     });
     status = CudaStatus(cudaGetLastError(), "apply");

@@ -110,9 +110,10 @@ class GpuHashTable {
   Status Export(int64_t written_after_us, bool with_state, const ExportOutputs& outputs,
                 cudaStream_t stream);
 
-  // One optimizer step (Sok>DynamicApply's rule and hyper-parameters, host memory) of the
-  // rows of `keys` ([n], duplicates summed) with gradients `grads` ([n, dim]); missing keys
-  // are skipped. Widens the state first (EnsureState).
+  // One optimizer step (Sok>DynamicApply's rule and hyper-parameters, in device memory: the
+  // kernels read them, no step waits for a copy) of the rows of `keys` ([n], duplicates
+  // summed) with gradients `grads` ([n, dim]); missing keys are skipped, and so is every row
+  // when the values need more state than the rows keep. Widens the state first (EnsureState).
   Status Apply(const std::string& rule, const float* hyper, int64_t hyper_count, bool nesterov,
                int64_t state_dim, float state_initial_value, const int64_t* keys, int64_t n,
                const float* grads, cudaStream_t stream);

@@ -319,6 +319,16 @@ class DynamicApplyOp : public tf::OpKernel {
     const int64_t n = keys.NumElements(), dim = table.dim();
     OP_REQUIRES_OK(ctx, CheckMatrix(grads, n, dim, "grads"));
     OP_REQUIRES_OK(ctx, attrs_.CheckHyper(hyper));
+    // The rule must find the state it reads and writes (past it lies the next row).
+    bool fits = true;
+    SOK_OP_REQUIRES_OK(ctx, VisitRule(attrs_.rule, hyper.flat<float>().data(),
+                                      hyper.NumElements(), attrs_.nesterov,
+                                      [&](const auto& rule) {
+      fits = RuleStateFloats(rule, dim) <= std::max(attrs_.state_dim, table.state_dim());
+    }));
+    OP_REQUIRES(ctx, fits && attrs_.state_dim % dim == 0 && attrs_.state_dim <= 3 * dim,
+                tf::errors::InvalidArgument("rule ", attrs_.rule, " does not fit a state of ",
+                                            attrs_.state_dim, " floats per key"));
     // Sum the gradients of duplicate keys so each row is updated once.
     std::vector<int64_t> unique_keys;
     std::vector<float> summed;

@@ -418,10 +418,7 @@ class DynamicApplyGpuOp : public tf::OpKernel {
  private:
   DynamicApplyAttrs attrs_;
 };
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicApply")
-                            .Device(tf::DEVICE_GPU)
-                            .HostMemory("handle")
-                            .HostMemory("hyper"),
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicApply").Device(tf::DEVICE_GPU).HostMemory("handle"),
                         DynamicApplyGpuOp);
 
 }  // namespace sok

@@ -194,7 +194,9 @@ hyper: sgd [lr, momentum]; adagrad [lr, epsilon, epsilon inside sqrt (0/1)]; ada
 epsilon]; adadelta [lr, rho, epsilon]; rmsprop [lr, rho, momentum, epsilon, centered (0/1), epsilon
 inside sqrt (0/1)]; ftrl [lr,
 lr_power, l1, l2 + beta / (2 lr), l2_shrinkage]; nadam [lr, beta1, beta2, epsilon, m_t, m_t+1,
-1 - schedule, 1 - next schedule, 1 - beta2^t].
+1 - schedule, 1 - next schedule, 1 - beta2^t]; in the device's memory (a GPU kernel reads it
+there): values needing more state than state_dim (a momentum without its state) write nothing
+on the GPU, while the CPU reports them.
 )doc");
 
 }  // namespace sok
