@@ -585,6 +585,8 @@ def test_guard_ids_passes_ids_or_blocks_them_all(device, failed):
     guarded = on(device, lambda: raw_ops.sok_guard_ids(ids=ids, check=check))
     for g, i in zip(guarded, ids):
         np.testing.assert_array_equal(g.numpy(), -np.ones_like(i.numpy()) if failed else i.numpy())
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"check must hold 3 values"):
+        on(device, lambda: raw_ops.sok_guard_ids(ids=ids[:2], check=tf.constant([-1], tf.int64)))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -229,9 +229,7 @@ class CheckGatheredIdsOp : public tf::OpKernel {
   }
   void Compute(tf::OpKernelContext* ctx) override {
     const tf::Tensor& check = ctx->input(0);
-    OP_REQUIRES(ctx, check.NumElements() == 3,
-                tf::errors::InvalidArgument("check must hold 3 values, got ",
-                                            check.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckRecordShape(check));
     LookupCheck record;
     std::memcpy(&record, check.data(), sizeof(record));
     OP_REQUIRES_OK(ctx, GatheredIdsStatus(record, table_names_));
@@ -248,9 +246,7 @@ class GuardIdsOp : public tf::OpKernel {
   void Compute(tf::OpKernelContext* ctx) override {
     const int n = ctx->num_inputs() - 1;
     const tf::Tensor& check = ctx->input(n);
-    OP_REQUIRES(ctx, check.NumElements() == 3,
-                tf::errors::InvalidArgument("check must hold 3 values, got ",
-                                            check.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckRecordShape(check));
     LookupCheck record;
     std::memcpy(&record, check.data(), sizeof(record));
     for (int l = 0; l < n; ++l) {

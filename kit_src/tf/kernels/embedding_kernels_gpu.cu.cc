@@ -311,9 +311,7 @@ class GuardIdsGpuOp : public tf::OpKernel {
   void Compute(tf::OpKernelContext* ctx) override {
     const int n = ctx->num_inputs() - 1;
     const tf::Tensor& check = ctx->input(n);
-    OP_REQUIRES(ctx, check.NumElements() == 3,
-                tf::errors::InvalidArgument("check must hold 3 values, got ",
-                                            check.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckRecordShape(check));
     std::vector<GpuBatch<GpuIdCopy>> batches((n + kSingleIdBatch - 1) / kSingleIdBatch);
     for (int l = 0; l < n; ++l) {
       const tf::Tensor& ids = ctx->input(l);
@@ -340,10 +338,7 @@ class CheckGatheredIdsGpuOp : public tf::AsyncOpKernel {
   }
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
     const tf::Tensor& check = ctx->input(0);
-    OP_REQUIRES_ASYNC(ctx, check.NumElements() == 3,
-                      tf::errors::InvalidArgument("check must hold 3 values, got ",
-                                                  check.shape().DebugString()),
-                      done);
+    OP_REQUIRES_OK_ASYNC(ctx, CheckRecordShape(check), done);
     auto memory = std::make_shared<GpuCallMemory>();
     LookupCheck* host = nullptr;
     OP_REQUIRES_OK_ASYNC(ctx, memory->Pinned(ctx, 1, &host), done);

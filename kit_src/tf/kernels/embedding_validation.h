@@ -99,6 +99,14 @@ inline ::tensorflow::Status CheckKeysAndGrad(const ::tensorflow::Tensor& keys,
                                                grad.shape().DebugString());
 }
 
+// Sok>GatherSingleIds' check output (a LookupCheck record), as Sok>CheckGatheredIds and
+// Sok>GuardIds take it: 3 int64 values.
+inline ::tensorflow::Status CheckRecordShape(const ::tensorflow::Tensor& check) {
+  if (check.NumElements() == 3) return ::tensorflow::Status();
+  return ::tensorflow::errors::InvalidArgument("check must hold 3 values, got ",
+                                               check.shape().DebugString());
+}
+
 // Sok>SplitGradientByTable's table_counts: empty (unknown), or one count >= 0 a table adding
 // up to the keys; first[t] receives where table t's keys start.
 inline ::tensorflow::Status ReadTableCounts(const ::tensorflow::Tensor& counts, int64_t num_tables,
