@@ -293,12 +293,13 @@ def _one_id_at_run_time(lookups):
     return checks[0] if len(checks) == 1 else tf.reduce_all(tf.stack(checks))
 
 
-def _on_gpu_device(tensor):
+def on_gpu_device(tensor):
+    """Whether `tensor` (a table's handle, an op's input) is placed on a GPU."""
     return "GPU" in tensor.device.upper()
 
 
 def _table_on_gpu(table):
-    return _on_gpu_device(table.handle)
+    return on_gpu_device(table.handle)
 
 
 def _on_gpu(lookups):
@@ -523,7 +524,7 @@ def _dense_output_grads(op, output_grads):
 def _guards_ids_on_device(op):
     """Whether op's gradients guard their ids on the device instead of waiting for the id
     check: on a GPU, where that wait would leave the GPU idle every step."""
-    return _on_gpu_device(op.inputs[0])
+    return on_gpu_device(op.inputs[0])
 
 
 @tf.RegisterGradient("Sok>GatherSingleIds")

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable
-from sparse_operation_kit.lookup import indices_are_checked
+from sparse_operation_kit.lookup import indices_are_checked, on_gpu_device
 from sparse_operation_kit.variables import Variable
 
 _SUPPORTED = ("SGD", "Adagrad", "Adam", "Adamax", "Adadelta", "RMSprop", "Ftrl", "Nadam")
@@ -139,7 +139,7 @@ def _hyper_device(dynamic, static):  # lists of (gradient, table)
     whose Sok>StaticApply / Sok>DynamicApply kernels read them in device memory (a step with
     parts on the host runs as a two-device function, about 0.3 ms a step on an H100);
     otherwise the host, where the CPU kernels read them."""
-    gpu = [v.handle.device for _, v in static + dynamic if "GPU" in v.handle.device.upper()]
+    gpu = [v.handle.device for _, v in static + dynamic if on_gpu_device(v.handle)]
     return gpu[0] if gpu else "CPU:0"
 
 
