@@ -138,6 +138,54 @@ def test_assign_read_erase_reinsert_against_a_dict(device, dtype):
     assert table.size.numpy() == len(reference)  # reading without insert stores nothing
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dim", [4, 8, 16, 64, 136, 6])
+def test_rows_of_every_copy_width_against_a_dict(device, dim):
+    """The GPU copies float rows 16 bytes at a time, a lane group per row with several rows
+    in flight: widths of one float4 a lane (4, 8, 64), two or more a lane (136), and rows
+    copied a float at a time (6). Reads, writes, new rows and a restore with state, against
+    a dict and against the CPU table's new rows."""
+    rng = np.random.default_rng(dim)
+    name = f"widths_{dim}"
+    table = make(device, dim, name, init_capacity=64)
+    keys = rng.choice(np.arange(-5000, 5000), size=900, replace=False)
+    values = rng.normal(size=[900, dim]).astype(np.float32)
+    with tf.device(table.handle.device):
+        table.assign(keys_of(keys), values)
+    reference = dict(zip(keys.tolist(), values))
+    absent = np.arange(10000, 10100)
+    queries = rng.permutation(np.concatenate([keys[:300], absent]))
+    expected = np.stack([reference.get(k, np.zeros(dim, np.float32)) for k in queries.tolist()])
+    np.testing.assert_array_equal(read(table, queries, insert=False), expected)  # find only
+    fresh = np.arange(20000, 20077)
+    mixed = rng.permutation(np.concatenate([keys[300:500], fresh]))
+    rows = read(table, mixed)  # find-or-insert: present rows and new initial rows
+    new_rows = read(make("CPU", dim, name, init_capacity=64), fresh)
+    reference.update(zip(fresh.tolist(), new_rows))
+    np.testing.assert_array_equal(rows, np.stack([reference[k] for k in mixed.tolist()]))
+    got_keys, got_values, _ = export_sorted(table)  # the new rows as stored
+    np.testing.assert_array_equal(got_values, np.stack([reference[k] for k in got_keys.tolist()]))
+    # A restore with optimizer state (two sections, as Adam's), then everything exported.
+    all_keys = np.array(sorted(reference), np.int64)
+    state = rng.normal(size=[len(all_keys), 2 * dim]).astype(np.float32)
+    with tf.device(table.handle.device):
+        raw_ops.sok_dynamic_table_import(table.handle, keys_of(all_keys),
+                                         np.stack([reference[k] for k in all_keys.tolist()]),
+                                         state)
+    got_keys, got_values, got_state = export_sorted(table)
+    np.testing.assert_array_equal(got_keys, all_keys)
+    np.testing.assert_array_equal(got_values, np.stack([reference[k] for k in all_keys.tolist()]))
+    np.testing.assert_array_equal(got_state, state)
+    # New keys after the restore: their initial rows and zero state.
+    later = np.arange(30000, 30050)
+    initial = read(make("CPU", dim, name, init_capacity=64), later)
+    np.testing.assert_array_equal(read(table, later), initial)
+    got_keys, got_values, got_state = export_sorted(table)
+    np.testing.assert_array_equal(got_values[np.isin(got_keys, later)], initial)  # as stored
+    np.testing.assert_array_equal(got_state[np.isin(got_keys, later)], 0.0)
+    np.testing.assert_array_equal(got_state[~np.isin(got_keys, later)], state)
+
+
 def colliding_keys(count, low_bits=24):
     """Keys whose hash has the same low `low_bits` bits: one home slot in every table of up to
     2^low_bits slots (MurmurHash3's finaliser, inverted)."""

@@ -61,15 +61,25 @@ __device__ __forceinline__ bool KeyAt(const GpuKeys& keys, int64_t i, int64_t* k
 }
 
 // The slot holding `key`, or -1. Stops at an empty slot (the load limit keeps some) or after
-// visiting every slot. Plain loads: for kernels where no thread claims slots.
-__device__ int64_t FindSlot(const Slot* slots, int64_t mask, int64_t key) {
+// visiting every slot. Plain loads, the key and row of a slot in one: for kernels where no
+// thread claims slots.
+__device__ int64_t FindSlot(const Slot* slots, int64_t mask, int64_t key, Slot* found = nullptr) {
   int64_t p = static_cast<int64_t>(HashKey(key) & static_cast<uint64_t>(mask));
   for (int64_t step = 0; step <= mask; ++step, p = (p + 1) & mask) {
-    const unsigned long long row = slots[p].row;
-    if (row == kEmptyRow) return -1;
-    if (row < kClaimedRow && slots[p].key == key) return p;
+    const Slot slot = slots[p];
+    if (slot.row == kEmptyRow) return -1;
+    if (slot.row < kClaimedRow && slot.key == key) {
+      if (found) *found = slot;
+      return p;
+    }
   }
   return -1;
+}
+
+// The row holding `key`, or -1.
+__device__ int64_t FindRow(const Slot* slots, int64_t mask, int64_t key) {
+  Slot slot;
+  return FindSlot(slots, mask, key, &slot) >= 0 ? static_cast<int64_t>(slot.row) : -1;
 }
 
 // What an insert kernel needs of the pool: rows come from the free list first, then fresh
@@ -150,8 +160,7 @@ __global__ void ProbeKernel(GpuKeys keys, bool insert, ProbeArgs a, int64_t* row
       row = FindOrClaim(a.slots, a.mask, key, AdmitKey(key, a.clock, a.admit_probability),
                         a.counters, source, a.row_keys, a.row_meta, a.now, &inserted);
     } else {
-      const int64_t p = FindSlot(a.slots, a.mask, key);
-      if (p >= 0) row = static_cast<int64_t>(a.slots[p].row);
+      row = FindRow(a.slots, a.mask, key);
     }
     rows[i] = row < 0 ? a.missing_row : row;
     if (fresh) fresh[i] = inserted;
@@ -230,77 +239,169 @@ int RowLanes(int64_t dim) {
   return lanes;
 }
 
-// out row i = key i's row widened (zeros when missing), a group of `lanes` lanes (dividing
-// 32) per key; with `find` the group's first lane probes for the key and hands the row to the
-// others, else rows[i] holds it. A use for eviction when `touch`.
+// Whether WriteRows copies float4s: float rows, and every width a multiple of 4.
+bool WriteVector(ValueType type, int64_t dim, int64_t state_cols, int64_t state_dim) {
+  return type == ValueType::kFloat32 && dim % 4 == 0 &&
+         (state_cols == 0 || (state_cols % 4 == 0 && state_dim % 4 == 0));
+}
+
+// WriteRows' lanes per key: one element (a float4 when vector) a lane of the wider part.
+int WriteLanes(bool vector, int64_t dim, int64_t state_cols) {
+  const int64_t width = std::max(dim, state_cols);
+  return RowLanes(vector ? width / 4 : width);
+}
+
+// Rows a lane group copies at once: every load is issued before the first store, so a warp
+// keeps several rows in flight (a row at a time, the copy waited on each row's latency).
+#ifndef SOK_ROWS_IN_FLIGHT
+#define SOK_ROWS_IN_FLIGHT 4
+#endif
+constexpr int kRowsInFlight = SOK_ROWS_IN_FLIGHT;
+constexpr int64_t kNoKey = -1;  // a lane past the keys, or a key of another table
+
+// The rows a lane group copies next: row[u] and at[u] of the warp's keys
+// first + u * groups + group, u < kRowsInFlight (kNoKey past the warp's 32).
+struct RowBatch {
+  int64_t row[kRowsInFlight];
+  int64_t at[kRowsInFlight];
+};
+
+__device__ __forceinline__ RowBatch ShareRows(int64_t own_row, int64_t base, int first,
+                                              int groups, int group) {
+  RowBatch batch;
+#pragma unroll
+  for (int u = 0; u < kRowsInFlight; ++u) {
+    const int src = first + u * groups + group;
+    batch.row[u] = __shfl_sync(0xffffffffu, own_row, src & 31);
+    if (first + u * groups >= 32) batch.row[u] = kNoKey;  // the same on every lane
+    batch.at[u] = base + src;
+  }
+  return batch;
+}
+
+// out row i = key i's row widened (zeros when missing). Each lane first resolves one key's
+// row (with `find` it probes for it, else rows[i] holds it; 32 probes in flight a warp),
+// then groups of `lanes` lanes (dividing 32) copy the warp's rows, kRowsInFlight rows a
+// group at once. A use for eviction when `touch`.
 template <typename T>
 __global__ void ReadRows(GpuKeys keys, const int64_t* rows, bool find, const Slot* slots,
                          int64_t mask, int64_t missing_row, RowArrays t, float* out, int lanes,
                          bool touch, EvictStrategy evict, uint64_t clock) {
   const T* values = static_cast<const T*>(t.values);
-  const int warp_lane = threadIdx.x % 32, lane = warp_lane % lanes, per_warp = 32 / lanes;
-  const int leader = warp_lane - lane;
+  const int warp_lane = threadIdx.x % 32, lane = warp_lane % lanes, group = warp_lane / lanes;
+  const int groups = 32 / lanes;
+  const bool vector = std::is_same<T, float>::value && t.dim % 4 == 0;  // float4 copies
+  const int64_t width = vector ? t.dim / 4 : t.dim;
   const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int64_t warps = int64_t{gridDim.x} * blockDim.x / 32;
-  // The loop's bound depends on the warp only: every lane reaches the shuffle.
-  for (int64_t base = warp * per_warp; base < keys.n; base += warps * per_warp) {
-    const int64_t i = base + warp_lane / lanes;
-    int64_t key = 0;
-    const bool selected = i < keys.n && KeyAt(keys, i, &key);
-    int64_t r = missing_row;
-    if (find) {
-      if (selected && lane == 0) {
-        const int64_t p = FindSlot(slots, mask, key);
-        if (p >= 0) r = static_cast<int64_t>(slots[p].row);
+  // The loop's bound depends on the warp only: every lane reaches the shuffles.
+  for (int64_t base = warp * 32; base < keys.n; base += warps * 32) {
+    const int64_t i = base + warp_lane;
+    int64_t key = 0, r = kNoKey;
+    if (i < keys.n && KeyAt(keys, i, &key)) {
+      r = find ? FindRow(slots, mask, key) : rows[i];
+      if (r < 0) r = missing_row;
+      if (touch && r != missing_row) Touch(t.row_meta + r, evict, clock);
+    }
+    for (int first = 0; first < 32; first += groups * kRowsInFlight) {
+      const RowBatch batch = ShareRows(r, base, first, groups, group);
+      for (int64_t d = lane; d < width; d += lanes) {
+        if (vector) {
+          const float4* from = reinterpret_cast<const float4*>(values);
+          float4 v[kRowsInFlight];
+#pragma unroll
+          for (int u = 0; u < kRowsInFlight; ++u) {
+            const int64_t row = batch.row[u];
+            v[u] = row >= 0 && row != missing_row ? from[row * width + d]
+                                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+          }
+#pragma unroll
+          for (int u = 0; u < kRowsInFlight; ++u) {
+            if (batch.row[u] != kNoKey) reinterpret_cast<float4*>(out)[batch.at[u] * width + d] = v[u];
+          }
+        } else {
+          float v[kRowsInFlight];
+#pragma unroll
+          for (int u = 0; u < kRowsInFlight; ++u) {
+            const int64_t row = batch.row[u];
+            v[u] = row >= 0 && row != missing_row ? Widen(values[row * width + d]) : 0.0f;
+          }
+#pragma unroll
+          for (int u = 0; u < kRowsInFlight; ++u) {
+            if (batch.row[u] != kNoKey) out[batch.at[u] * width + d] = v[u];
+          }
+        }
       }
-      r = __shfl_sync(0xffffffffu, r, leader);
-    } else if (selected) {
-      r = rows[i];
     }
-    if (!selected) continue;
-    float* row_out = out + i * t.dim;
-    if (r == missing_row) {
-      for (int64_t d = lane; d < t.dim; d += lanes) row_out[d] = 0.0f;
-      continue;
-    }
-    const T* row = values + r * t.dim;
-    if (std::is_same<T, float>::value && t.dim % 4 == 0) {  // float4: a quarter of the loads
-      const float4* from = reinterpret_cast<const float4*>(row);
-      float4* to = reinterpret_cast<float4*>(row_out);
-      for (int64_t d = lane; d < t.dim / 4; d += lanes) to[d] = from[d];
-    } else {
-      for (int64_t d = lane; d < t.dim; d += lanes) row_out[d] = Widen(row[d]);
-    }
-    if (touch && lane == 0) Touch(t.row_meta + r, evict, clock);
   }
 }
 
-// Writes values ([n, dim], rounded) and state ([n, state_cols], when given) to the rows, a
-// group of `lanes` lanes per key; the write stamp `now`, a use at `clock` when `touch`.
+// Copies `width` elements of kRowsInFlight rows (from[at[u] * from_stride + d] to
+// to[row[u] * to_stride + d]) with a group's lanes, every load before the first store;
+// missing and absent rows are skipped.
+template <typename From, typename To>
+__device__ __forceinline__ void ScatterRows(const RowBatch& batch, int64_t missing_row,
+                                            const From* from, int64_t from_stride, To* to,
+                                            int64_t to_stride, int64_t width, int lane,
+                                            int lanes) {
+  for (int64_t d = lane; d < width; d += lanes) {
+    From v[kRowsInFlight];
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u) {
+      if (batch.row[u] >= 0 && batch.row[u] != missing_row) v[u] = from[batch.at[u] * from_stride + d];
+    }
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u) {
+      if (batch.row[u] >= 0 && batch.row[u] != missing_row) {
+        if constexpr (std::is_same<From, To>::value) {
+          to[batch.row[u] * to_stride + d] = v[u];
+        } else {
+          to[batch.row[u] * to_stride + d] = Narrow<To>(v[u]);
+        }
+      }
+    }
+  }
+}
+
+// Writes values ([n, dim], rounded) and state ([n, state_cols], when given) to the rows:
+// each lane stamps one key's row (`now`, a use at `clock` when `touch`), then groups of
+// `lanes` lanes copy the warp's rows, kRowsInFlight at once (float4 with `vector`:
+// WriteVector says when).
 template <typename T>
 __global__ void WriteRows(const int64_t* rows, int64_t n, int64_t missing_row, RowArrays t,
                           const float* values_in, const float* state_in, int64_t state_cols,
                           uint32_t now, bool touch, EvictStrategy evict, uint64_t clock,
-                          int lanes) {
-  T* values = static_cast<T*>(t.values);
-  const int lane = threadIdx.x % lanes;
-  const int64_t groups = int64_t{gridDim.x} * blockDim.x / lanes;
-  for (int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / lanes; i < n;
-       i += groups) {
-    const int64_t r = rows[i];
-    if (r == missing_row) continue;
-    for (int64_t d = lane; d < t.dim; d += lanes) {
-      values[r * t.dim + d] = Narrow<T>(values_in[i * t.dim + d]);
-    }
-    if (state_in) {
-      for (int64_t d = lane; d < state_cols; d += lanes) {
-        t.state[r * t.state_dim + d] = state_in[i * state_cols + d];
-      }
-    }
-    if (lane == 0) {
+                          bool vector, int lanes) {
+  const int warp_lane = threadIdx.x % 32, lane = warp_lane % lanes, group = warp_lane / lanes;
+  const int groups = 32 / lanes;
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int64_t warps = int64_t{gridDim.x} * blockDim.x / 32;
+  for (int64_t base = warp * 32; base < n; base += warps * 32) {
+    const int64_t i = base + warp_lane;
+    const int64_t r = i < n ? rows[i] : kNoKey;
+    if (r >= 0 && r != missing_row) {
       uint64_t* meta = t.row_meta + r;
       *meta = (*meta & ~kStampBits) | now;
       if (touch) Touch(meta, evict, clock);
+    }
+    for (int first = 0; first < 32; first += groups * kRowsInFlight) {
+      const RowBatch batch = ShareRows(r, base, first, groups, group);
+      if (vector) {
+        ScatterRows(batch, missing_row, reinterpret_cast<const float4*>(values_in), t.dim / 4,
+                    static_cast<float4*>(t.values), t.dim / 4, t.dim / 4, lane, lanes);
+        if (state_in) {
+          ScatterRows(batch, missing_row, reinterpret_cast<const float4*>(state_in),
+                      state_cols / 4, reinterpret_cast<float4*>(t.state), t.state_dim / 4,
+                      state_cols / 4, lane, lanes);
+        }
+      } else {
+        ScatterRows(batch, missing_row, values_in, t.dim, static_cast<T*>(t.values), t.dim,
+                    t.dim, lane, lanes);
+        if (state_in) {
+          ScatterRows(batch, missing_row, state_in, state_cols, t.state, t.state_dim,
+                      state_cols, lane, lanes);
+        }
+      }
     }
   }
 }
@@ -316,8 +417,7 @@ __global__ void ClaimRows(const int64_t* keys, int64_t n, const Slot* slots, int
                           int64_t* rows, int32_t* row_first, int32_t* row_uses) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t p = FindSlot(slots, mask, keys[i]);
-    const int64_t r = p >= 0 ? static_cast<int64_t>(slots[p].row) : -1;
+    const int64_t r = FindRow(slots, mask, keys[i]);
     rows[i] = r;
     if (r >= 0) {
       atomicMin(row_first + r, static_cast<int32_t>(i));
@@ -942,7 +1042,7 @@ Status GpuHashTable::Lookup(const GpuKeys& keys, bool insert, float* values, flo
                                    ? options_.dim / 4
                                    : options_.dim);
     VisitValueType(options_.value_type, [&](auto value) {
-      ReadRows<decltype(value)><<<Blocks(keys.n * lanes), kThreads, 0, stream>>>(
+      ReadRows<decltype(value)><<<Blocks(keys.n), kThreads, 0, stream>>>(
           keys, rows, !insert, static_cast<const Slot*>(slots_), num_slots_ - 1, row_capacity_,
           arrays, values, lanes, touch, options_.evict, clock);
     });
@@ -966,11 +1066,12 @@ Status GpuHashTable::Assign(const int64_t* keys, int64_t n, const float* values,
   if (status.ok()) status = FindOrInsert(all, true, 1.0f, clock, now, rows, stream, false);
   if (status.ok()) {
     const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
-    const int lanes = RowLanes(std::max(options_.dim, state ? options_.state_dim : 0));
+    const int64_t cols = state ? options_.state_dim : 0;
+    const bool vector = WriteVector(options_.value_type, options_.dim, cols, options_.state_dim);
     VisitValueType(options_.value_type, [&](auto value) {
-      WriteRows<decltype(value)><<<Blocks(n * lanes), kThreads, 0, stream>>>(
-          rows, n, row_capacity_, arrays, values, state, state ? options_.state_dim : 0, now,
-          true, options_.evict, clock, lanes);
+      WriteRows<decltype(value)><<<Blocks(n), kThreads, 0, stream>>>(
+          rows, n, row_capacity_, arrays, values, state, cols, now, true, options_.evict, clock,
+          vector, WriteLanes(vector, options_.dim, cols));
     });
     status = CudaStatus(cudaGetLastError(), "assign");
   }
@@ -1024,11 +1125,11 @@ Status GpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values
     const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
     const int64_t cols = state ? std::min(state_dim, options_.state_dim) : 0;
     // The restored state is [n, state_dim]: WriteRows reads it with that stride.
-    const int lanes = RowLanes(std::max(options_.dim, cols));
+    const bool vector = WriteVector(options_.value_type, options_.dim, cols, options_.state_dim);
     VisitValueType(options_.value_type, [&](auto value) {
-      WriteRows<decltype(value)><<<Blocks(n * lanes), kThreads, 0, stream>>>(
+      WriteRows<decltype(value)><<<Blocks(n), kThreads, 0, stream>>>(
           rows, n, row_capacity_, arrays, values, state, cols, now, false, options_.evict, 0,
-          lanes);
+          vector, WriteLanes(vector, options_.dim, cols));
     });
     status = CudaStatus(cudaGetLastError(), "restore");
   }
