@@ -281,11 +281,13 @@ OPTIMIZERS = {
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-@pytest.mark.parametrize("dtype, chain", [(tf.float32, "direct"), (tf.float32, "fused"),
-                                          (tf.bfloat16, "direct")])
-def test_training_agrees_across_devices_and_with_tf(name, dtype, chain):
+@pytest.mark.parametrize("dtype, chain, dim", [
+    (tf.float32, "direct", 6), (tf.float32, "fused", 6), (tf.bfloat16, "direct", 6),
+    (tf.float32, "direct", 8), (tf.float32, "fused", 132)])
+def test_training_agrees_across_devices_and_with_tf(name, dtype, chain, dim):
     # chain: one worker reads dynamic tables directly; the low-frequency filter (here admitting
-    # every key) takes the fused chain: partition, owner's read, gradient split.
+    # every key) takes the fused chain: partition, owner's read, gradient split. dim: float
+    # rows of a multiple of 4 are updated as float4 on the GPU (132: more than one a lane).
     fused = chain == "fused"
     rng = np.random.default_rng(8)
     universe = rng.integers(I64.min, I64.max, size=60)
@@ -297,7 +299,8 @@ def test_training_agrees_across_devices_and_with_tf(name, dtype, chain):
         batches.append((rng.integers(0, 60, size=lengths.sum()), lengths))
     results = []
     for device in DEVICES:
-        table = make(device, 6, f"train_{name}_{dtype.name}", dtype=dtype, filter_ratio=1.0)
+        table = make(device, dim, f"train_{name}_{dtype.name}_{dim}", dtype=dtype,
+                     filter_ratio=1.0)
         initial = read(table, universe)
         optimizer = sok.OptimizerWrapper(OPTIMIZERS[name]())
 

@@ -188,6 +188,16 @@ struct RowArrays {
   int64_t state_dim;
 };
 
+// Calls work(src) once for each lane `src` of the warp whose `selected` is set, one after
+// another, on every lane (so that the warp's lanes can split src's row between them).
+template <typename Work>
+__device__ __forceinline__ void ForEachSelectedLane(bool selected, const Work& work) {
+  for (unsigned pending = __ballot_sync(0xffffffffu, selected); pending != 0;
+       pending &= pending - 1) {
+    work(__ffs(pending) - 1);
+  }
+}
+
 // The fresh rows' initial values and state (the first dim floats of state `initial`, the
 // rest zero). A warp takes 32 keys, ballots the fresh ones and writes their rows one after
 // another across its lanes: a lookup that inserts nothing reads one byte a key.
@@ -206,9 +216,7 @@ __global__ void InitFreshRows(GpuKeys keys, const int64_t* rows, const uint8_t* 
     int64_t key = 0;
     const bool mine = i < keys.n && fresh[i] && KeyAt(keys, i, &key);
     const int64_t own_row = mine ? rows[i] : 0;
-    for (unsigned pending = __ballot_sync(0xffffffffu, mine); pending != 0;
-         pending &= pending - 1) {
-      const int src = __ffs(pending) - 1;
+    ForEachSelectedLane(mine, [&](int src) {
       const int64_t k = __shfl_sync(0xffffffffu, key, src);
       const int64_t r = __shfl_sync(0xffffffffu, own_row, src);
       for (int64_t d = lane; d < width; d += 32) {
@@ -217,7 +225,7 @@ __global__ void InitFreshRows(GpuKeys keys, const int64_t* rows, const uint8_t* 
         }
         if (d < t.state_dim) t.state[r * t.state_dim + d] = d < t.dim ? initial : 0.0f;
       }
-    }
+    });
   }
 }
 
@@ -452,9 +460,7 @@ __global__ void GatherGradients(const int32_t* head, int64_t n, int64_t dim, con
     const int64_t i = base + lane;
     const int32_t h = i < n ? head[i] : kNoRow;
     const bool work = h >= 0 && (h == i) == head_pass;
-    for (unsigned pending = __ballot_sync(0xffffffffu, work); pending != 0;
-         pending &= pending - 1) {
-      const int src = __ffs(pending) - 1;
+    ForEachSelectedLane(work, [&](int src) {
       const int64_t use = base + src;
       const int64_t to = __shfl_sync(0xffffffffu, h, src);
       for (int64_t d = lane; d < dim; d += 32) {
@@ -464,15 +470,37 @@ __global__ void GatherGradients(const int32_t* head, int64_t n, int64_t dim, con
           atomicAdd(summed + to * dim + d, grads[use * dim + d]);
         }
       }
-    }
+    });
   }
 }
 
-// One step of the rule on each claimed row (the only use or the head), a group of `lanes`
-// lanes per use (dividing 32, several uses to a warp), `width` consecutive elements a lane
-// (4: float4 loads of float rows and gradients), then the claim is freed.
-// The rule's values come from device memory; values needing more state than the rows keep
-// (a momentum without its section) update nothing, the claims are freed all the same.
+// kWidth consecutive elements widened to float (4: one float4 load of float elements), and
+// back.
+template <int kWidth, typename Value>
+__device__ __forceinline__ void LoadSlice(const Value* from, float* to) {
+  if constexpr (kWidth == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(from);
+    to[0] = v.x; to[1] = v.y; to[2] = v.z; to[3] = v.w;
+  } else {
+    for (int k = 0; k < kWidth; ++k) to[k] = Widen(from[k]);
+  }
+}
+template <int kWidth, typename Value>
+__device__ __forceinline__ void StoreSlice(const float* from, Value* to) {
+  if constexpr (kWidth == 4) {
+    *reinterpret_cast<float4*>(to) = make_float4(from[0], from[1], from[2], from[3]);
+  } else {
+    for (int k = 0; k < kWidth; ++k) to[k] = Narrow<Value>(from[k]);
+  }
+}
+
+// One step of the rule on each claimed row (the only use or the head). Each lane takes one
+// use of the warp's 32: a claiming use frees its claim and stamps its row; then groups of
+// `lanes` lanes (dividing 32) update the warp's claimed rows, kRowsInFlight a group at once
+// (every load before the first update), `kWidth` consecutive elements a lane (4: float4
+// loads of float rows and gradients). The rule's values come from device memory; values
+// needing more state than the rows keep (a momentum without its section) update nothing, the
+// claims are freed all the same.
 template <typename Value, int kWidth, typename Hyper>
 __global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, int32_t* row_first,
                              int32_t* row_uses, int64_t n, const float* grads,
@@ -480,50 +508,62 @@ __global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, int32_t* 
                              const float* hyper_values, bool nesterov, uint32_t now, int lanes) {
   const Hyper hyper = MakeHyper<Hyper>(hyper_values, nesterov);
   const bool fits = RuleStateFloats(hyper, t.dim) <= sections * t.dim;
-  const int lane = threadIdx.x % lanes;
-  const int64_t groups = int64_t{gridDim.x} * blockDim.x / lanes;
-  for (int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / lanes; i < n;
-       i += groups) {
-    const int32_t h = head[i];
-    if (h != kOnlyUse && h != i) continue;
-    const int64_t r = rows[i];
-    Value* values = static_cast<Value*>(t.values) + r * t.dim;
-    const float* gradient = (h == kOnlyUse ? grads : summed) + i * t.dim;
-    for (int64_t d0 = lane * kWidth; fits && d0 < t.dim; d0 += lanes * kWidth) {
-      float grad[kWidth], w[kWidth], state[3][kWidth];
-      if constexpr (kWidth == 4) {
-        const float4 g4 = *reinterpret_cast<const float4*>(gradient + d0);
-        const float4 w4 = *reinterpret_cast<const float4*>(values + d0);
-        grad[0] = g4.x; grad[1] = g4.y; grad[2] = g4.z; grad[3] = g4.w;
-        w[0] = w4.x; w[1] = w4.y; w[2] = w4.z; w[3] = w4.w;
-      } else {
-        for (int k = 0; k < kWidth; ++k) {
-          grad[k] = gradient[d0 + k];
-          w[k] = Widen(values[d0 + k]);
-        }
-      }
-      for (int s = 0; s < sections; ++s) {
-        for (int k = 0; k < kWidth; ++k) state[s][k] = t.state[r * t.state_dim + s * t.dim + d0 + k];
-      }
-      for (int k = 0; k < kWidth; ++k) {
-        float element_state[3];
-        for (int s = 0; s < sections; ++s) element_state[s] = state[s][k];
-        ApplyRule(&w[k], element_state, &grad[k], 1, hyper);
-        for (int s = 0; s < sections; ++s) state[s][k] = element_state[s];
-      }
-      if constexpr (kWidth == 4) {
-        *reinterpret_cast<float4*>(values + d0) = make_float4(w[0], w[1], w[2], w[3]);
-      } else {
-        for (int k = 0; k < kWidth; ++k) values[d0 + k] = Narrow<Value>(w[k]);
-      }
-      for (int s = 0; s < sections; ++s) {
-        for (int k = 0; k < kWidth; ++k) t.state[r * t.state_dim + s * t.dim + d0 + k] = state[s][k];
+  const int warp_lane = threadIdx.x % 32, lane = warp_lane % lanes, group = warp_lane / lanes;
+  const int groups = 32 / lanes;
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int64_t warps = int64_t{gridDim.x} * blockDim.x / 32;
+  for (int64_t base = warp * 32; base < n; base += warps * 32) {
+    const int64_t i = base + warp_lane;
+    int64_t r = kNoKey;
+    bool from_summed = false;  // a head: the uses' summed gradient, else its own
+    if (i < n) {
+      const int32_t h = head[i];
+      if (h == kOnlyUse || h == i) {
+        r = rows[i];
+        from_summed = h != kOnlyUse;
+        row_first[r] = kUnclaimed;
+        row_uses[r] = 0;
+        t.row_meta[r] = (t.row_meta[r] & ~kStampBits) | now;
       }
     }
-    if (lane == 0) {
-      row_first[r] = kUnclaimed;
-      row_uses[r] = 0;
-      t.row_meta[r] = (t.row_meta[r] & ~kStampBits) | now;
+    if (!fits) continue;  // the same on every lane
+    for (int first = 0; first < 32; first += groups * kRowsInFlight) {
+      const RowBatch batch = ShareRows(r, base, first, groups, group);
+      const float* gradient[kRowsInFlight];
+#pragma unroll
+      for (int u = 0; u < kRowsInFlight; ++u) {
+        const bool use_summed = __shfl_sync(0xffffffffu, from_summed, (first + u * groups + group) & 31);
+        gradient[u] = (use_summed ? summed : grads) + batch.at[u] * t.dim;
+      }
+      for (int64_t d0 = lane * kWidth; d0 < t.dim; d0 += lanes * kWidth) {
+        float grad[kRowsInFlight][kWidth], w[kRowsInFlight][kWidth];
+        float state[kRowsInFlight][3][kWidth];
+#pragma unroll
+        for (int u = 0; u < kRowsInFlight; ++u) {
+          const int64_t row = batch.row[u];
+          if (row < 0) continue;
+          LoadSlice<kWidth>(gradient[u] + d0, grad[u]);
+          LoadSlice<kWidth>(static_cast<const Value*>(t.values) + row * t.dim + d0, w[u]);
+          for (int s = 0; s < sections; ++s) {
+            LoadSlice<kWidth>(t.state + row * t.state_dim + s * t.dim + d0, state[u][s]);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kRowsInFlight; ++u) {
+          const int64_t row = batch.row[u];
+          if (row < 0) continue;
+          for (int k = 0; k < kWidth; ++k) {
+            float element_state[3];
+            for (int s = 0; s < sections; ++s) element_state[s] = state[u][s][k];
+            ApplyRule(&w[u][k], element_state, &grad[u][k], 1, hyper);
+            for (int s = 0; s < sections; ++s) state[u][s][k] = element_state[s];
+          }
+          StoreSlice<kWidth>(w[u], static_cast<Value*>(t.values) + row * t.dim + d0);
+          for (int s = 0; s < sections; ++s) {
+            StoreSlice<kWidth>(state[u][s], t.state + row * t.state_dim + s * t.dim + d0);
+          }
+        }
+      }
     }
   }
 }
@@ -1238,7 +1278,7 @@ Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t 
     // are 16-byte aligned then).
     const bool vector = options_.value_type == ValueType::kFloat32 && dim % 4 == 0;
     const int lanes = RowLanes(vector ? dim / 4 : dim);
-    const int blocks = Blocks(n * lanes);
+    const int blocks = Blocks(n);
     VisitRuleType(rule, hyper_count, [&](auto type) {
       using Hyper = decltype(type);
       VisitValueType(options_.value_type, [&](auto value) {
