@@ -261,6 +261,7 @@ int WriteLanes(bool vector, int64_t dim, int64_t state_cols) {
 
 // Rows a lane group copies at once: every load is issued before the first store, so a warp
 // keeps several rows in flight (a row at a time, the copy waited on each row's latency).
+// -DSOK_ROWS_IN_FLIGHT=N builds another count for measuring: 8 was no faster than 4 (G4).
 #ifndef SOK_ROWS_IN_FLIGHT
 #define SOK_ROWS_IN_FLIGHT 4
 #endif
@@ -274,6 +275,7 @@ struct RowBatch {
   int64_t at[kRowsInFlight];
 };
 
+// Hands each lane group its next rows from the lanes that resolved them.
 __device__ __forceinline__ RowBatch ShareRows(int64_t own_row, int64_t base, int first,
                                               int groups, int group) {
   RowBatch batch;
