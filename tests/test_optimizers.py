@@ -360,9 +360,10 @@ def test_fused_updates_read_their_hyper_parameters_on_the_host(name):
     values are checked against Keras by the tests above."""
     optimizer = OPTIMIZERS[name]()
     wrapper = sok.OptimizerWrapper(optimizer)
-    static, dynamic = sok.Variable(tf.ones([8, 4])), sok.DynamicVariable(4)
-    ids = tf.constant([1, 5, 1], tf.int64)
-    grad = tf.IndexedSlices(tf.ones([3, 4]), ids)
+    with tf.device("CPU:0"):  # on the host also where TensorFlow would pick a GPU
+        static, dynamic = sok.Variable(tf.ones([8, 4])), sok.DynamicVariable(4)
+        ids = tf.constant([1, 5, 1], tf.int64)
+        grad = tf.IndexedSlices(tf.ones([3, 4]), ids)
 
     def step():
         wrapper.apply_gradients([(grad, static), (grad, dynamic)])
