@@ -275,6 +275,25 @@ struct RowBatch {
   int64_t at[kRowsInFlight];
 };
 
+// A warp's lanes in groups of `lanes` (dividing 32), and the warps of the grid: the row
+// kernels take 32 keys a warp and copy their rows a group of lanes per row.
+struct WarpLanes {
+  int warp_lane, lane, group, groups;
+  int64_t warp, warps;
+};
+
+__device__ __forceinline__ WarpLanes SplitWarps(int lanes) {
+  const int warp_lane = threadIdx.x % 32;
+  return {warp_lane, warp_lane % lanes, warp_lane / lanes, 32 / lanes,
+          (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32,
+          int64_t{gridDim.x} * blockDim.x / 32};
+}
+
+// A write of the row at `now` (its write stamp).
+__device__ __forceinline__ void StampRow(uint64_t* meta, uint32_t now) {
+  *meta = (*meta & ~kStampBits) | now;
+}
+
 // Hands each lane group its next rows from the lanes that resolved them.
 __device__ __forceinline__ RowBatch ShareRows(int64_t own_row, int64_t base, int first,
                                               int groups, int group) {
@@ -298,12 +317,9 @@ __global__ void ReadRows(GpuKeys keys, const int64_t* rows, bool find, const Slo
                          int64_t mask, int64_t missing_row, RowArrays t, float* out, int lanes,
                          bool touch, EvictStrategy evict, uint64_t clock) {
   const T* values = static_cast<const T*>(t.values);
-  const int warp_lane = threadIdx.x % 32, lane = warp_lane % lanes, group = warp_lane / lanes;
-  const int groups = 32 / lanes;
+  const auto [warp_lane, lane, group, groups, warp, warps] = SplitWarps(lanes);
   const bool vector = std::is_same<T, float>::value && t.dim % 4 == 0;  // float4 copies
   const int64_t width = vector ? t.dim / 4 : t.dim;
-  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
-  const int64_t warps = int64_t{gridDim.x} * blockDim.x / 32;
   // The loop's bound depends on the warp only: every lane reaches the shuffles.
   for (int64_t base = warp * 32; base < keys.n; base += warps * 32) {
     const int64_t i = base + warp_lane;
@@ -382,17 +398,13 @@ __global__ void WriteRows(const int64_t* rows, int64_t n, int64_t missing_row, R
                           const float* values_in, const float* state_in, int64_t state_cols,
                           uint32_t now, bool touch, EvictStrategy evict, uint64_t clock,
                           bool vector, int lanes) {
-  const int warp_lane = threadIdx.x % 32, lane = warp_lane % lanes, group = warp_lane / lanes;
-  const int groups = 32 / lanes;
-  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
-  const int64_t warps = int64_t{gridDim.x} * blockDim.x / 32;
+  const auto [warp_lane, lane, group, groups, warp, warps] = SplitWarps(lanes);
   for (int64_t base = warp * 32; base < n; base += warps * 32) {
     const int64_t i = base + warp_lane;
     const int64_t r = i < n ? rows[i] : kNoKey;
     if (r >= 0 && r != missing_row) {
-      uint64_t* meta = t.row_meta + r;
-      *meta = (*meta & ~kStampBits) | now;
-      if (touch) Touch(meta, evict, clock);
+      StampRow(t.row_meta + r, now);
+      if (touch) Touch(t.row_meta + r, evict, clock);
     }
     for (int first = 0; first < 32; first += groups * kRowsInFlight) {
       const RowBatch batch = ShareRows(r, base, first, groups, group);
@@ -510,10 +522,7 @@ __global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, int32_t* 
                              const float* hyper_values, bool nesterov, uint32_t now, int lanes) {
   const Hyper hyper = MakeHyper<Hyper>(hyper_values, nesterov);
   const bool fits = RuleStateFloats(hyper, t.dim) <= sections * t.dim;
-  const int warp_lane = threadIdx.x % 32, lane = warp_lane % lanes, group = warp_lane / lanes;
-  const int groups = 32 / lanes;
-  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
-  const int64_t warps = int64_t{gridDim.x} * blockDim.x / 32;
+  const auto [warp_lane, lane, group, groups, warp, warps] = SplitWarps(lanes);
   for (int64_t base = warp * 32; base < n; base += warps * 32) {
     const int64_t i = base + warp_lane;
     int64_t r = kNoKey;
@@ -525,7 +534,7 @@ __global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, int32_t* 
         from_summed = h != kOnlyUse;
         row_first[r] = kUnclaimed;
         row_uses[r] = 0;
-        t.row_meta[r] = (t.row_meta[r] & ~kStampBits) | now;
+        StampRow(t.row_meta + r, now);
       }
     }
     if (!fits) continue;  // the same on every lane
