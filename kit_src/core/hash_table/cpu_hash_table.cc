@@ -69,17 +69,6 @@ void CpuHashTable::InitializeNarrowValue(int64_t key, int64_t slot) {
 
 uint32_t CpuHashTable::StampAt(int64_t time_us) const { return WriteStampAt(created_us_, time_us); }
 
-int64_t CpuHashTable::Home(int64_t key) const {
-  return static_cast<int64_t>(HashKey(key) & static_cast<uint64_t>(mask_));
-}
-
-int64_t CpuHashTable::FindSlot(int64_t key, int64_t home) const {
-  for (int64_t slot = home;; slot = (slot + 1) & mask_) {
-    if (!Occupied(slot)) return -1;
-    if (slots_[slot].key == key) return slot;
-  }
-}
-
 void CpuHashTable::Touch(int64_t slot, uint64_t clock) {
   if (options_.evict == EvictStrategy::kNone) return;  // scores only order evictions
   std::atomic<uint64_t>& meta = slots_[slot].meta;
@@ -175,7 +164,7 @@ void CpuHashTable::InsertPass(const int64_t* keys, const int64_t* index, int64_t
   const uint32_t now = StampNow();
   parallel_for(count, 4 * dim + 150, [&](int64_t begin, int64_t end) {
     int64_t inserted_here = 0;
-    InGroups<true>(keys, index, begin, end, [&](int64_t i, int64_t home) {
+    ProbeAhead<true>(keys, index, begin, end, [&](int64_t i, int64_t home) {
       bool inserted = false;
       const int64_t slot = ClaimSlot(keys[i], home, now, admit, &inserted);
       if (slot < 0) {  // refused by the filter: reads as zeros, not stored
@@ -267,7 +256,7 @@ Status CpuHashTable::Lookup(const int64_t* keys, int64_t n, bool insert, float* 
   if (!insert) {  // reads only: missing keys read as zeros
     std::shared_lock<std::shared_mutex> lock(mutex_);
     parallel_for(n, 4 * dim + 100, [&](int64_t begin, int64_t end) {
-      InGroups<false>(keys, nullptr, begin, end, [&](int64_t i, int64_t home) {
+      ProbeAhead<false>(keys, nullptr, begin, end, [&](int64_t i, int64_t home) {
         const int64_t slot = FindSlot(keys[i], home);
         float* out = values + i * dim;
         if (slot < 0) {
@@ -291,7 +280,7 @@ Status CpuHashTable::Lookup(const int64_t* keys, int64_t n, bool insert, float* 
   std::atomic<int64_t> num_missing{0};
   parallel_for(n, 4 * dim + 100, [&](int64_t begin, int64_t end) {
     int64_t missed = 0;
-    InGroups<false>(keys, nullptr, begin, end, [&](int64_t i, int64_t home) {
+    ProbeAhead<false>(keys, nullptr, begin, end, [&](int64_t i, int64_t home) {
       const int64_t slot = FindSlot(keys[i], home);
       if (slot < 0) {
         missing[i] = 1;
