@@ -60,13 +60,6 @@ void CpuHashTable::WriteValue(const float* value, int64_t slot) {
   }
 }
 
-void CpuHashTable::InitializeNarrowValue(int64_t key, int64_t slot) {
-  thread_local std::vector<float> wide;  // inserts run on several threads at once
-  wide.resize(options_.dim);
-  initializer_.Fill(key, wide.data(), options_.dim);
-  WriteValue(wide.data(), slot);
-}
-
 uint32_t CpuHashTable::StampAt(int64_t time_us) const { return WriteStampAt(created_us_, time_us); }
 
 void CpuHashTable::Touch(int64_t slot, uint64_t clock) {
@@ -119,7 +112,6 @@ int64_t CpuHashTable::FindOrInsertSlot(int64_t key, uint32_t now) {
   }
   slots_[slot].key = key;
   slots_[slot].meta.store(kOccupied | now, std::memory_order_relaxed);
-  InitializeValue(key, slot);
   FillInitialState(State(slot));
   ++size_;
   return slot;
@@ -127,7 +119,7 @@ int64_t CpuHashTable::FindOrInsertSlot(int64_t key, uint32_t now) {
 
 template <typename Admit>
 int64_t CpuHashTable::ClaimSlot(int64_t key, int64_t home, uint32_t now, const Admit& admit,
-                                bool* inserted) {
+                                float* out, bool* inserted) {
   *inserted = false;
   for (int64_t slot = home;; slot = (slot + 1) & mask_) {
     std::atomic<uint64_t>& meta = slots_[slot].meta;
@@ -143,7 +135,7 @@ int64_t CpuHashTable::ClaimSlot(int64_t key, int64_t home, uint32_t now, const A
       continue;
     }
     slots_[slot].key = key;
-    InitializeValue(key, slot);
+    InitializeValue(key, slot, out);
     FillInitialState(State(slot));
     meta.store(kOccupied | now, std::memory_order_release);  // publishes key and row
     *inserted = true;
@@ -166,13 +158,14 @@ void CpuHashTable::InsertPass(const int64_t* keys, const int64_t* index, int64_t
     int64_t inserted_here = 0;
     ProbeAhead<true>(keys, index, begin, end, [&](int64_t i, int64_t home) {
       bool inserted = false;
-      const int64_t slot = ClaimSlot(keys[i], home, now, admit, &inserted);
+      float* out = values + i * dim;
+      const int64_t slot = ClaimSlot(keys[i], home, now, admit, out, &inserted);
       if (slot < 0) {  // refused by the filter: reads as zeros, not stored
-        std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
+        std::fill(out, out + dim, 0.0f);
         return;
       }
       inserted_here += inserted;
-      ReadValue(slot, values + i * dim);
+      if (!inserted) ReadValue(slot, out);
       Touch(slot, clock);
     });
     inserted_total.fetch_add(inserted_here, std::memory_order_relaxed);

@@ -152,14 +152,13 @@ class CpuHashTable {
   }
   void WidenValue(int64_t slot, float* out) const;      // 16-bit rows only
   void WriteValue(const float* value, int64_t slot);     // value: [dim], rounded
-  void InitializeValue(int64_t key, int64_t slot) {      // the key's initial value
-    if (options_.value_type == ValueType::kFloat32) {
-      initializer_.Fill(key, Row(slot), options_.dim);
-    } else {
-      InitializeNarrowValue(key, slot);
-    }
+  // Writes the key's initial value to `out` ([dim] floats, as a lookup reads it back) and to
+  // the slot's row. Made in `out` and copied: reading the new row back waited for its line.
+  void InitializeValue(int64_t key, int64_t slot, float* out) {
+    initializer_.Fill(key, out, options_.dim);
+    WriteValue(out, slot);
+    if (options_.value_type != ValueType::kFloat32) ReadValue(slot, out);  // as rounded
   }
-  void InitializeNarrowValue(int64_t key, int64_t slot);  // 16-bit rows
   struct Slot {
     int64_t key;
     std::atomic<uint64_t> meta;  // kOccupied | score << 32 | write stamp
@@ -227,11 +226,14 @@ class CpuHashTable {
       probe(index ? index[j] : j, slot_home);
     }
   }
-  int64_t FindOrInsertSlot(int64_t key, uint32_t now);  // exclusive lock; room reserved
+  // The key's slot, a new one with initial state and an unwritten value when absent (its
+  // callers write the value). Exclusive lock; room reserved.
+  int64_t FindOrInsertSlot(int64_t key, uint32_t now);
   // Thread-safe find-or-insert for the parallel insert pass (exclusive lock held by the
-  // caller, room reserved). Returns -1 for a missing key refused by `admit`.
+  // caller, room reserved). Returns -1 for a missing key refused by `admit`. A new key's
+  // initial value also goes to `out`.
   template <typename Admit>
-  int64_t ClaimSlot(int64_t key, int64_t home, uint32_t now, const Admit& admit,
+  int64_t ClaimSlot(int64_t key, int64_t home, uint32_t now, const Admit& admit, float* out,
                     bool* inserted);
   // Find-or-insert of keys[index[j]] for j in [0, count) (every i when index is null), rows
   // to values; parallel. Exclusive lock; room reserved.
