@@ -14,7 +14,7 @@ from sparse_operation_kit.dynamic_variable import (DynamicVariable, assign, expo
 from sparse_operation_kit import layers
 from sparse_operation_kit.checkpoint import dump, load
 from sparse_operation_kit.interaction import dot_interaction
-from sparse_operation_kit.lookup import all2all_dense_embedding, lookup_sparse
+from sparse_operation_kit.lookup import all2all_dense_embedding, lookup_sparse, set_id_check
 from sparse_operation_kit.optimizer import SGD, OptimizerWrapper
 from sparse_operation_kit.planner import (EmbeddingCollection, EmbeddingPlanner,
                                           EmbeddingTableConfig, generate_plan, read_plan,
@@ -31,5 +31,5 @@ __all__ = [
     "LocalizedVariable", "DynamicVariable", "lookup_sparse", "all2all_dense_embedding",
     "filter_variables", "export", "assign", "sparse_read_and_evict", "sparse_read_and_erase", "OptimizerWrapper", "SGD",
     "dot_interaction", "layers", "dump", "load", "incremental_model_dump", "EmbeddingTableConfig", "EmbeddingPlanner",
-    "EmbeddingCollection", "generate_plan", "validate_plan", "read_plan", "write_plan", "raw_ops", "tf_version",
+    "EmbeddingCollection", "generate_plan", "validate_plan", "read_plan", "write_plan", "raw_ops", "tf_version", "set_id_check",
 ]

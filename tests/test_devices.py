@@ -663,6 +663,107 @@ def test_one_id_gradients_guarded_on_the_device(device, monkeypatch):
     np.testing.assert_array_equal(table.numpy(), before)
 
 
+@pytest.fixture
+def deferred_id_check():
+    sok.set_id_check("deferred")
+    yield
+    sok.set_id_check("strict")
+    if "GPU" in DEVICES:  # a deferred check of a clean record raises what a test left pending
+        with tf.device("GPU:0"):
+            try:
+                raw_ops.sok_check_gathered_ids(check=tf.constant([-1, 0, 0], tf.int64),
+                                               table_names=["t"], deferred=True)
+            except tf.errors.InvalidArgumentError:
+                pass
+
+
+def one_id_training(device, name, init, learning_rate):
+    """(table, step): a one-id SGD step on sum(rows ** 2) over `table`, in a tf.function."""
+    with tf.device(f"{device}:0"):
+        table = sok.Variable(init, name=name)
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(learning_rate))
+
+    @tf.function
+    def step(values):
+        ids = tf.RaggedTensor.from_tensor(values[:, None])
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse([table], [ids], combiners=["sum"])[0] ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+        return loss
+
+    return table, step
+
+
+def sgd_on_squares(table, ids, learning_rate):
+    """NumPy's step of step() above: each use of row i adds 2 * row to its gradient."""
+    counts = np.bincount(ids, minlength=len(table))[:, None]
+    return table - learning_rate * 2 * counts * table
+
+
+@pytest.mark.skipif("GPU" not in DEVICES, reason="a deferred id check acts on the GPU only")
+def test_deferred_id_check_raises_at_a_later_step_and_the_bad_step_updates_nothing(
+        deferred_id_check):
+    """sok.set_id_check("deferred"): the step with an id out of range returns without waiting
+    and updates nothing; a later step raises its error (naming the table, the id and the
+    range), applying at most its own update; then training goes on."""
+    import time
+    init = np.arange(40, dtype=np.float32).reshape(10, 4)
+    table, step = one_id_training("GPU", "deferred", init, 0.25)
+    good, bad = np.array([1, 7, 1]), np.array([3, 10, 2])
+    with tf.device("GPU:0"):
+        step(tf.constant(good))
+        expected = sgd_on_squares(init, good, 0.25)
+        np.testing.assert_allclose(table.numpy(), expected, rtol=1e-6)
+        poison("GPU")
+        step(tf.constant(bad))  # no error yet: nothing waited for the check
+        np.testing.assert_array_equal(table.numpy(), expected)
+        time.sleep(0.5)  # the record is read once the stream has passed it
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"id 10 of table 'deferred:0' is out of range \[0, 10\)"):
+            step(tf.constant(good)).numpy()
+        after = table.numpy()
+        if not np.array_equal(after, expected):  # the raising step's own update landed
+            expected = sgd_on_squares(expected, good, 0.25)
+            np.testing.assert_allclose(after, expected, rtol=1e-6)
+        step(tf.constant(good)).numpy()  # the error was raised once; training goes on
+        np.testing.assert_allclose(table.numpy(), sgd_on_squares(expected, good, 0.25),
+                                   rtol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deferred_id_check_in_a_loop_raises_and_lands_no_update_of_the_bad_step(
+        device, deferred_id_check):
+    """Ten one-id steps in a tf.range loop (as Keras' steps_per_execution), the fourth with an
+    id out of range: its error is raised by the loop (on the CPU at once, on the GPU by a
+    later iteration once the record is read) or else by the next step; the rows only the bad
+    step reads (4, 5) and rows no step reads (0, 9) keep their values."""
+    import time
+    init = np.arange(40, dtype=np.float32).reshape(10, 4)
+    table, step = one_id_training(device, "looped", init, 0.01)
+    batches = tf.constant([[1, 2, 3]] * 3 + [[4, 10, 5]] + [[6, 7, 8]] * 6, tf.int64)
+
+    @tf.function
+    def loop():
+        for k in tf.range(10):
+            step(batches[k])
+
+    poison(device)
+    message = r"id 10 of table 'looped:0' is out of range \[0, 10\)"
+    with tf.device(f"{device}:0"):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            loop()  # fails here on the CPU
+            time.sleep(0.5)  # on the GPU, the loop may end before the record is read
+            step(tf.constant([1, 1, 1], tf.int64)).numpy()
+        after = table.numpy()
+    np.testing.assert_array_equal(after[[0, 4, 5, 9]], init[[0, 4, 5, 9]])
+    assert not np.array_equal(after[1:4], init[1:4])  # the good steps before it trained
+
+
+def test_id_check_modes_are_validated():
+    with pytest.raises(ValueError, match=r"unknown id check mode 'lazy'.*'strict', 'deferred'"):
+        sok.set_id_check("lazy")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_static_apply_bad_row_writes_nothing(device):
     init = np.arange(12, dtype=np.float32).reshape(4, 3)

@@ -224,6 +224,7 @@ class GatherSingleIdsOp : public tf::OpKernel {
 
 class CheckGatheredIdsOp : public tf::OpKernel {
  public:
+  // `deferred` only matters on the GPU: the CPU gather fails at once, leaving a clean record.
   explicit CheckGatheredIdsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
   }

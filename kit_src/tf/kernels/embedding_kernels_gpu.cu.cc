@@ -322,6 +322,16 @@ class GuardIdsGpuOp : public tf::OpKernel {
                                              batch.total, out->flat<int64_t>().data()};
       batch.total += ids.NumElements();
     }
+    // A deferred check's error not raised yet: no step updates anything until it is (-1 is
+    // int64's all-ones bit pattern).
+    if (DeferredIdError::Pending()) {
+      for (int l = 0; l < n; ++l) {
+        tf::Tensor* out = ctx->mutable_output(l);
+        OP_REQUIRES_OK(ctx, CudaToTf(cudaMemsetAsync(out->data(), 0xff, out->TotalBytes(),
+                                                     GpuStream(ctx)), "guard ids"));
+      }
+      return;
+    }
     const auto* record = reinterpret_cast<const LookupCheck*>(check.flat<int64_t>().data());
     for (const GpuBatch<GpuIdCopy>& batch : batches) {
       OP_REQUIRES_OK(ctx, CudaToTf(GuardSingleIds(batch, record, GpuStream(ctx)), "guard ids"));
@@ -335,10 +345,14 @@ class CheckGatheredIdsGpuOp : public tf::AsyncOpKernel {
  public:
   explicit CheckGatheredIdsGpuOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("deferred", &deferred_));
   }
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
     const tf::Tensor& check = ctx->input(0);
     OP_REQUIRES_OK_ASYNC(ctx, CheckRecordShape(check), done);
+    if (deferred_) {  // an earlier step's error, found since; nothing waits for this one's
+      OP_REQUIRES_OK_ASYNC(ctx, DeferredIdError::Take(), done);
+    }
     auto memory = std::make_shared<GpuCallMemory>();
     LookupCheck* host = nullptr;
     OP_REQUIRES_OK_ASYNC(ctx, memory->Pinned(ctx, 1, &host), done);
@@ -347,11 +361,21 @@ class CheckGatheredIdsGpuOp : public tf::AsyncOpKernel {
                                        "check copy"),
                          done);
     const std::vector<std::string> names = table_names_;
+    if (deferred_) {
+      OP_REQUIRES_OK_ASYNC(ctx, CudaToTf(cudaGetLastError(), "check copy"), done);
+      AfterStream(ctx, memory, [host, names]() {
+        const tf::Status status = GatheredIdsStatus(*host, names);
+        if (!status.ok()) DeferredIdError::Record(status);
+      });
+      done();
+      return;
+    }
     FinishAfterStream(ctx, done, memory, [host, names]() { return GatheredIdsStatus(*host, names); });
   }
 
  private:
   std::vector<std::string> table_names_;
+  bool deferred_ = false;
 };
 
 REGISTER_KERNEL_BUILDER(Name("Sok>CheckGatheredIds").Device(tf::DEVICE_GPU),

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -24,5 +25,36 @@ inline ::tensorflow::Status GatheredIdsStatus(const LookupCheck& check,
 }
 
 inline LookupCheck CleanCheck() { return LookupCheck{kNoError, 0, 0}; }
+
+// The out-of-range error a deferred Sok>CheckGatheredIds found on the GPU, waiting for the
+// next deferred check to raise it (the first one found; later ones are dropped until then).
+class DeferredIdError {
+ public:
+  static void Record(const ::tensorflow::Status& status) {
+    std::lock_guard<std::mutex> lock(mutex());
+    if (pending().ok()) pending() = status;
+  }
+  static bool Pending() {
+    std::lock_guard<std::mutex> lock(mutex());
+    return !pending().ok();
+  }
+  // The pending error, cleared; OK when there is none.
+  static ::tensorflow::Status Take() {
+    std::lock_guard<std::mutex> lock(mutex());
+    ::tensorflow::Status status = pending();
+    pending() = ::tensorflow::Status();
+    return status;
+  }
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex* m = new std::mutex();
+    return *m;
+  }
+  static ::tensorflow::Status& pending() {
+    static ::tensorflow::Status* status = new ::tensorflow::Status();
+    return *status;
+  }
+};
 
 }  // namespace sok

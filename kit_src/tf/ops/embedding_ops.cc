@@ -145,10 +145,15 @@ REGISTER_OP("Sok>CheckGatheredIds")
     .SetIsStateful()  // runs even though nothing reads it
     .Input("check: int64")
     .Attr("table_names: list(string)")
+    .Attr("deferred: bool = false")
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc(R"doc(
 Fails with the out-of-range error Sok>GatherSingleIds recorded in check (naming the table, the
 id and the valid range); on the GPU it finishes once the stream has passed that record.
+deferred (GPU only; sok.set_id_check("deferred")): finishes at once instead. The record is
+read once the stream passes it, and an error found is raised by the next deferred check in the
+process (normally the next step); until then Sok>GuardIds on the GPU turns every gradient id
+into -1, so no update lands. The CPU kernels fail at once either way.
 )doc");
 
 REGISTER_OP("Sok>GuardIds")
