@@ -7,6 +7,13 @@ T4   one sok.DynamicVariable in GPU memory prefilled with 8Mi keys, dim 128, bat
      a static sok.Variable of the same size trained the same way, in the same process, and
      the dynamicemb seed's published H100 figures for the same shape.
 G1b  the same table with batch 1Mi.
+Each is measured twice: with the benchmark's loss (a sum over the outputs: its gradient is a
+[batch, 128] broadcast TensorFlow writes before the backward), and "noloss" as the published
+figures and BENCHMARKS.md's floors count a step: the output's gradient is given (a fixed
+random tensor, as torch's out.backward(grad)) and eval / forward return one element of the
+output. The floors: forward >= 8B + U*D*4 + P*D*4 bytes, backward+update (SGD) >= 8B + P*D*4 +
+2*U*D*4 bytes over the H100's device-to-device copy bandwidth (about 3.0 TB/s, BENCHMARKS.md;
+B lookups, U unique keys, P output rows); `floor_fraction` = floor / measured.
 A measurement runs `loop` steps inside one tf.function (a tf.range loop, as Keras'
 steps_per_execution does), `iters` such calls back to back, waiting for the last: per-step
 time with TensorFlow's per-call dispatch (about 0.3 ms on this machine) spread over the loop,
@@ -91,6 +98,22 @@ def measure(table, static, present, batch, rng):
     fixed_grad = tf.IndexedSlices(tf.ones([batch, DIM]), keys)
     apply_opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(1e-9))
 
+    out_grad = tf.random.stateless_uniform([batch, DIM], [5, 6], -1.0, 1.0)
+    noloss_opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(1e-6))
+    static_noloss_opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(1e-6))
+
+    def train_noloss(tables, optimizer, fwd):
+        def step():
+            with tf.GradientTape() as tape:
+                out = fwd()
+            grads = tape.gradient(out, tables, output_gradients=out_grad)
+            optimizer.apply_gradients(zip(grads, tables))
+            return out[0, 0]
+        return step
+
+    def static_forward():
+        return sok.lookup_sparse([static], [static_ragged], combiners=["sum"])[0]
+
     def apply_only():
         apply_opt.apply_gradients([(fixed_grad, table)])
         return tf.constant(0.0)
@@ -102,11 +125,31 @@ def measure(table, static, present, batch, rng):
         "sok_eval_ms": lambda: tf.reduce_sum(forward(False)),
         "sok_fwd_ms": lambda: tf.reduce_sum(forward(True)),
         "sok_train_ms": train([table], sok_opt, lambda: forward(True)),
-        "static_train_ms": train([static], static_opt, lambda: sok.lookup_sparse(
-            [static], [static_ragged], combiners=["sum"])[0]),
+        "static_train_ms": train([static], static_opt, static_forward),
+        "sok_eval_noloss_ms": lambda: forward(False)[0, 0],
+        "sok_fwd_noloss_ms": lambda: forward(True)[0, 0],
+        "sok_train_noloss_ms": train_noloss([table], noloss_opt, lambda: forward(True)),
+        "static_train_noloss_ms": train_noloss([static], static_noloss_opt, static_forward),
     }, loop=20 if batch <= 65536 else 5)
+    result.update(floors(keys.numpy(), result))
     assert int(table.size) == KEYS  # every key was present: nothing inserted
     return result
+
+
+COPY_BYTES_PER_S = 3.0e12  # H100 device-to-device copy, bytes read + written (BENCHMARKS.md)
+
+
+def floors(keys, result):
+    """BENCHMARKS.md's bytes floors of this batch (SGD: no state) and the fraction of them the
+    noloss steps reach."""
+    b, u = len(keys), len(np.unique(keys))
+    row = DIM * 4
+    fwd = 8 * b + u * row + b * row
+    bwd = 8 * b + b * row + 2 * u * row
+    floor_ms = {"eval": fwd / COPY_BYTES_PER_S * 1e3, "fwd": fwd / COPY_BYTES_PER_S * 1e3,
+                "train": (fwd + bwd) / COPY_BYTES_PER_S * 1e3}
+    return {"unique_keys": u, "floor_ms": floor_ms,
+            "floor_fraction": {k: v / result[f"sok_{k}_noloss_ms"] for k, v in floor_ms.items()}}
 
 
 def main():

@@ -428,37 +428,43 @@ __global__ void WriteRows(const int64_t* rows, int64_t n, int64_t missing_row, R
   }
 }
 
-// The optimizer step without sorting: the rows' own index dedups the gradient. A row's first
-// use (lowest index) claims it in row_first and row_uses counts its uses; for a row used more
-// than once the first use's row of `summed` accumulates every use's gradient (atomics), then
-// one lane group per claiming use applies the rule to the row (from its own gradient when it
-// is the only use) and frees the claim.
-constexpr int32_t kUnclaimed = 0x7f7f7f7f;  // memset byte 0x7f: above any use index
+// The optimizer step without sorting: the rows' own index dedups the gradient. Each use of a
+// row counts itself in the row's claim; the use that counts first becomes the row's head.
+// For a row used more than once the head's row of `summed` accumulates every use's gradient
+// (atomics), then one lane group per head (or only use) applies the rule to the row (from
+// its own gradient when it is the only use) and frees the claim. A claim's two words share
+// one 8-byte cell: one memory sector per row for the count, the head and the release.
+struct alignas(8) RowClaim {
+  int32_t head;  // the use that counted first (set by it)
+  int32_t uses;  // 0 between updates
+};
 
 __global__ void ClaimRows(const int64_t* keys, int64_t n, const Slot* slots, int64_t mask,
-                          int64_t* rows, int32_t* row_first, int32_t* row_uses) {
+                          int64_t* rows, RowClaim* claims) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = FindRow(slots, mask, keys[i]);
     rows[i] = r;
-    if (r >= 0) {
-      atomicMin(row_first + r, static_cast<int32_t>(i));
-      atomicAdd(row_uses + r, 1);
-    }
+    if (r >= 0 && atomicAdd(&claims[r].uses, 1) == 0) claims[r].head = static_cast<int32_t>(i);
   }
 }
 
 // Each use's role, read once from the claims (coalesced by the kernels after): kNoRow (the
 // key is absent), kOnlyUse (the row's one use: applied from its own gradient), or the index
-// of the row's first use (the head, which applies the summed gradient).
+// of the row's head (which applies the summed gradient).
 constexpr int32_t kNoRow = -2, kOnlyUse = -1;
 
-__global__ void ResolveUses(const int64_t* rows, const int32_t* row_first,
-                            const int32_t* row_uses, int64_t n, int32_t* head) {
+__global__ void ResolveUses(const int64_t* rows, const RowClaim* claims, int64_t n,
+                            int32_t* head) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = rows[i];
-    head[i] = r < 0 ? kNoRow : row_uses[r] == 1 ? kOnlyUse : row_first[r];
+    if (r < 0) {
+      head[i] = kNoRow;
+      continue;
+    }
+    const RowClaim claim = claims[r];
+    head[i] = claim.uses == 1 ? kOnlyUse : claim.head;
   }
 }
 
@@ -512,14 +518,16 @@ __device__ __forceinline__ void StoreSlice(const float* from, Value* to) {
 // use of the warp's 32: a claiming use frees its claim and stamps its row; then groups of
 // `lanes` lanes (dividing 32) update the warp's claimed rows, kRowsInFlight a group at once
 // (every load before the first update), `kWidth` consecutive elements a lane (4: float4
-// loads of float rows and gradients). The rule's values come from device memory; values
-// needing more state than the rows keep (a momentum without its section) update nothing, the
-// claims are freed all the same.
-template <typename Value, int kWidth, typename Hyper>
-__global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, int32_t* row_first,
-                             int32_t* row_uses, int64_t n, const float* grads,
-                             const float* summed, RowArrays t, int sections,
-                             const float* hyper_values, bool nesterov, uint32_t now, int lanes) {
+// loads of float rows and gradients). kSections >= 0 is the table's state sections known at
+// compile time (its arrays then live in registers; -1: `sections`, read at run time). The
+// rule's values come from device memory; values needing more state than the rows keep (a
+// momentum without its section) update nothing, the claims are freed all the same.
+template <typename Value, int kWidth, typename Hyper, int kSections>
+__global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, RowClaim* claims,
+                             int64_t n, const float* grads, const float* summed, RowArrays t,
+                             int sections, const float* hyper_values, bool nesterov,
+                             uint32_t now, int lanes) {
+  if (kSections >= 0) sections = kSections;
   const Hyper hyper = MakeHyper<Hyper>(hyper_values, nesterov);
   const bool fits = RuleStateFloats(hyper, t.dim) <= sections * t.dim;
   const auto [warp_lane, lane, group, groups, warp, warps] = SplitWarps(lanes);
@@ -532,8 +540,7 @@ __global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, int32_t* 
       if (h == kOnlyUse || h == i) {
         r = rows[i];
         from_summed = h != kOnlyUse;
-        row_first[r] = kUnclaimed;
-        row_uses[r] = 0;
+        claims[r] = RowClaim{0, 0};
         StampRow(t.row_meta + r, now);
       }
     }
@@ -555,7 +562,8 @@ __global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, int32_t* 
           if (row < 0) continue;
           LoadSlice<kWidth>(gradient[u] + d0, grad[u]);
           LoadSlice<kWidth>(static_cast<const Value*>(t.values) + row * t.dim + d0, w[u]);
-          for (int s = 0; s < sections; ++s) {
+#pragma unroll
+          for (int s = 0; s < (kSections >= 0 ? kSections : sections); ++s) {
             LoadSlice<kWidth>(t.state + row * t.state_dim + s * t.dim + d0, state[u][s]);
           }
         }
@@ -563,19 +571,38 @@ __global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, int32_t* 
         for (int u = 0; u < kRowsInFlight; ++u) {
           const int64_t row = batch.row[u];
           if (row < 0) continue;
+#pragma unroll
           for (int k = 0; k < kWidth; ++k) {
             float element_state[3];
-            for (int s = 0; s < sections; ++s) element_state[s] = state[u][s][k];
+#pragma unroll
+            for (int s = 0; s < (kSections >= 0 ? kSections : sections); ++s) {
+              element_state[s] = state[u][s][k];
+            }
             ApplyRule(&w[u][k], element_state, &grad[u][k], 1, hyper);
-            for (int s = 0; s < sections; ++s) state[u][s][k] = element_state[s];
+#pragma unroll
+            for (int s = 0; s < (kSections >= 0 ? kSections : sections); ++s) {
+              state[u][s][k] = element_state[s];
+            }
           }
           StoreSlice<kWidth>(w[u], static_cast<Value*>(t.values) + row * t.dim + d0);
-          for (int s = 0; s < sections; ++s) {
+#pragma unroll
+          for (int s = 0; s < (kSections >= 0 ? kSections : sections); ++s) {
             StoreSlice<kWidth>(state[u][s], t.state + row * t.state_dim + s * t.dim + d0);
           }
         }
       }
     }
+  }
+}
+
+// Calls visit(std::integral_constant<int, sections>) for 0 <= sections <= 3.
+template <typename Visit>
+void VisitSections(int sections, Visit&& visit) {
+  switch (sections) {
+    case 0: visit(std::integral_constant<int, 0>{}); break;
+    case 1: visit(std::integral_constant<int, 1>{}); break;
+    case 2: visit(std::integral_constant<int, 2>{}); break;
+    default: visit(std::integral_constant<int, 3>{}); break;
   }
 }
 
@@ -717,8 +744,7 @@ GpuHashTable::~GpuHashTable() {
   }
   for (void* p : {static_cast<void*>(counters_), slots_, static_cast<void*>(row_keys_),
                   static_cast<void*>(row_meta_), values_, static_cast<void*>(state_),
-                  static_cast<void*>(free_rows_), static_cast<void*>(row_first_),
-                  static_cast<void*>(row_uses_)}) {
+                  static_cast<void*>(free_rows_), static_cast<void*>(row_claims_)}) {
     if (p) memory_->Free(p);
   }
 }
@@ -871,20 +897,18 @@ Status GpuHashTable::GrowRows(int64_t rows, int64_t next_row, cudaStream_t strea
   if (status.ok()) status = AllocateArray(memory_, (rows + 1) * value_bytes, &values, "values");
   if (status.ok()) status = AllocateArray(memory_, (rows + 1) * options_.state_dim, &state, "optimizer state");
   if (status.ok()) status = AllocateArray(memory_, rows, &free_rows, "free list");
-  int32_t *row_first = nullptr, *row_uses = nullptr;
-  if (status.ok()) status = AllocateArray(memory_, rows + 1, &row_first, "update claims");
-  if (status.ok()) status = AllocateArray(memory_, rows + 1, &row_uses, "update counts");
+  RowClaim* claims = nullptr;
+  if (status.ok()) status = AllocateArray(memory_, rows + 1, &claims, "update claims");
   if (!status.ok()) {
     for (void* p : {static_cast<void*>(keys), static_cast<void*>(meta), static_cast<void*>(values),
                     static_cast<void*>(state), static_cast<void*>(free_rows),
-                    static_cast<void*>(row_first), static_cast<void*>(row_uses)}) {
+                    static_cast<void*>(claims)}) {
       if (p) memory_->Free(p);
     }
     return status;
   }
   cudaMemsetAsync(meta, 0, (rows + 1) * sizeof(uint64_t), stream);
-  cudaMemsetAsync(row_first, 0x7f, (rows + 1) * sizeof(int32_t), stream);  // kUnclaimed
-  cudaMemsetAsync(row_uses, 0, (rows + 1) * sizeof(int32_t), stream);
+  cudaMemsetAsync(claims, 0, (rows + 1) * sizeof(RowClaim), stream);  // unclaimed
   if (row_capacity_ > 0) {
     const int64_t kept = std::min(next_row, row_capacity_);
     cudaMemcpyAsync(keys, row_keys_, kept * sizeof(int64_t), cudaMemcpyDeviceToDevice, stream);
@@ -895,13 +919,11 @@ Status GpuHashTable::GrowRows(int64_t rows, int64_t next_row, cudaStream_t strea
     cudaMemcpyAsync(free_rows, free_rows_, row_capacity_ * sizeof(int64_t),
                     cudaMemcpyDeviceToDevice, stream);
     for (void* p : {static_cast<void*>(row_keys_), static_cast<void*>(row_meta_), values_,
-                    static_cast<void*>(state_), static_cast<void*>(free_rows_),
-                    static_cast<void*>(row_first_), static_cast<void*>(row_uses_)}) {
+                    static_cast<void*>(state_), static_cast<void*>(free_rows_), row_claims_}) {
       memory_->Free(p);
     }
   }
-  row_first_ = row_first;
-  row_uses_ = row_uses;
+  row_claims_ = claims;
   row_keys_ = keys;
   row_meta_ = meta;
   values_ = values;
@@ -1274,10 +1296,10 @@ Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t 
   if (status.ok()) status = Scratch(n * options_.dim, &summed);
   if (status.ok()) {
     const int64_t dim = options_.dim;
+    RowClaim* claims = static_cast<RowClaim*>(row_claims_);
     ClaimRows<<<Blocks(n), kThreads, 0, stream>>>(keys, n, static_cast<const Slot*>(slots_),
-                                                  num_slots_ - 1, rows, row_first_,
-                                                  row_uses_);
-    ResolveUses<<<Blocks(n), kThreads, 0, stream>>>(rows, row_first_, row_uses_, n, head);
+                                                  num_slots_ - 1, rows, claims);
+    ResolveUses<<<Blocks(n), kThreads, 0, stream>>>(rows, claims, n, head);
     for (const bool head_pass : {true, false}) {
       GatherGradients<<<Blocks(n), kThreads, 0, stream>>>(head, n, dim, grads, summed,
                                                           head_pass);
@@ -1295,16 +1317,19 @@ Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t 
       VisitValueType(options_.value_type, [&](auto value) {
         using Value = decltype(value);
         if constexpr (std::is_same<Value, float>::value) {
-          if (vector) {
-            ApplyClaimed<Value, 4, Hyper><<<blocks, kThreads, 0, stream>>>(
-                rows, head, row_first_, row_uses_, n, grads, summed, arrays, sections, hyper,
-                nesterov, now, lanes);
+          if (vector) {  // the common case: state sections known at compile time
+            VisitSections(sections, [&](auto known) {
+              ApplyClaimed<Value, 4, Hyper, decltype(known)::value>
+                  <<<blocks, kThreads, 0, stream>>>(rows, head, claims, n, grads, summed,
+                                                    arrays, sections, hyper, nesterov, now,
+                                                    lanes);
+            });
             return;
           }
         }
-        ApplyClaimed<Value, 1, Hyper><<<blocks, kThreads, 0, stream>>>(
-            rows, head, row_first_, row_uses_, n, grads, summed, arrays, sections, hyper,
-            nesterov, now, lanes);
+        ApplyClaimed<Value, 1, Hyper, -1><<<blocks, kThreads, 0, stream>>>(
+            rows, head, claims, n, grads, summed, arrays, sections, hyper, nesterov, now,
+            lanes);
       });
     });
     status = CudaStatus(cudaGetLastError(), "apply");

@@ -165,9 +165,8 @@ class GpuHashTable {
   void* values_ = nullptr;          // [row_capacity_ + 1, dim] of the value type
   float* state_ = nullptr;          // [row_capacity_ + 1, state_dim]
   int64_t* free_rows_ = nullptr;    // [row_capacity_]
-  int32_t* row_first_ = nullptr;    // [row_capacity_ + 1] a row's first use in a running
-                                    // update, kUnclaimed between updates
-  int32_t* row_uses_ = nullptr;     // [row_capacity_ + 1] its uses in that update, else 0
+  void* row_claims_ = nullptr;      // [row_capacity_ + 1] per row the (head, uses) claim of
+                                    // a running update, zero between updates
   // Lower bounds on the room left, exact after ReadCounters.
   int64_t spare_keys_ = 0, spare_slots_ = 0, spare_rows_ = 0;
   // Copies of the counters taken after inserts, and what calls reserved after each.
