@@ -3,7 +3,8 @@ Recommenders-Addons' CPU cuckoo table (dynamic_embedding), same process, same ke
 
 C2: 65,536 int64 keys a call, dim 16, table holding ~3.3M keys uniform in [0, 2^22).
 C3: 65,536 new keys a call into the same table: find-or-insert of a zeros-initialised table
-    against TFRA's upsert of zero rows (the same rows written), and, with the default
+    against TFRA's upsert of zero rows (the same rows written; sok's rows stay a tensor, not
+    copied into NumPy, as TFRA's upsert returns none), and, with the default
     random-normal initializer (N(0, 0.05)), sok's find-or-insert against TFRA's find-or-insert
     (lookup with a RandomNormal initializer, then upsert of what it read), filled alike.
 """
@@ -67,8 +68,10 @@ def main():
     def new_keys():
         return tf.constant(np.arange(BATCH, dtype=np.int64) + next(fresh))
 
+    # Both calls end when their op has run (CPU ops run synchronously): sok's returns the rows
+    # it read as a tensor, TFRA's upsert returns nothing; neither is copied into NumPy.
     c3_sok, c3_tfra = common.interleaved_median_ms(
-        [lambda: sok_insert(new_keys()).numpy(), lambda: tfra_insert(new_keys(), new_values)],
+        [lambda: sok_insert(new_keys()), lambda: tfra_insert(new_keys(), new_values)],
         iterations=args.iterations)
 
     print("filling two tables with the default random-normal initializer", flush=True)
