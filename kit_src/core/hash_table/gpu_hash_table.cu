@@ -595,6 +595,53 @@ __global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, RowClaim*
   }
 }
 
+// Plain SGD on a table without optimizer state is linear in the gradient: each use
+// subtracts its own share from its row by float4 atomic adds (one vector atomic on sm_90),
+// with no claims and no summing of duplicates first. Each lane resolves one use's row (32
+// probes in flight a warp) and stamps it; then groups of `lanes` lanes update the warp's
+// rows, kRowsInFlight a group at once (every gradient load before the first add). hyper:
+// [lr, momentum] in device memory; a momentum needs state the table does not keep, so
+// nothing is written (as the claimed update, which finds no room for it).
+__global__ void AtomicSgdRows(const int64_t* keys, int64_t n, const Slot* slots, int64_t mask,
+                              const float* grads, RowArrays t, const float* hyper,
+                              uint32_t now, int lanes) {
+  if (hyper[1] != 0.0f) return;
+  const float lr = hyper[0];
+  const auto [warp_lane, lane, group, groups, warp, warps] = SplitWarps(lanes);
+  const int64_t width = t.dim / 4;
+  float4* values = static_cast<float4*>(t.values);
+  const float4* grad4 = reinterpret_cast<const float4*>(grads);
+  for (int64_t base = warp * 32; base < n; base += warps * 32) {
+    const int64_t i = base + warp_lane;
+    const int64_t r = i < n ? FindRow(slots, mask, keys[i]) : kNoKey;
+    if (r >= 0) StampRow(t.row_meta + r, now);
+    for (int first = 0; first < 32; first += groups * kRowsInFlight) {
+      const RowBatch batch = ShareRows(r, base, first, groups, group);
+      for (int64_t d = lane; d < width; d += lanes) {
+        float4 g[kRowsInFlight];
+#pragma unroll
+        for (int u = 0; u < kRowsInFlight; ++u) {
+          if (batch.row[u] >= 0) g[u] = grad4[batch.at[u] * width + d];
+        }
+#pragma unroll
+        for (int u = 0; u < kRowsInFlight; ++u) {
+          if (batch.row[u] < 0) continue;
+          const float4 step = make_float4(-lr * g[u].x, -lr * g[u].y, -lr * g[u].z, -lr * g[u].w);
+          float4* to = values + batch.row[u] * width + d;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+          atomicAdd(to, step);
+#else
+          atomicAdd(&to->x, step.x);
+          atomicAdd(&to->y, step.y);
+          atomicAdd(&to->z, step.z);
+          atomicAdd(&to->w, step.w);
+#endif
+        }
+      }
+    }
+  }
+}
+
 // Calls visit(std::integral_constant<int, sections>) for 0 <= sections <= 3.
 template <typename Visit>
 void VisitSections(int sections, Visit&& visit) {
@@ -1288,6 +1335,16 @@ Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t 
   SOK_RETURN_IF_ERROR(EnsureState(state_dim, state_initial_value, stream));
   std::lock_guard<std::mutex> lock(mutex_);
   if (n == 0) return Status::Ok();
+  // float4 when float rows of a multiple of 4 elements (the table's rows and the gradients
+  // are 16-byte aligned then).
+  const bool vector = options_.value_type == ValueType::kFloat32 && options_.dim % 4 == 0;
+  if (rule == "sgd" && vector && options_.state_dim == 0) {
+    const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, 0};
+    AtomicSgdRows<<<Blocks(n), kThreads, 0, stream>>>(
+        keys, n, static_cast<const Slot*>(slots_), num_slots_ - 1, grads, arrays, hyper,
+        StampNow(), RowLanes(options_.dim / 4));
+    return CudaStatus(cudaGetLastError(), "apply");
+  }
   int64_t* rows = nullptr;
   int32_t* head = nullptr;
   float* summed = nullptr;
@@ -1307,9 +1364,6 @@ Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t 
     const RowArrays arrays{row_keys_, row_meta_, values_, state_, dim, options_.state_dim};
     const int sections = static_cast<int>(options_.state_dim / dim);
     const uint32_t now = StampNow();
-    // float4 when float rows of a multiple of 4 elements (the table's rows and the gradients
-    // are 16-byte aligned then).
-    const bool vector = options_.value_type == ValueType::kFloat32 && dim % 4 == 0;
     const int lanes = RowLanes(vector ? dim / 4 : dim);
     const int blocks = Blocks(n);
     VisitRuleType(rule, hyper_count, [&](auto type) {

@@ -114,6 +114,8 @@ class GpuHashTable {
   // kernels read them, no step waits for a copy) of the rows of `keys` ([n], duplicates
   // summed) with gradients `grads` ([n, dim]); missing keys are skipped, and so is every row
   // when the values need more state than the rows keep. Widens the state first (EnsureState).
+  // Plain SGD on float rows of a multiple of 4 without state adds each use's share by atomics
+  // (equal to summing duplicates first, up to float rounding); other rules claim rows.
   Status Apply(const std::string& rule, const float* hyper, int64_t hyper_count, bool nesterov,
                int64_t state_dim, float state_initial_value, const int64_t* keys, int64_t n,
                const float* grads, cudaStream_t stream);
