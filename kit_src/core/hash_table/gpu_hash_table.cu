@@ -1335,9 +1335,10 @@ Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t 
   SOK_RETURN_IF_ERROR(EnsureState(state_dim, state_initial_value, stream));
   std::lock_guard<std::mutex> lock(mutex_);
   if (n == 0) return Status::Ok();
-  // float4 when float rows of a multiple of 4 elements (the table's rows and the gradients
-  // are 16-byte aligned then).
-  const bool vector = options_.value_type == ValueType::kFloat32 && options_.dim % 4 == 0;
+  // float4 when float rows of a multiple of 4 elements (the table's rows are 16-byte aligned
+  // then, and so are the gradients' when their buffer is).
+  const bool vector = options_.value_type == ValueType::kFloat32 && options_.dim % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(grads) % 16 == 0;
   if (rule == "sgd" && vector && options_.state_dim == 0) {
     const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, 0};
     AtomicSgdRows<<<Blocks(n), kThreads, 0, stream>>>(
