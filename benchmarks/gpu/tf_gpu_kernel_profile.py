@@ -3,7 +3,8 @@ step (T1 with ragged or one-id ids, T3 or G1b of tf_gpu.py / tf_gpu_dynamic.py, 
 too) is timed as 10 steps in one tf.function, then PROFILE_STEPS more steps run between
 cuProfilerStart / cuProfilerStop so that `ncu --profile-from-start off --metrics
 gpu__time_duration.sum --csv` lists the kernels of those steps only. `summarize` turns that
-CSV into kernel time per step by kernel name, against the step's wall time (the difference is launch and host-wait time).
+CSV into kernel time per step by kernel name, against the step's wall time (the difference
+is launch and host-wait time).
 
     python3 tf_gpu_kernel_profile.py WORKLOAD              # wall time only
     ncu ... python3 tf_gpu_kernel_profile.py WORKLOAD > x.csv
