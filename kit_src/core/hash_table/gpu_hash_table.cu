@@ -527,9 +527,9 @@ __global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, RowClaim*
                              int64_t n, const float* grads, const float* summed, RowArrays t,
                              int sections, const float* hyper_values, bool nesterov,
                              uint32_t now, int lanes) {
-  if (kSections >= 0) sections = kSections;
+  const int num_sections = kSections >= 0 ? kSections : sections;
   const Hyper hyper = MakeHyper<Hyper>(hyper_values, nesterov);
-  const bool fits = RuleStateFloats(hyper, t.dim) <= sections * t.dim;
+  const bool fits = RuleStateFloats(hyper, t.dim) <= num_sections * t.dim;
   const auto [warp_lane, lane, group, groups, warp, warps] = SplitWarps(lanes);
   for (int64_t base = warp * 32; base < n; base += warps * 32) {
     const int64_t i = base + warp_lane;
@@ -563,7 +563,7 @@ __global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, RowClaim*
           LoadSlice<kWidth>(gradient[u] + d0, grad[u]);
           LoadSlice<kWidth>(static_cast<const Value*>(t.values) + row * t.dim + d0, w[u]);
 #pragma unroll
-          for (int s = 0; s < (kSections >= 0 ? kSections : sections); ++s) {
+          for (int s = 0; s < num_sections; ++s) {
             LoadSlice<kWidth>(t.state + row * t.state_dim + s * t.dim + d0, state[u][s]);
           }
         }
@@ -575,18 +575,18 @@ __global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, RowClaim*
           for (int k = 0; k < kWidth; ++k) {
             float element_state[3];
 #pragma unroll
-            for (int s = 0; s < (kSections >= 0 ? kSections : sections); ++s) {
+            for (int s = 0; s < num_sections; ++s) {
               element_state[s] = state[u][s][k];
             }
             ApplyRule(&w[u][k], element_state, &grad[u][k], 1, hyper);
 #pragma unroll
-            for (int s = 0; s < (kSections >= 0 ? kSections : sections); ++s) {
+            for (int s = 0; s < num_sections; ++s) {
               state[u][s][k] = element_state[s];
             }
           }
           StoreSlice<kWidth>(w[u], static_cast<Value*>(t.values) + row * t.dim + d0);
 #pragma unroll
-          for (int s = 0; s < (kSections >= 0 ? kSections : sections); ++s) {
+          for (int s = 0; s < num_sections; ++s) {
             StoreSlice<kWidth>(state[u][s], t.state + row * t.state_dim + s * t.dim + d0);
           }
         }
