@@ -461,11 +461,13 @@ def test_static_apply_equal_on_every_device(rule):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_plain_sgd_with_duplicate_ids_matches_numpy(device):
-    """SGD without momentum (on a GPU: one atomic add per use, no dedup) equals NumPy's
-    sum of every use's step, hot ids included; a bad id writes nothing."""
-    rng = np.random.default_rng(11)
-    rows, dim, n = 40, 5, 3000
+@pytest.mark.parametrize("rows,dim", [(40, 5), (40, 4), (3, 16), (40, 128), (5000, 132)])
+def test_plain_sgd_with_duplicate_ids_matches_numpy(device, rows, dim):
+    """SGD without momentum (on a GPU: each use's step added atomically, or, for float4
+    rows, each sorted tile's runs summed first) equals NumPy's sum of every use's step, hot
+    ids included, over several tiles; a bad id writes nothing."""
+    rng = np.random.default_rng(11 + dim)
+    n = 3000
     init = rng.normal(size=[rows, dim]).astype(np.float32)
     ids = (rng.zipf(1.3, size=n) - 1) % rows
     grads = rng.normal(size=[n, dim]).astype(np.float32)
@@ -478,9 +480,9 @@ def test_plain_sgd_with_duplicate_ids_matches_numpy(device):
     np.add.at(expected, ids, -0.1 * grads)
     np.testing.assert_allclose(table.numpy(), expected, rtol=1e-5, atol=1e-4)
     before = table.numpy()
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 40 of table 't'"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"id {rows} of table 't'"):
         on(device, lambda: raw_ops.sok_static_apply(
-            table=table.handle, slots=[], indices=tf.constant([0, 40, 1], tf.int64),
+            table=table.handle, slots=[], indices=tf.constant([0, rows, 1], tf.int64),
             grads=tf.ones([3, dim]), hyper=tf.constant([0.1, 0.0]), rule="sgd",
             table_name="t"))
     np.testing.assert_array_equal(table.numpy(), before)
@@ -845,18 +847,20 @@ def test_fused_static_updates_read_hypers_where_the_tables_live(device, make):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_static_apply_without_validation_never_writes_outside(device):
+@pytest.mark.parametrize("dim", [3, 4])
+def test_static_apply_without_validation_never_writes_outside(device, dim):
     """validate=False (ids lookup_sparse checked): the GPU skips a row outside the table and
-    updates the others without waiting for a check; the CPU checks anyway."""
-    init = np.arange(12, dtype=np.float32).reshape(4, 3)
+    updates the others without waiting for a check (dim 4: float4 rows, sorted tiles); the
+    CPU checks anyway."""
+    init = np.arange(4 * dim, dtype=np.float32).reshape(4, dim)
     with tf.device(f"{device}:0"):
         table = tf.Variable(init)
 
     def apply():
         raw_ops.sok_static_apply(
             table=table.handle, slots=[], indices=tf.constant([0, 4, 1, -3], tf.int64),
-            grads=tf.ones([4, 3]), hyper=tf.constant([0.5, 0.0]), rule="sgd", table_name="emb",
-            validate=False)
+            grads=tf.ones([4, dim]), hyper=tf.constant([0.5, 0.0]), rule="sgd",
+            table_name="emb", validate=False)
 
     if device == "CPU":
         with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 4 of table 'emb'"):

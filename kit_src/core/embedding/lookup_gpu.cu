@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "kit_src/core/cuda_atomic.cuh"
 #include "kit_src/core/cuda_scratch.cuh"
 #include "kit_src/core/embedding/packed_key.h"
 
@@ -373,11 +374,7 @@ __global__ void PoolKernel(const GpuPooledLookup* lookups, int32_t num_lookups, 
 
 __device__ __forceinline__ void AtomicAddVec(float* to, float x) { atomicAdd(to, x); }
 __device__ __forceinline__ void AtomicAddVec(float* to, float4 x) {
-#if __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float4*>(to), x);
-#else
-  atomicAdd(to, x.x); atomicAdd(to + 1, x.y); atomicAdd(to + 2, x.z); atomicAdd(to + 3, x.w);
-#endif
+  AtomicAddFloat4(reinterpret_cast<float4*>(to), x);
 }
 
 // Each use's share of the backward: the output-gradient row of its sample and its scale

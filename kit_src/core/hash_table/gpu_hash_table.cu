@@ -7,6 +7,7 @@
 #include <chrono>
 #include <type_traits>
 
+#include "kit_src/core/cuda_atomic.cuh"
 #include "kit_src/core/cuda_scratch.cuh"
 #include "kit_src/core/optimizers/rule_by_name.h"
 #include "kit_src/core/value_storage.cuh"
@@ -627,15 +628,7 @@ __global__ void AtomicSgdRows(const int64_t* keys, int64_t n, const Slot* slots,
         for (int u = 0; u < kRowsInFlight; ++u) {
           if (batch.row[u] < 0) continue;
           const float4 step = make_float4(-lr * g[u].x, -lr * g[u].y, -lr * g[u].z, -lr * g[u].w);
-          float4* to = values + batch.row[u] * width + d;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-          atomicAdd(to, step);
-#else
-          atomicAdd(&to->x, step.x);
-          atomicAdd(&to->y, step.y);
-          atomicAdd(&to->z, step.z);
-          atomicAdd(&to->w, step.w);
-#endif
+          AtomicAddFloat4(values + batch.row[u] * width + d, step);
         }
       }
     }
