@@ -76,9 +76,15 @@ def _sparse_as_ragged(sp_ids, on_gpu):
     GPU lookups do)."""
     if not on_gpu:
         return tf.RaggedTensor.from_sparse(sp_ids)
-    rows = sp_ids.dense_shape[0]
-    row_splits = tf.searchsorted(sp_ids.indices[:, 0], tf.range(rows + 1), side="left",
-                                 out_type=tf.int64)
+    rows = tf.compat.dimension_value(sp_ids.shape[0])
+    if rows is not None:  # known when traced (a fixed batch): dense_shape is not read
+        bounds = tf.range(rows + 1, dtype=tf.int64)
+    else:
+        with tf.device("/device:CPU:0"):
+            # tf.range reads its bounds in host memory, where dense_shape usually lives:
+            # computed on the GPU, the bound would be copied back, a wait for the device.
+            bounds = tf.range(sp_ids.dense_shape[0] + 1)
+    row_splits = tf.searchsorted(sp_ids.indices[:, 0], bounds, side="left", out_type=tf.int64)
     return tf.RaggedTensor.from_row_splits(sp_ids.values, row_splits, validate=False)
 
 

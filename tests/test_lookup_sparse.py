@@ -68,12 +68,15 @@ def test_matches_safe_embedding_lookup_sparse(combiner, weighted, form, id_dtype
                                tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("batch_known", [True, False])
 @pytest.mark.parametrize("combiner", COMBINERS)
-def test_sparse_ids_as_given_on_a_gpu_match_tf(combiner, monkeypatch):
+def test_sparse_ids_as_given_on_a_gpu_match_tf(combiner, batch_known, monkeypatch):
     """With tables on a GPU a SparseTensor's row splits come from a search of its row ids
     (from_sparse's order check would wait for the device): the same results, trailing and
-    inner empty rows included. Run here on the CPU by telling lookup_sparse the tables are
-    on a GPU."""
+    inner empty rows included. The searched bounds come from the traced batch size where it
+    is known, else from dense_shape read on the host (where tf.range reads its bounds; on a
+    GPU a bound computed there would be copied back, a wait for the device every step). Run
+    here on the CPU by telling lookup_sparse the tables are on a GPU."""
     from sparse_operation_kit import lookup
     monkeypatch.setattr(lookup, "_table_on_gpu", lambda table: True)
     rng = np.random.default_rng(len(combiner))
@@ -84,20 +87,31 @@ def test_sparse_ids_as_given_on_a_gpu_match_tf(combiner, monkeypatch):
     lengths[[1, -3, -2, -1]] = 0  # inner and trailing empty samples
     ids = tf.RaggedTensor.from_row_lengths(
         tf.constant(rng.integers(0, vocab, size=lengths.sum()), tf.int64), lengths)
-    sparse = ids.to_sparse()
+    spec = tf.SparseTensorSpec([batch if batch_known else None, None], tf.int64)
 
-    @tf.function
-    def step():
+    @tf.function(input_signature=[spec])
+    def step(sparse):
         with tf.GradientTape(persistent=True) as tape:
             out = sok.lookup_sparse([table], [sparse], None, [combiner])[0]
             ref = reference(ref_table, ids, None, combiner)
             loss, ref_loss = tf.reduce_sum(out * out), tf.reduce_sum(ref * ref)
         return out, ref, tape.gradient(loss, table), tape.gradient(ref_loss, ref_table)
 
-    out, ref, grad, ref_grad = step()
+    out, ref, grad, ref_grad = step(ids.to_sparse())
     np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
                                tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5, atol=1e-5)
+    searches = [op for op in step.get_concrete_function().graph.get_operations()
+                if op.type == "LowerBound"]
+    assert searches
+    for search in searches:
+        bounds = search.inputs[1].op.inputs[0].op  # the searched values, reshaped to 2-D
+        assert bounds.type == "Range"
+        limit = bounds.inputs[1].op
+        if batch_known:
+            assert limit.type == "Const", limit.type
+        else:
+            assert "CPU" in limit.device, limit.device
 
 
 @pytest.mark.parametrize("dim", [1, 3, 16, 128])

@@ -1,6 +1,7 @@
 """Where a train step's GPU time goes (diagnosis, not a benchmark of record): one workload's
-step (T1 with ragged or one-id ids, T3 or G1b of tf_gpu.py / tf_gpu_dynamic.py, static G1b
-too) is timed as 10 steps in one tf.function, then PROFILE_STEPS more steps run between
+step (T1 with ragged, one-id or SparseTensor ids, T3 or G1b of tf_gpu.py /
+tf_gpu_dynamic.py, static G1b too) is timed as 10 steps in one tf.function, then
+PROFILE_STEPS more steps run between
 cuProfilerStart / cuProfilerStop so that `ncu --profile-from-start off --metrics
 gpu__time_duration.sum --csv` lists the kernels of those steps only. `summarize` turns that
 CSV into kernel time per step by kernel name, against the step's wall time (the difference
@@ -46,7 +47,7 @@ def workload(name):
         sok.init(comm_tool="single")
     rng = np.random.default_rng(12)
     optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.01))
-    if name in ("t1", "t1_one_id"):
+    if name in ("t1", "t1_one_id", "t1_sparse"):
         vocabs = [min(v, 4_000_000) for v in CRITEO_TB]
         tables = [sok.Variable(tf.random.stateless_uniform([v, DIM], [1, i], -0.05, 0.05))
                   for i, v in enumerate(vocabs)]
@@ -54,6 +55,11 @@ def workload(name):
         ids = [tf.constant(zipf_ids(rng, v, BATCH), tf.int64) for v in vocabs]
         if name == "t1":
             inputs = [tf.RaggedTensor.from_row_lengths(i, ones) for i in ids]
+        elif name == "t1_sparse":  # as tf_gpu.py: indices and values on the GPU
+            with tf.device("CPU:0"):
+                sparse = [tf.RaggedTensor.from_row_lengths(i, ones).to_sparse() for i in ids]
+            inputs = [tf.SparseTensor(tf.identity(s.indices), tf.identity(s.values),
+                                      s.dense_shape) for s in sparse]
         else:  # one id a sample stated in the type: Sok>GatherSingleIds
             inputs = [tf.RaggedTensor.from_tensor(i[:, None]) for i in ids]
     elif name == "t3_tf":  # plain TensorFlow's T3, for comparison
@@ -91,7 +97,7 @@ def workload(name):
         inputs = [tf.RaggedTensor.from_tensor(
             tf.constant(present[rng.integers(0, keys, size=1 << 20)])[:, None])]
     else:
-        sys.exit(f"unknown workload {name!r}: t1, t1_one_id, t3, g1b, g1b_static")
+        sys.exit(f"unknown workload {name!r}: t1, t1_one_id, t1_sparse, t3, g1b, g1b_static")
 
     def step():
         with tf.GradientTape() as tape:
