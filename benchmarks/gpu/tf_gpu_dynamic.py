@@ -7,6 +7,8 @@ T4   one sok.DynamicVariable in GPU memory prefilled with 8Mi keys, dim 128, bat
      a static sok.Variable of the same size trained the same way, in the same process, and
      the dynamicemb seed's published H100 figures for the same shape.
 G1b  the same table with batch 1Mi.
+T4z  T4 with Zipf(1.2) ids (T1's draw: the smallest indices hottest, the top key about 18%
+     of the batch) over the present keys, the static table's rows drawn the same way.
 Each is measured twice: with the benchmark's loss (a sum over the outputs: its gradient is a
 [batch, 128] broadcast TensorFlow writes before the backward), and "noloss" as the published
 figures and BENCHMARKS.md's floors count a step: the output's gradient is given (a fixed
@@ -32,7 +34,7 @@ import tensorflow as tf
 import sparse_operation_kit as sok
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tf_gpu import looped, timed  # noqa: E402
+from tf_gpu import looped, timed, zipf_ids  # noqa: E402
 
 KEYS, DIM = 8 << 20, 128
 DYNAMICEMB_H100 = {  # BENCHMARKS.md, G1a / G1b: dynamicemb v1 on an H100, ms
@@ -68,9 +70,17 @@ def prefilled_table(present):
     return table
 
 
-def measure(table, static, present, batch, rng):
-    keys = tf.constant(present[rng.integers(0, KEYS, size=batch)])
-    rows = tf.constant(rng.integers(0, KEYS, size=batch), tf.int64)
+def uniform_draw(rng, count):
+    return rng.integers(0, KEYS, size=count)
+
+
+def zipf_draw(rng, count):
+    return zipf_ids(rng, KEYS, count)
+
+
+def measure(table, static, present, batch, rng, draw=uniform_draw):
+    keys = tf.constant(present[draw(rng, batch)])
+    rows = tf.constant(draw(rng, batch), tf.int64)
     ragged = tf.RaggedTensor.from_tensor(keys[:, None])
     static_ragged = tf.RaggedTensor.from_tensor(rows[:, None])
     sok_opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.01))
@@ -168,9 +178,11 @@ def main():
         static = sok.Variable(tf.random.stateless_uniform([KEYS, DIM], [1, 2], -0.05, 0.05),
                               name="t4_static")
         results = {"device": details.get("device_name", "GPU")}
-        for name, batch in [("T4", 65536), ("G1b", 1 << 20)]:
-            result = measure(table, static, present, batch, rng)
-            result["dynamicemb_h100"] = DYNAMICEMB_H100[name]
+        for name, batch, draw in [("T4", 65536, uniform_draw), ("G1b", 1 << 20, uniform_draw),
+                                  ("T4z", 65536, zipf_draw)]:
+            result = measure(table, static, present, batch, rng, draw)
+            if name in DYNAMICEMB_H100:
+                result["dynamicemb_h100"] = DYNAMICEMB_H100[name]
             log(name, json.dumps(result))
             results[name] = result
     path = os.path.join(out_dir, "tf_gpu_dynamic.json")

@@ -7,8 +7,8 @@
 #include <chrono>
 #include <type_traits>
 
-#include "kit_src/core/cuda_atomic.cuh"
 #include "kit_src/core/cuda_scratch.cuh"
+#include "kit_src/core/optimizers/sorted_tile_sgd.cuh"
 #include "kit_src/core/optimizers/rule_by_name.h"
 #include "kit_src/core/value_storage.cuh"
 
@@ -596,42 +596,25 @@ __global__ void ApplyClaimed(const int64_t* rows, const int32_t* head, RowClaim*
   }
 }
 
-// Plain SGD on a table without optimizer state is linear in the gradient: each use
-// subtracts its own share from its row by float4 atomic adds (one vector atomic on sm_90),
-// with no claims and no summing of duplicates first. Each lane resolves one use's row (32
-// probes in flight a warp) and stamps it; then groups of `lanes` lanes update the warp's
-// rows, kRowsInFlight a group at once (every gradient load before the first add). hyper:
-// [lr, momentum] in device memory; a momentum needs state the table does not keep, so
-// nothing is written (as the claimed update, which finds no room for it).
-__global__ void AtomicSgdRows(const int64_t* keys, int64_t n, const Slot* slots, int64_t mask,
-                              const float* grads, RowArrays t, const float* hyper,
-                              uint32_t now, int lanes) {
+// Plain SGD on a table without optimizer state is linear in the gradient: each thread of a
+// block resolves one use's row and stamps it, then the block sums the tile's uses of each row
+// (sorted in shared memory) and adds each sum by float4 atomics (sorted_tile_sgd.cuh), with no
+// claims: Zipf-hot keys take a few adds a tile instead of one a use. hyper: [lr, momentum] in
+// device memory; a momentum needs state the table does not keep, so nothing is written (as
+// the claimed update, which finds no room for it).
+__global__ void __launch_bounds__(kSgdTileUses)
+    SortedTileSgdRows(const int64_t* keys, int64_t n, const Slot* slots, int64_t mask,
+                      const float4* __restrict__ grads, RowArrays t, const float* hyper,
+                      uint32_t now, int end_bit, int lanes) {
+  __shared__ SgdTileStorage tile;
   if (hyper[1] != 0.0f) return;
-  const float lr = hyper[0];
-  const auto [warp_lane, lane, group, groups, warp, warps] = SplitWarps(lanes);
-  const int64_t width = t.dim / 4;
-  float4* values = static_cast<float4*>(t.values);
-  const float4* grad4 = reinterpret_cast<const float4*>(grads);
-  for (int64_t base = warp * 32; base < n; base += warps * 32) {
-    const int64_t i = base + warp_lane;
+  for (int64_t first = blockIdx.x * int64_t{kSgdTileUses}; first < n;
+       first += int64_t{gridDim.x} * kSgdTileUses) {
+    const int64_t i = first + threadIdx.x;
     const int64_t r = i < n ? FindRow(slots, mask, keys[i]) : kNoKey;
     if (r >= 0) StampRow(t.row_meta + r, now);
-    for (int first = 0; first < 32; first += groups * kRowsInFlight) {
-      const RowBatch batch = ShareRows(r, base, first, groups, group);
-      for (int64_t d = lane; d < width; d += lanes) {
-        float4 g[kRowsInFlight];
-#pragma unroll
-        for (int u = 0; u < kRowsInFlight; ++u) {
-          if (batch.row[u] >= 0) g[u] = grad4[batch.at[u] * width + d];
-        }
-#pragma unroll
-        for (int u = 0; u < kRowsInFlight; ++u) {
-          if (batch.row[u] < 0) continue;
-          const float4 step = make_float4(-lr * g[u].x, -lr * g[u].y, -lr * g[u].z, -lr * g[u].w);
-          AtomicAddFloat4(values + batch.row[u] * width + d, step);
-        }
-      }
-    }
+    ApplySgdTile(tile, r, first, grads, t.dim / 4, hyper[0], static_cast<float4*>(t.values),
+                 end_bit, lanes);
   }
 }
 
@@ -1332,11 +1315,13 @@ Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t 
   // then, and so are the gradients' when their buffer is).
   const bool vector = options_.value_type == ValueType::kFloat32 && options_.dim % 4 == 0 &&
                       reinterpret_cast<uintptr_t>(grads) % 16 == 0;
-  if (rule == "sgd" && vector && options_.state_dim == 0) {
+  const int end_bit = SgdTileEndBit(row_capacity_ + 1);
+  if (rule == "sgd" && vector && options_.state_dim == 0 && end_bit <= 32) {
     const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, 0};
-    AtomicSgdRows<<<Blocks(n), kThreads, 0, stream>>>(
-        keys, n, static_cast<const Slot*>(slots_), num_slots_ - 1, grads, arrays, hyper,
-        StampNow(), RowLanes(options_.dim / 4));
+    SortedTileSgdRows<<<GridBlocks(n, kSgdTileUses), kSgdTileUses, 0, stream>>>(
+        keys, n, static_cast<const Slot*>(slots_), num_slots_ - 1,
+        reinterpret_cast<const float4*>(grads), arrays, hyper, StampNow(), end_bit,
+        SgdTileLanes(options_.dim / 4));
     return CudaStatus(cudaGetLastError(), "apply");
   }
   int64_t* rows = nullptr;

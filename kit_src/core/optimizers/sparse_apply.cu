@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "kit_src/core/cuda_atomic.cuh"
 #include "kit_src/core/cuda_scratch.cuh"
+#include "kit_src/core/optimizers/sorted_tile_sgd.cuh"
 #include "kit_src/core/optimizers/rule_by_name.h"
 #include "kit_src/core/optimizers/update_rules.h"
 
@@ -86,82 +86,19 @@ __global__ void ScatterSgd(const int64_t* ids, const float* grads, int64_t n, in
   }
 }
 
-// Plain SGD over uses whose ids repeat (a one-id lookup's gradient holds every use, a hot id
-// thousands of times, and atomics on one address queue): a block sorts a tile of uses by row
-// in shared memory, then groups of `lanes` lanes walk the sorted tile, each a share of it,
-// summing each run's gradients and adding them with one float4 atomic, so a hot row takes a
-// few adds a tile instead of one a use. kRunRowsInFlight gradient rows are loaded before they
-// are summed. Rows below 2^32; dim % 4 == 0 and 16-byte aligned rows (width = dim / 4).
-// A tile is 256 uses: with 1,024 the walk (16 batches a warp) left a table of few uses (the
-// ragged form's deduplicated ids) to a few blocks, slower than one atomic a use.
-constexpr int kTileThreads = 256, kTileItemsPerThread = 1;
-constexpr int kTileUses = kTileThreads * kTileItemsPerThread;
-constexpr int kRunRowsInFlight = 8;
-
-__global__ void __launch_bounds__(kTileThreads)
+// Plain SGD on float4 rows, duplicates summed a sorted tile at a time (sorted_tile_sgd.cuh).
+__global__ void __launch_bounds__(kSgdTileUses)
     SortedTileSgd(const int64_t* __restrict__ ids, const float4* __restrict__ grads, int64_t n,
                   int64_t width, int64_t rows, int end_bit, const float* hyper, float4* values,
                   int lanes, const LookupCheck* check) {
-  using TileSort = cub::BlockRadixSort<uint32_t, kTileThreads, kTileItemsPerThread, int32_t>;
-  __shared__ union {
-    typename TileSort::TempStorage sort;
-    struct {
-      uint32_t row[kTileUses];
-      int32_t use[kTileUses];  // the use's index in the tile; -1: no row (past n or bad id)
-    } sorted;
-  } tile;
+  __shared__ SgdTileStorage tile;
   if (Failed(check) || hyper[1] != 0.0f) return;
-  const float lr = hyper[0];
-  const int lane = threadIdx.x % lanes, group = threadIdx.x / lanes;
-  const int share = kTileUses / (kTileThreads / lanes);  // sorted uses a group walks
-  for (int64_t first = blockIdx.x * int64_t{kTileUses}; first < n;
-       first += int64_t{gridDim.x} * kTileUses) {
-    uint32_t key[kTileItemsPerThread];
-    int32_t use[kTileItemsPerThread];
-#pragma unroll
-    for (int j = 0; j < kTileItemsPerThread; ++j) {
-      const int32_t u = threadIdx.x * kTileItemsPerThread + j;
-      const int64_t row = first + u < n ? ids[first + u] : -1;
-      const bool known = row >= 0 && row < rows;
-      key[j] = known ? static_cast<uint32_t>(row) : 0u;
-      use[j] = known ? u : -1;
-    }
-    __syncthreads();  // the previous tile's walk is done with the shared memory
-    TileSort(tile.sort).Sort(key, use, 0, end_bit);
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < kTileItemsPerThread; ++j) {
-      tile.sorted.row[threadIdx.x * kTileItemsPerThread + j] = key[j];
-      tile.sorted.use[threadIdx.x * kTileItemsPerThread + j] = use[j];
-    }
-    __syncthreads();
-    const int begin = group * share, end = begin + share;
-    for (int64_t d = lane; d < width; d += lanes) {
-      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-      bool named = false;  // whether the run so far holds a use with a row
-      for (int i0 = begin; i0 < end; i0 += kRunRowsInFlight) {
-        float4 g[kRunRowsInFlight];
-#pragma unroll
-        for (int u = 0; u < kRunRowsInFlight; ++u) {
-          const int32_t at = i0 + u < end ? tile.sorted.use[i0 + u] : -1;
-          g[u] = at >= 0 ? grads[(first + at) * width + d] : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int u = 0; u < kRunRowsInFlight; ++u) {
-          const int i = i0 + u;
-          if (i == end) break;  // a share shorter than kRunRowsInFlight (dim 4)
-          sum.x += g[u].x; sum.y += g[u].y; sum.z += g[u].z; sum.w += g[u].w;
-          named |= tile.sorted.use[i] >= 0;
-          if (i + 1 < end && tile.sorted.row[i + 1] == tile.sorted.row[i]) continue;
-          if (named) {
-            AtomicAddFloat4(values + int64_t{tile.sorted.row[i]} * width + d,
-                            make_float4(-lr * sum.x, -lr * sum.y, -lr * sum.z, -lr * sum.w));
-          }
-          sum = make_float4(0.f, 0.f, 0.f, 0.f);
-          named = false;
-        }
-      }
-    }
+  for (int64_t first = blockIdx.x * int64_t{kSgdTileUses}; first < n;
+       first += int64_t{gridDim.x} * kSgdTileUses) {
+    const int64_t k = first + threadIdx.x;
+    const int64_t id = k < n ? ids[k] : -1;
+    ApplySgdTile(tile, id < rows ? id : -1, first, grads, width, hyper[0], values, end_bit,
+                 lanes);
   }
 }
 
@@ -225,18 +162,16 @@ cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper_devi
     CheckIds<<<GridBlocks(n, 256), 256, 0, stream>>>(gradient.ids, n, table.rows, check);
     DescribeBadRow<<<1, 1, 0, stream>>>(gradient.ids, check);
   }
-  int end_bit = 1;
-  while (end_bit < 63 && (int64_t{1} << end_bit) < table.rows) ++end_bit;
+  const int end_bit = SgdTileEndBit(table.rows);
   if (rule == "sgd" && table.state_dim == 0) {
     const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     if (table.dim % 4 == 0 && end_bit <= 32 && aligned(gradient.values) &&
         aligned(table.values)) {
       const int64_t width = table.dim / 4;
-      int lanes = 1;  // a power of two: the groups split the tile evenly
-      while (lanes < 32 && lanes < width) lanes *= 2;
-      SortedTileSgd<<<GridBlocks(n, kTileUses), kTileThreads, 0, stream>>>(
+      SortedTileSgd<<<GridBlocks(n, kSgdTileUses), kSgdTileUses, 0, stream>>>(
           gradient.ids, reinterpret_cast<const float4*>(gradient.values), n, width, table.rows,
-          end_bit, hyper_device, reinterpret_cast<float4*>(table.values), lanes, check);
+          end_bit, hyper_device, reinterpret_cast<float4*>(table.values), SgdTileLanes(width),
+          check);
     } else {
       ScatterSgd<<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(
           gradient.ids, gradient.values, n, table.dim, table.rows, hyper_device, table.values,

@@ -1,0 +1,89 @@
+// Plain SGD over uses whose rows repeat (a one-id lookup's gradient holds every use, a hot row
+// thousands of times, and atomic adds on one address queue): a block sorts a tile of uses by
+// row in shared memory (CUB's block radix sort), then groups of `lanes` lanes walk the sorted
+// tile, each a share of it, summing each run's gradients and adding the step with one float4
+// atomic, so a hot row takes a few adds a tile instead of one a use. Shared by the static
+// tables' update (the row is the id) and the GPU hash table's (the row its probe found).
+#pragma once
+
+#include <cub/cub.cuh>
+
+#include <cstdint>
+
+#include "kit_src/core/cuda_atomic.cuh"
+
+namespace sok {
+
+// A tile is 256 uses, one a thread: with 1,024 (four a thread) the walk, 16 batches a warp,
+// left a table of few uses (the ragged form's deduplicated ids) to a few blocks, slower than
+// one atomic a use (session 15, results/previous/tf_gpu_session15_tile1024_tried.json).
+constexpr int kSgdTileUses = 256;
+constexpr int kSgdRowsInFlight = 8;  // gradient rows a group loads before summing them
+
+union SgdTileStorage {
+  typename cub::BlockRadixSort<uint32_t, kSgdTileUses, 1, int32_t>::TempStorage sort;
+  struct {
+    uint32_t row[kSgdTileUses];
+    int32_t use[kSgdTileUses];  // the use's index in the tile; -1: no row
+  } sorted;
+};
+
+// Lanes a row: a power of two (the groups split the tile evenly), up to a warp.
+inline int SgdTileLanes(int64_t width) {
+  int lanes = 1;
+  while (lanes < 32 && lanes < width) lanes *= 2;
+  return lanes;
+}
+
+// Bits of the largest row: the tile sorts rows below 2^end_bit (end_bit <= 32).
+inline int SgdTileEndBit(int64_t rows) {
+  int end_bit = 1;
+  while (end_bit < 63 && (int64_t{1} << end_bit) < rows) ++end_bit;
+  return end_bit;
+}
+
+// One tile, called by every thread of a kSgdTileUses-thread block (it synchronises the
+// block): thread t holds use first + t, `row` its row (below 2^end_bit) or negative for none.
+// Rows are `width` float4s (dim / 4) at values + row * width, gradients at grads + use * width.
+__device__ __forceinline__ void ApplySgdTile(SgdTileStorage& tile, int64_t row, int64_t first,
+                                             const float4* __restrict__ grads, int64_t width,
+                                             float lr, float4* values, int end_bit, int lanes) {
+  uint32_t key[1] = {row >= 0 ? static_cast<uint32_t>(row) : 0u};
+  int32_t use[1] = {row >= 0 ? static_cast<int32_t>(threadIdx.x) : -1};
+  __syncthreads();  // the previous tile's walk is done with the shared memory
+  cub::BlockRadixSort<uint32_t, kSgdTileUses, 1, int32_t>(tile.sort).Sort(key, use, 0, end_bit);
+  __syncthreads();
+  tile.sorted.row[threadIdx.x] = key[0];
+  tile.sorted.use[threadIdx.x] = use[0];
+  __syncthreads();
+  const int lane = threadIdx.x % lanes, share = lanes;  // kSgdTileUses / (threads / lanes)
+  const int begin = threadIdx.x / lanes * share, end = begin + share;
+  for (int64_t d = lane; d < width; d += lanes) {
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    bool named = false;  // whether the run so far holds a use with a row
+    for (int i0 = begin; i0 < end; i0 += kSgdRowsInFlight) {
+      float4 g[kSgdRowsInFlight];
+#pragma unroll
+      for (int u = 0; u < kSgdRowsInFlight; ++u) {
+        const int32_t at = i0 + u < end ? tile.sorted.use[i0 + u] : -1;
+        g[u] = at >= 0 ? grads[(first + at) * width + d] : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < kSgdRowsInFlight; ++u) {
+        const int i = i0 + u;
+        if (i == end) break;  // a share shorter than kSgdRowsInFlight
+        sum.x += g[u].x; sum.y += g[u].y; sum.z += g[u].z; sum.w += g[u].w;
+        named |= tile.sorted.use[i] >= 0;
+        if (i + 1 < end && tile.sorted.row[i + 1] == tile.sorted.row[i]) continue;
+        if (named) {
+          AtomicAddFloat4(values + int64_t{tile.sorted.row[i]} * width + d,
+                          make_float4(-lr * sum.x, -lr * sum.y, -lr * sum.z, -lr * sum.w));
+        }
+        sum = make_float4(0.f, 0.f, 0.f, 0.f);
+        named = false;
+      }
+    }
+  }
+}
+
+}  // namespace sok
