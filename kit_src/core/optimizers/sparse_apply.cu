@@ -71,7 +71,8 @@ __global__ void SumRuns(const int32_t* order, const int32_t* run_of, const float
 }
 
 // Plain SGD (no momentum) is linear in the gradient: each use subtracts its own share by an
-// atomic add, with no sort and no summing of duplicate ids first (as TF's scatter_add).
+// atomic add, with no sort and no summing of duplicate ids first (as TF's scatter_add); for
+// rows SortedTileSgd cannot take (not float4, or not 16-byte aligned).
 // hyper: [lr, momentum] in device memory; a momentum would need state: nothing is written.
 __global__ void ScatterSgd(const int64_t* ids, const float* grads, int64_t n, int64_t dim,
                            int64_t rows, const float* hyper, float* values,
