@@ -14,6 +14,14 @@ inline int GridBlocks(int64_t n, int threads) {
   return static_cast<int>(std::clamp<int64_t>((n + threads - 1) / threads, 1, 1 << 16));
 }
 
+// Lanes a row when groups of lanes share out rows: a power of two up to a warp (groups split a
+// warp evenly), about one lane per element of the row's `width` (floats, or float4s).
+inline int RowLanes(int64_t width) {
+  int lanes = 1;
+  while (lanes < 32 && lanes < width) lanes *= 2;
+  return lanes;
+}
+
 // Scratch blocks for one call, returned to the pool when the call's work is done. The pool
 // would hand freed memory back to the driver at every synchronisation (its default release
 // threshold is 0); it keeps it for the next call instead.

@@ -42,11 +42,7 @@ __device__ __forceinline__ int32_t FindSampleLookup(const GpuPooledLookup* looku
 }
 
 // Rows are copied by groups of `group` lanes (a power of two up to 32), float4 where dim allows.
-int RowGroup(int64_t dim, int vector) {
-  int group = 1;
-  while (group < 32 && group * vector < dim) group *= 2;
-  return group;
-}
+int RowGroup(int64_t dim, int vector) { return RowLanes((dim + vector - 1) / vector); }
 
 template <int kVec>
 struct Vec;

@@ -240,14 +240,6 @@ __device__ __forceinline__ void Touch(uint64_t* meta, EvictStrategy evict, uint6
   }
 }
 
-// Lanes per key when a group of lanes copies a row: a power of two up to 32, about one lane
-// per element.
-int RowLanes(int64_t dim) {
-  int lanes = 1;
-  while (lanes < 32 && lanes < dim) lanes *= 2;
-  return lanes;
-}
-
 // Whether WriteRows copies float4s: float rows, and every width a multiple of 4.
 bool WriteVector(ValueType type, int64_t dim, int64_t state_cols, int64_t state_dim) {
   return type == ValueType::kFloat32 && dim % 4 == 0 &&
@@ -1321,7 +1313,7 @@ Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t 
     SortedTileSgdRows<<<GridBlocks(n, kSgdTileUses), kSgdTileUses, 0, stream>>>(
         keys, n, static_cast<const Slot*>(slots_), num_slots_ - 1,
         reinterpret_cast<const float4*>(grads), arrays, hyper, StampNow(), end_bit,
-        SgdTileLanes(options_.dim / 4));
+        RowLanes(options_.dim / 4));
     return CudaStatus(cudaGetLastError(), "apply");
   }
   int64_t* rows = nullptr;

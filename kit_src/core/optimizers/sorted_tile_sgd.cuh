@@ -28,13 +28,6 @@ union SgdTileStorage {
   } sorted;
 };
 
-// Lanes a row: a power of two (the groups split the tile evenly), up to a warp.
-inline int SgdTileLanes(int64_t width) {
-  int lanes = 1;
-  while (lanes < 32 && lanes < width) lanes *= 2;
-  return lanes;
-}
-
 // Bits of the largest row: the tile sorts rows below 2^end_bit (end_bit <= 32).
 inline int SgdTileEndBit(int64_t rows) {
   int end_bit = 1;
@@ -43,7 +36,8 @@ inline int SgdTileEndBit(int64_t rows) {
 }
 
 // One tile, called by every thread of a kSgdTileUses-thread block (it synchronises the
-// block): thread t holds use first + t, `row` its row (below 2^end_bit) or negative for none.
+// block): thread t holds use first + t, `row` its row (below 2^end_bit) or negative for none;
+// `lanes` is RowLanes(width) (cuda_scratch.cuh), so that groups split the tile evenly.
 // Rows are `width` float4s (dim / 4) at values + row * width, gradients at grads + use * width.
 __device__ __forceinline__ void ApplySgdTile(SgdTileStorage& tile, int64_t row, int64_t first,
                                              const float4* __restrict__ grads, int64_t width,

@@ -171,7 +171,7 @@ cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper_devi
       const int64_t width = table.dim / 4;
       SortedTileSgd<<<GridBlocks(n, kSgdTileUses), kSgdTileUses, 0, stream>>>(
           gradient.ids, reinterpret_cast<const float4*>(gradient.values), n, width, table.rows,
-          end_bit, hyper_device, reinterpret_cast<float4*>(table.values), SgdTileLanes(width),
+          end_bit, hyper_device, reinterpret_cast<float4*>(table.values), RowLanes(width),
           check);
     } else {
       ScatterSgd<<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(
