@@ -315,11 +315,9 @@ def _dynamic_direct_group(lookups, dim, training):
 
 def _one_id_at_run_time(lookups):
     """A scalar bool tensor: every sample of every lookup holds exactly one id (row_splits
-    is 0, 1, 2, ...). One pass over the row splits, no pass over the ids."""
-    checks = [tf.reduce_all(tf.equal(lookup.row_splits,
-                                     tf.range(tf.size(lookup.row_splits, out_type=tf.int64))))
-              for lookup in lookups]
-    return checks[0] if len(checks) == 1 else tf.reduce_all(tf.stack(checks))
+    is 0, 1, 2, ...). One op over the row splits, no pass over the ids."""
+    return raw_ops.sok_every_sample_holds_one_id(
+        row_splits=[lookup.row_splits for lookup in lookups])
 
 
 def on_gpu_device(tensor):

@@ -281,6 +281,44 @@ def test_large_outputs_reused_across_calls_hold_no_stale_values():
                                    tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5, atol=1e-5)
 
 
+# Outputs above this many bytes are written with streamed (non-temporal) stores on the CPU
+# (kStreamAboveBytes in kit_src/core/embedding/weighted_row_sum.h).
+STREAM_ABOVE_BYTES = 8 << 20
+
+
+@pytest.mark.parametrize("dim", [128, 136, 132])  # 32-column blocks; an 8-column tail; no vectors
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_outputs_larger_than_the_caches_match_tf(dim, combiner):
+    """Pooled outputs, their gradient over the unique rows and one-id outputs all above the
+    size where the CPU streams its stores: samples of 0 to 20 weighted ids (sums of more
+    than 16 rows take the plain loop), one-id batches chosen at run time and at trace time."""
+    rng = np.random.default_rng(41)
+    vocab, batch = 40000, 20000
+    init = rng.normal(size=[vocab, dim]).astype(np.float32)
+    table, ref_table = sok.Variable(init), tf.Variable(init)
+    ids, weights = random_batch(rng, batch, vocab, max_len=20)
+    assert batch * dim * 4 > STREAM_ABOVE_BYTES
+    assert np.unique(ids.values.numpy()).size * dim * 4 > STREAM_ABOVE_BYTES
+    cotangent = tf.constant(rng.normal(size=[batch, dim]).astype(np.float32))
+
+    @tf.function
+    def step(ids, weights):
+        with tf.GradientTape(persistent=True) as tape:
+            out = sok.lookup_sparse(table, ids, weights, combiners=combiner)
+            ref = reference(ref_table, ids, weights, combiner)
+            loss, ref_loss = tf.reduce_sum(out * cotangent), tf.reduce_sum(ref * cotangent)
+        return out, ref, tape.gradient(loss, table), tape.gradient(ref_loss, ref_table)
+
+    one_id_by_lengths = tf.RaggedTensor.from_row_lengths(
+        tf.constant(rng.integers(0, vocab, size=batch)), tf.ones([batch], tf.int64))
+    for ids, weights in [(ids, weights), (ids, None), (one_id_by_lengths, None),
+                         (one_id_batch(rng, batch, vocab), None)]:
+        out, ref, grad, ref_grad = step(ids, weights)
+        np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
+                                   tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-4, atol=1e-4)
+
+
 def one_id_batch(rng, batch, vocab, id_dtype=tf.int64):
     """Every sample holds one id, known at trace time: RaggedTensor.from_tensor of [batch, 1]."""
     ids = tf.constant(rng.integers(0, vocab, size=[batch, 1]), id_dtype)
@@ -361,9 +399,14 @@ def test_one_id_per_sample_chosen_at_run_time(id_dtype):
     def step(ids, cotangents):
         return shared_table_lookups((a, b, ref_a, ref_b), ids, cotangents)
 
-    for one_id in [True, False, True, False]:
-        lengths = [np.ones(12, np.int64) if one_id else rng.integers(0, 4, size=12)
-                   for _ in range(3)]
+    # "paired": lookups 0 and 2 hold one id a sample, lookup 1 as many ids as samples but
+    # two in one sample and none in the next: the fused chain must run.
+    paired = np.tile(np.array([2, 0, 1], np.int64), 4)
+    for kind in ["one", "ragged", "one", "paired", "ragged"]:
+        one_id = kind == "one"
+        lengths = [np.ones(12, np.int64) if one_id or (kind == "paired" and t != 1) else
+                   paired if kind == "paired" else rng.integers(0, 4, size=12)
+                   for t in range(3)]
         ids = [tf.RaggedTensor.from_row_lengths(
             tf.constant(rng.integers(0, 40, size=n.sum()), id_dtype), n) for n in lengths]
         cotangents = [tf.constant(rng.normal(size=[12, 8]).astype(np.float32)) for _ in range(3)]

@@ -34,6 +34,9 @@ struct PooledLookup {
 Status ValidateRowSplits(const int64_t* row_splits, int64_t batch, int64_t nnz,
                          const std::string& what);
 
+// Whether every sample holds exactly one id: row_splits ([batch + 1]) is 0, 1, ..., batch.
+bool EverySampleHoldsOneId(const int64_t* row_splits, int64_t batch);
+
 // Where row p of the (logical) rows matrix lives. `Rows` reads it, `MutableRows` writes it.
 template <typename T>
 struct DenseRows {  // one [num_rows, dim] matrix

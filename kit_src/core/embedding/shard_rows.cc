@@ -7,6 +7,7 @@
 #include "kit_src/core/block_pool.h"
 #include "kit_src/core/embedding/key_partition.h"
 #include "kit_src/core/embedding/packed_key.h"
+#include "kit_src/core/embedding/weighted_row_sum.h"
 #include "kit_src/core/prefetch.h"
 
 namespace sok {
@@ -60,6 +61,7 @@ Status GatherSingleIds(const std::vector<SingleIdLookup<T, Tindex>>& lookups, in
     first[l + 1] = first[l] + lookup.count;
   }
   const int64_t ahead = PrefetchDistance(dim * sizeof(T));
+  const bool stream = WorthStreaming(first.back() * dim * int64_t{sizeof(T)});
   parallel_for(first.back(), dim * 2, [&](int64_t begin, int64_t end) {
     size_t l = std::upper_bound(first.begin(), first.end(), begin) - first.begin() - 1;
     for (int64_t g = begin; g < end; ++l) {
@@ -68,11 +70,12 @@ Status GatherSingleIds(const std::vector<SingleIdLookup<T, Tindex>>& lookups, in
       const T* table = lookup.table->data;
       for (int64_t i = g - first[l]; i < last; ++i) {
         if (i + ahead < last) PrefetchRow(table + static_cast<int64_t>(lookup.ids[i + ahead]) * dim, dim);
-        std::memcpy(lookup.output + i * dim, table + static_cast<int64_t>(lookup.ids[i]) * dim,
-                    dim * sizeof(T));
+        const T* row = table + static_cast<int64_t>(lookup.ids[i]) * dim;
+        CopyRow(row, dim, lookup.output + i * dim, stream);
       }
       g = first[l] + last;
     }
+    StreamedStoresDone();
   });
   return Status::Ok();
 }

@@ -222,6 +222,29 @@ class GatherSingleIdsOp : public tf::OpKernel {
   std::vector<std::string> table_names_;
 };
 
+// Sok>EverySampleHoldsOneId: one scalar from all the lookups' row splits.
+class EverySampleHoldsOneIdOp : public tf::OpKernel {
+ public:
+  explicit EverySampleHoldsOneIdOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(tf::OpKernelContext* ctx) override {
+    bool one_id = true;
+    for (int l = 0; l < ctx->num_inputs(); ++l) {
+      const tf::Tensor& splits = ctx->input(l);
+      OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(splits.shape()) && splits.NumElements() >= 1,
+                  tf::errors::InvalidArgument("row_splits ", l, " must be a non-empty vector, got ",
+                                              splits.shape().DebugString()));
+      one_id = one_id && EverySampleHoldsOneId(splits.flat<int64_t>().data(),
+                                               splits.NumElements() - 1);
+    }
+    tf::Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({}), &out));
+    out->scalar<bool>()() = one_id;
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>EverySampleHoldsOneId").Device(tf::DEVICE_CPU),
+                        EverySampleHoldsOneIdOp);
+
 class CheckGatheredIdsOp : public tf::OpKernel {
  public:
   // `deferred` only matters on the GPU: the CPU gather fails at once, leaving a clean record.

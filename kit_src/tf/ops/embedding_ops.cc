@@ -105,6 +105,16 @@ worker): then the GPU kernel neither counts nor waits for the device (it trusts 
 kernel checks that they describe the keys).
 )doc");
 
+REGISTER_OP("Sok>EverySampleHoldsOneId")
+    .Input("row_splits: N * int64")
+    .Output("one_id: bool")
+    .Attr("N: int >= 1")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+Whether every sample of every lookup holds exactly one id (each row_splits is 0, 1, ...,
+batch): the run-time choice between Sok>GatherSingleIds and the fused chain, in one op.
+)doc");
+
 REGISTER_OP("Sok>GatherSingleIds")
     .Input("tables: N * resource")
     .Input("ids: N * Tindex")
