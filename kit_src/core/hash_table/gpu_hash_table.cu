@@ -144,9 +144,8 @@ struct ProbeArgs {
 };
 
 // rows[i] = key i's row (missing_row when missing), fresh[i] = 1 when this call stored it.
-// With `select`, only the keys i with select[i] (rows[i] of the others is left unwritten).
-__global__ void ProbeKernel(GpuKeys keys, bool insert, ProbeArgs a, const uint8_t* select,
-                            int64_t* rows, uint8_t* fresh) {
+__global__ void ProbeKernel(GpuKeys keys, bool insert, ProbeArgs a, int64_t* rows,
+                            uint8_t* fresh) {
   RowSource source{a.free_rows, 0, 0, a.capacity};
   if (insert) {
     source.free_count = static_cast<int64_t>(a.counters->free_count);
@@ -155,10 +154,7 @@ __global__ void ProbeKernel(GpuKeys keys, bool insert, ProbeArgs a, const uint8_
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < keys.n;
        i += int64_t{gridDim.x} * blockDim.x) {
     int64_t key;
-    if ((select && !select[i]) || !KeyAt(keys, i, &key)) {
-      if (fresh) fresh[i] = 0;
-      continue;
-    }
+    if (!KeyAt(keys, i, &key)) continue;
     bool inserted = false;
     int64_t row = -1;
     if (insert) {
@@ -308,14 +304,11 @@ __device__ __forceinline__ RowBatch ShareRows(int64_t own_row, int64_t base, int
 // out row i = key i's row widened (zeros when missing). Each lane first resolves one key's
 // row (with `find` it probes for it, else rows[i] holds it; 32 probes in flight a warp),
 // then groups of `lanes` lanes (dividing 32) copy the warp's rows, kRowsInFlight rows a
-// group at once. A use for eviction when `touch`. With `select` only the keys i with
-// select[i]; with `missing` (and `find`), missing[i] = 1 for each missing key, whose output
-// row is left unwritten (an insert pass writes it), else 0.
+// group at once. A use for eviction when `touch`.
 template <typename T>
 __global__ void ReadRows(GpuKeys keys, const int64_t* rows, bool find, const Slot* slots,
                          int64_t mask, int64_t missing_row, RowArrays t, float* out, int lanes,
-                         bool touch, EvictStrategy evict, uint64_t clock,
-                         const uint8_t* select, uint8_t* missing) {
+                         bool touch, EvictStrategy evict, uint64_t clock) {
   const T* values = static_cast<const T*>(t.values);
   const auto [warp_lane, lane, group, groups, warp, warps] = SplitWarps(lanes);
   const bool vector = std::is_same<T, float>::value && t.dim % 4 == 0;  // float4 copies
@@ -324,14 +317,11 @@ __global__ void ReadRows(GpuKeys keys, const int64_t* rows, bool find, const Slo
   for (int64_t base = warp * 32; base < keys.n; base += warps * 32) {
     const int64_t i = base + warp_lane;
     int64_t key = 0, r = kNoKey;
-    bool absent = false;
-    if (i < keys.n && (!select || select[i]) && KeyAt(keys, i, &key)) {
+    if (i < keys.n && KeyAt(keys, i, &key)) {
       r = find ? FindRow(slots, mask, key) : rows[i];
-      absent = r < 0;
-      if (absent) r = missing && find ? kNoKey : missing_row;
-      if (touch && r >= 0 && r != missing_row) Touch(t.row_meta + r, evict, clock);
+      if (r < 0) r = missing_row;
+      if (touch && r != missing_row) Touch(t.row_meta + r, evict, clock);
     }
-    if (missing && i < keys.n) missing[i] = absent;
     for (int first = 0; first < 32; first += groups * kRowsInFlight) {
       const RowBatch batch = ShareRows(r, base, first, groups, group);
       for (int64_t d = lane; d < width; d += lanes) {
@@ -1092,12 +1082,12 @@ Status GpuHashTable::Reserve(const GpuKeys& keys, float admit, uint64_t clock,
 
 Status GpuHashTable::FindOrInsert(const GpuKeys& keys, bool insert, float admit, uint64_t clock,
                                   uint32_t now, int64_t* rows, cudaStream_t stream,
-                                  bool initial_values, const uint8_t* select) {
+                                  bool initial_values) {
   uint8_t* fresh = nullptr;
   if (insert) SOK_RETURN_IF_ERROR(Scratch(keys.n, &fresh));
   const ProbeArgs args{static_cast<Slot*>(slots_), num_slots_ - 1, counters_, free_rows_,
                        row_capacity_, row_keys_, row_meta_, admit, clock, now, row_capacity_};
-  ProbeKernel<<<Blocks(keys.n), kThreads, 0, stream>>>(keys, insert, args, select, rows, fresh);
+  ProbeKernel<<<Blocks(keys.n), kThreads, 0, stream>>>(keys, insert, args, rows, fresh);
   if (!insert) return CudaStatus(cudaGetLastError(), "find");
   FoldTaken<<<1, 1, 0, stream>>>(counters_, row_capacity_);
   const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
@@ -1124,34 +1114,28 @@ Status GpuHashTable::Lookup(const GpuKeys& keys, bool insert, float* values, flo
   SOK_RETURN_IF_ERROR(init_status_);
   const uint64_t clock = ++clock_;
   if (keys.n == 0) return Status::Ok();
-  // One kernel probes and copies the rows of the keys present. Find-or-insert then inserts
-  // the keys it marked missing (the probe and claims, their initial values) and copies
-  // their rows: a lookup that inserts nothing passes the keys once (the probe first for
-  // every key, then the copy, took a third longer than the reads-only lookup at 1Mi keys).
-  const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
-  const bool touch = insert && options_.evict != EvictStrategy::kNone;
-  const int lanes = RowLanes(options_.value_type == ValueType::kFloat32 && options_.dim % 4 == 0
-                                 ? options_.dim / 4
-                                 : options_.dim);
-  const auto read_rows = [&](const int64_t* rows, const uint8_t* select, uint8_t* missing) {
+  // Reads only: one kernel probes and copies. Find-or-insert: the probe (and claims), then
+  // the fresh rows' initial values, then the copy.
+  int64_t* rows = nullptr;
+  Status status;
+  if (insert) {
+    status = Scratch(keys.n, &rows);
+    if (status.ok()) status = Reserve(keys, admit, clock, stream, evicted);
+    if (status.ok()) status = FindOrInsert(keys, true, admit, clock, StampNow(), rows, stream);
+  }
+  if (status.ok()) {
+    const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
+    const bool touch = insert && options_.evict != EvictStrategy::kNone;
+    const int lanes = RowLanes(options_.value_type == ValueType::kFloat32 && options_.dim % 4 == 0
+                                   ? options_.dim / 4
+                                   : options_.dim);
     VisitValueType(options_.value_type, [&](auto value) {
       ReadRows<decltype(value)><<<Blocks(keys.n), kThreads, 0, stream>>>(
-          keys, rows, rows == nullptr, static_cast<const Slot*>(slots_), num_slots_ - 1,
-          row_capacity_, arrays, values, lanes, touch, options_.evict, clock, select, missing);
+          keys, rows, !insert, static_cast<const Slot*>(slots_), num_slots_ - 1, row_capacity_,
+          arrays, values, lanes, touch, options_.evict, clock);
     });
-    return CudaStatus(cudaGetLastError(), "lookup");
-  };
-  if (!insert) return read_rows(nullptr, nullptr, nullptr);
-  int64_t* rows = nullptr;
-  uint8_t* missing = nullptr;
-  Status status = Scratch(keys.n, &rows);
-  if (status.ok()) status = Scratch(keys.n, &missing);
-  if (status.ok()) status = Reserve(keys, admit, clock, stream, evicted);
-  if (status.ok()) status = read_rows(nullptr, nullptr, missing);
-  if (status.ok()) {
-    status = FindOrInsert(keys, true, admit, clock, StampNow(), rows, stream, true, missing);
+    status = CudaStatus(cudaGetLastError(), "lookup");
   }
-  if (status.ok()) status = read_rows(rows, missing, nullptr);
   FreeScratch();
   return status;
 }

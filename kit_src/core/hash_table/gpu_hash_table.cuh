@@ -139,11 +139,10 @@ class GpuHashTable {
   void SetBounds(const Exact& exact);
   // rows ([keys.n], device): each selected key's row, -1 when missing (or not admitted); with
   // `insert`, missing keys get rows (reserved first) initialised as new.
-  // Without initial_values the fresh rows' values are left for the caller to write. With
-  // `select` ([keys.n], device) only the keys i with select[i] (the others' rows unwritten).
+  // Without initial_values the fresh rows' values are left for the caller to write.
   Status FindOrInsert(const GpuKeys& keys, bool insert, float admit_probability,
                       uint64_t clock, uint32_t now, int64_t* rows, cudaStream_t stream,
-                      bool initial_values = true, const uint8_t* select = nullptr);
+                      bool initial_values = true);
   uint32_t StampNow() const;
   uint32_t StampAt(int64_t time_us) const;
   template <typename T>
