@@ -476,3 +476,78 @@ def test_one_id_per_sample_path_trains_like_tf_variable():
         step(one_id_batch(rng, 16, 12))  # only rows 0..11 are ever used
     np.testing.assert_allclose(table.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(table.numpy()[12:], init[12:])
+
+
+def test_sparse_row_splits_match_from_sparse():
+    """Sok>SparseRowSplits, for several SparseTensors in one op, against
+    tf.RaggedTensor.from_sparse: leading, inner and trailing empty rows, no entries at all,
+    no rows at all."""
+    from sparse_operation_kit._ops import raw_ops
+    rng = np.random.default_rng(11)
+    cases = []
+    for batch, max_len in [(1, 1), (9, 3), (200, 6), (5, 0), (0, 0)]:
+        lengths = rng.integers(0, max_len + 1, size=batch)
+        if batch > 2:
+            lengths[[0, batch // 2, -1]] = 0
+        ids = tf.constant(rng.integers(0, 100, size=lengths.sum()), tf.int64)
+        cases.append(tf.RaggedTensor.from_row_lengths(ids, tf.constant(lengths, tf.int64)).to_sparse())
+    made = raw_ops.sok_sparse_row_splits(indices=[s.indices for s in cases],
+                                         dense_shape=[s.dense_shape for s in cases],
+                                         names=[f"case {i}" for i in range(len(cases))])
+    for sparse, row_splits in zip(cases, made):
+        np.testing.assert_array_equal(row_splits.numpy(),
+                                      tf.RaggedTensor.from_sparse(sparse).row_splits.numpy())
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_sparse_ids_with_gaps_between_columns_match_tf(combiner, mode):
+    """A SparseTensor whose rows' columns are not 0, 1, ... (as parsed features with gaps
+    give): sok reads the row ids only, as tf.nn.safe_embedding_lookup_sparse does, and
+    matches it, outputs and gradients."""
+    rng = np.random.default_rng(len(combiner))
+    init = rng.normal(size=[40, 8]).astype(np.float32)
+    table, ref_table = sok.Variable(init), tf.Variable(init)
+    indices = tf.constant([[0, 2], [0, 7], [2, 0], [2, 5], [2, 9], [5, 3]], tf.int64)
+    ids = tf.SparseTensor(indices, tf.constant(rng.integers(0, 40, size=6), tf.int64), [7, 10])
+    weights = tf.SparseTensor(indices, tf.constant(rng.uniform(0.5, 2, size=6), tf.float32),
+                              [7, 10])
+    cotangent = tf.constant(rng.normal(size=[7, 8]).astype(np.float32))
+
+    def step():
+        with tf.GradientTape(persistent=True) as tape:
+            out = sok.lookup_sparse([table, table], [ids, ids], [None, weights],
+                                    [combiner, combiner])
+            ref = [tf.nn.safe_embedding_lookup_sparse(ref_table, ids, w, combiner=combiner)
+                   for w in (None, weights)]
+            loss = tf.add_n([tf.reduce_sum(o * cotangent) for o in out])
+            ref_loss = tf.add_n([tf.reduce_sum(r * cotangent) for r in ref])
+        return out, ref, tape.gradient(loss, table), tape.gradient(ref_loss, ref_table)
+
+    out, ref, grad, ref_grad = run_mode(mode, step)
+    for o, r in zip(out, ref):
+        np.testing.assert_allclose(o.numpy(), r.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
+                               tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_sparse_ids_out_of_order_or_outside_the_batch_are_refused(mode):
+    """Rows out of order (an unsorted SparseTensor) or outside dense_shape[0]: a clear error
+    naming the lookup and the entry, and no update."""
+    table = sok.Variable(np.ones([10, 4], np.float32), name="sparse_order")
+    opt = tf.keras.optimizers.legacy.SGD(0.1)
+    good = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([1, 2], tf.int64), [2, 1])
+
+    def step(bad):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse([table, table], [good, bad])[1])
+        opt.apply_gradients([(tape.gradient(loss, table), table)])
+
+    unsorted = tf.SparseTensor([[1, 0], [0, 0], [2, 0]], tf.constant([1, 2, 3], tf.int64), [3, 1])
+    outside = tf.SparseTensor([[0, 0], [3, 0]], tf.constant([1, 2], tf.int64), [3, 1])
+    for bad, message in [(unsorted, r"sp_ids\[1\]: entry 1 is in row 0 after an entry of row 1"),
+                         (outside, r"sp_ids\[1\]: entry 1 is in row 3, outside \[0, 3\)")]:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            run_mode(mode, lambda: step(bad))
+        np.testing.assert_array_equal(table.numpy(), np.ones([10, 4], np.float32))

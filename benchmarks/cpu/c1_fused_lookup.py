@@ -10,6 +10,8 @@ Three forms of the same ids, each timed against TensorFlow fed the same way:
   tf.function (built with from_row_lengths, so nothing says each sample holds one id) for
   sok, 26 tf.SparseTensor arguments for TensorFlow. Passing 26 composite tensors into a
   tf.function costs several ms of Python dispatch per call on either side; it is counted.
+- sparse_args: 26 tf.SparseTensor arguments on both sides (sok.lookup_sparse takes them as
+  SOK's does): the same input type and the same dispatch for both.
 - row_splits: the ids' component tensors passed in, the RaggedTensors built inside by
   from_row_splits (the dispatch left out; for TensorFlow the SparseTensors likewise).
 - one_id (hotness 1 only): the same components, RaggedTensor.from_tensor(ids[:, None]) inside,
@@ -106,6 +108,7 @@ def run_variant(dim, min_hot, max_hot, batch, vocab_sizes, iterations):
     ragged_args, sparse_args = ragged_arguments(batches)
     sok_args, tf_args = tf.function(sok_step), tf.function(tf_step)
     steps = {"ragged_args": (lambda: sok_args(ragged_args), lambda: tf_args(sparse_args)),
+             "sparse_args": (lambda: sok_args(sparse_args), lambda: tf_args(sparse_args)),
              "row_splits": (lambda: sok_row_splits(ragged), lambda: tf_components(sparse))}
     if min_hot == max_hot == 1:
         steps["one_id"] = (lambda: sok_one_id(ragged), steps["row_splits"][1])
@@ -141,7 +144,8 @@ def main():
         "benchmark": "C1 fused lookup_sparse forward+backward vs safe_embedding_lookup_sparse per table",
         "config": {"batch": args.batch, "tables": len(common.NOTEBOOK_VOCAB), "combiner": "sum",
                    "iterations": args.iterations, "ids": "uniform in [0, vocab)",
-                   "forms": "ragged_args / row_splits / one_id: see the script's docstring"},
+                   "forms": "ragged_args / sparse_args / row_splits / one_id: see the script's "
+                             "docstring"},
         "variants": results,
         "geomean_speedup_ragged_args": round(geomean(ragged), 3),
         "min_speedup_ragged_args": round(min(ragged), 3),

@@ -116,6 +116,26 @@ bool EverySampleHoldsOneId(const int64_t* row_splits, int64_t batch) {
   return iota;
 }
 
+Status RowSplitsOfSortedRows(const int64_t* row_ids, int64_t stride, int64_t nnz,
+                             int64_t num_rows, int64_t* row_splits, const std::string& what) {
+  row_splits[0] = 0;
+  int64_t row = 0;  // row_splits[0..row] written
+  for (int64_t i = 0; i < nnz; ++i) {
+    const int64_t id_row = row_ids[i * stride];
+    if (id_row < row || id_row >= num_rows) {
+      const bool out_of_range = id_row < 0 || id_row >= num_rows;
+      return Status::InvalidArgument(
+          what + ": entry " + std::to_string(i) + " is in row " + std::to_string(id_row) +
+          (out_of_range ? ", outside [0, " + std::to_string(num_rows) + ") (dense_shape[0])"
+                        : " after an entry of row " + std::to_string(row) +
+                              "; rows must be in order (tf.sparse.reorder sorts them)"));
+    }
+    while (row < id_row) row_splits[++row] = i;
+  }
+  while (row < num_rows) row_splits[++row] = nnz;
+  return Status::Ok();
+}
+
 // Lookups laid end to end: global sample number g is sample g - first[l] of lookup l, whose
 // ids are, among all lookups' ids, use_first[l] + [row_splits[s], row_splits[s + 1]).
 template <typename T>

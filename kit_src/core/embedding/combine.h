@@ -37,6 +37,13 @@ Status ValidateRowSplits(const int64_t* row_splits, int64_t batch, int64_t nnz,
 // Whether every sample holds exactly one id: row_splits ([batch + 1]) is 0, 1, ..., batch.
 bool EverySampleHoldsOneId(const int64_t* row_splits, int64_t batch);
 
+// row_splits ([num_rows + 1]) of a 2-D SparseTensor from its row ids, row_ids[i * stride] for
+// i in [0, nnz) (the first column of its indices), which must not decrease and must lie in
+// [0, num_rows): the order tf.nn.safe_embedding_lookup_sparse's segment sums require. Columns
+// are not read: a row's ids are taken in the order given, gaps between columns allowed.
+Status RowSplitsOfSortedRows(const int64_t* row_ids, int64_t stride, int64_t nnz,
+                             int64_t num_rows, int64_t* row_splits, const std::string& what);
+
 // Where row p of the (logical) rows matrix lives. `Rows` reads it, `MutableRows` writes it.
 template <typename T>
 struct DenseRows {  // one [num_rows, dim] matrix

@@ -245,6 +245,49 @@ class EverySampleHoldsOneIdOp : public tf::OpKernel {
 REGISTER_KERNEL_BUILDER(Name("Sok>EverySampleHoldsOneId").Device(tf::DEVICE_CPU),
                         EverySampleHoldsOneIdOp);
 
+// Sok>SparseRowSplits: each SparseTensor's row splits, checked, in one op.
+class SparseRowSplitsOp : public tf::OpKernel {
+ public:
+  explicit SparseRowSplitsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("names", &names_));
+    int n = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n));
+    OP_REQUIRES(ctx, static_cast<int>(names_.size()) == n,
+                tf::errors::InvalidArgument("names has ", names_.size(), " entries for ", n,
+                                            " SparseTensors"));
+  }
+  void Compute(tf::OpKernelContext* ctx) override {
+    const int n = static_cast<int>(names_.size());
+    for (int l = 0; l < n; ++l) {
+      const tf::Tensor& indices = ctx->input(l);
+      const tf::Tensor& dense_shape = ctx->input(n + l);
+      OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(dense_shape.shape()) &&
+                           dense_shape.NumElements() == 2,
+                  tf::errors::InvalidArgument(names_[l], " must be a 2-D SparseTensor; its "
+                                              "dense_shape has shape ",
+                                              dense_shape.shape().DebugString()));
+      OP_REQUIRES(ctx, tf::TensorShapeUtils::IsMatrix(indices.shape()) &&
+                           indices.dim_size(1) == 2,
+                  tf::errors::InvalidArgument(names_[l], ": indices must be [nnz, 2], got ",
+                                              indices.shape().DebugString()));
+      const int64_t rows = dense_shape.flat<int64_t>()(0);
+      OP_REQUIRES(ctx, rows >= 0, tf::errors::InvalidArgument(names_[l], ": dense_shape[0] is ",
+                                                              rows));
+      tf::Tensor* row_splits = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(l, tf::TensorShape({rows + 1}), &row_splits));
+      SOK_OP_REQUIRES_OK(ctx, RowSplitsOfSortedRows(indices.flat<int64_t>().data(), 2,
+                                                    indices.dim_size(0), rows,
+                                                    row_splits->flat<int64_t>().data(),
+                                                    names_[l]));
+    }
+  }
+
+ private:
+  std::vector<std::string> names_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>SparseRowSplits").Device(tf::DEVICE_CPU), SparseRowSplitsOp);
+
 class CheckGatheredIdsOp : public tf::OpKernel {
  public:
   // `deferred` only matters on the GPU: the CPU gather fails at once, leaving a clean record.

@@ -115,6 +115,22 @@ Whether every sample of every lookup holds exactly one id (each row_splits is 0,
 batch): the run-time choice between Sok>GatherSingleIds and the fused chain, in one op.
 )doc");
 
+REGISTER_OP("Sok>SparseRowSplits")
+    .Input("indices: N * int64")
+    .Input("dense_shape: N * int64")
+    .Output("row_splits: N * int64")
+    .Attr("N: int >= 1")
+    .Attr("names: list(string)")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      for (int l = 0; l < c->num_outputs(); ++l) c->set_output(l, c->Vector(c->UnknownDim()));
+      return Status();
+    })
+    .Doc(R"doc(
+The row splits of 2-D SparseTensors (indices [nnz, 2], dense_shape [2]) from the first column
+of their indices, which must be in order and inside dense_shape[0]; columns are not read (as
+tf.nn.safe_embedding_lookup_sparse). One pass a tensor, for all the lookups of a call.
+)doc");
+
 REGISTER_OP("Sok>GatherSingleIds")
     .Input("tables: N * resource")
     .Input("ids: N * Tindex")
