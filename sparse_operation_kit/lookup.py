@@ -474,7 +474,9 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
         is treated as replicated on every worker), static ones float32, float16 or bfloat16.
         Several lookups may share one table.
       sp_ids: list, one per lookup, of 2-D `tf.SparseTensor` or `tf.RaggedTensor` of int32 or
-        int64 ids, [local_batch, None].
+        int64 ids, [local_batch, None]. A SparseTensor's entries must be in row order
+        (`tf.sparse.reorder` sorts them; on the CPU rows out of order are refused); its
+        columns are not read, as in `tf.nn.safe_embedding_lookup_sparse`.
       sp_weights: None, or a list like sp_ids of per-id weights (entries may be None), float32
         or float16 / bfloat16 / float64 (pooled in float32).
       combiners: list of "sum", "mean" (the default) or "sqrtn".
