@@ -69,40 +69,31 @@ def _as_list(value, what):
 
 
 def _sparse_row_splits(sparse, names):
-    """Row splits of the CPU lookups' SparseTensors, in one op (Sok>SparseRowSplits): their rows
-    must be in order, as tf.nn.safe_embedding_lookup_sparse's segment sums need; columns are
-    not read. tf.RaggedTensor.from_sparse per tensor cost about 8 ms a step more at 26 lookups
-    of 8192 samples (it also checks that columns count 0, 1, ... within each row)."""
+    """Row splits of the lookups' SparseTensors, in one op (Sok>SparseRowSplits) from the first
+    column of their indices; columns are not read. On the CPU rows out of order or outside
+    dense_shape[0] are refused (tf.RaggedTensor.from_sparse per tensor, about ten ops, cost
+    8 ms a step more at 26 lookups of 8192 samples); on a GPU the op searches the row ids and
+    checks nothing (a check would make every step wait for the device; entries out of order
+    give wrong rows, as TF's own GPU lookups do). A batch size known when traced replaces
+    dense_shape (read in host memory) and stays known downstream."""
     if not sparse:
         return []
-    made = raw_ops.sok_sparse_row_splits(indices=[s.indices for s in sparse],
-                                         dense_shape=[s.dense_shape for s in sparse], names=names)
+    shapes = []
+    for s in sparse:
+        rows = tf.compat.dimension_value(s.shape[0])
+        shapes.append(s.dense_shape if rows is None else tf.constant([rows, 0], tf.int64))
+    made = raw_ops.sok_sparse_row_splits(indices=[s.indices for s in sparse], dense_shape=shapes,
+                                         names=names)
     for row_splits, s in zip(made, sparse):
         rows = tf.compat.dimension_value(s.shape[0])
-        if rows is not None:  # a batch size known when traced stays known downstream
+        if rows is not None:
             row_splits.set_shape([rows + 1])
     return list(made)
 
 
-def _sparse_as_ragged(sp_ids):
-    """A SparseTensor's rows as a RaggedTensor on a GPU: the row splits come from a binary
-    search of the row ids (an order check would make every step wait for the device; ids out
-    of order give wrong rows, as TF's own GPU lookups do)."""
-    rows = tf.compat.dimension_value(sp_ids.shape[0])
-    if rows is not None:  # known when traced (a fixed batch): dense_shape is not read
-        bounds = tf.range(rows + 1, dtype=tf.int64)
-    else:
-        with tf.device("/device:CPU:0"):
-            # tf.range reads its bounds in host memory, where dense_shape usually lives:
-            # computed on the GPU, the bound would be copied back, a wait for the device.
-            bounds = tf.range(sp_ids.dense_shape[0] + 1)
-    row_splits = tf.searchsorted(sp_ids.indices[:, 0], bounds, side="left", out_type=tf.int64)
-    return tf.RaggedTensor.from_row_splits(sp_ids.values, row_splits, validate=False)
-
-
-def _flatten_ids(sp_ids, index, on_gpu=False):
-    """(ids, row_splits, one_id); row_splits is None for a SparseTensor on the CPU, whose row
-    splits _validate makes for all such lookups at once."""
+def _flatten_ids(sp_ids, index):
+    """(ids, row_splits, one_id); row_splits is None for a SparseTensor, whose row splits
+    _validate makes for all such lookups at once."""
     if isinstance(sp_ids, tf.RaggedTensor):
         if sp_ids.ragged_rank != 1 or sp_ids.shape.rank != 2:
             raise ValueError(f"sp_ids[{index}] must be a 2-D RaggedTensor [batch, None], got "
@@ -113,9 +104,7 @@ def _flatten_ids(sp_ids, index, on_gpu=False):
             raise ValueError(f"sp_ids[{index}] must be a 2-D SparseTensor, got rank "
                              f"{sp_ids.shape.rank}")
         _check_id_dtype(sp_ids.dtype, index)
-        if not on_gpu:
-            return sp_ids.values, None, False
-        ragged = _sparse_as_ragged(sp_ids)
+        return sp_ids.values, None, False
     else:
         raise TypeError(f"sp_ids[{index}] must be a tf.SparseTensor or tf.RaggedTensor, got "
                         f"{type(sp_ids).__name__}")
@@ -189,13 +178,21 @@ def _validate(params, sp_ids, sp_weights, combiners):
     lookups = []
     for i, (param, ids, weights, combiner) in enumerate(zip(params, sp_ids, sp_weights, combiners)):
         _check_table(param, i)
-        values, row_splits, one_id = _flatten_ids(ids, i, _table_on_gpu(param))
+        values, row_splits, one_id = _flatten_ids(ids, i)
         lookups.append(_Lookup(param, values, row_splits, _flatten_weights(weights, i), combiner,
                                one_id))
-    pending = [i for i, lookup in enumerate(lookups) if lookup.row_splits is None]
-    made = _sparse_row_splits([sp_ids[i] for i in pending], [f"sp_ids[{i}]" for i in pending])
-    for i, row_splits in zip(pending, made):
-        lookups[i] = lookups[i]._replace(row_splits=row_splits)
+    # SparseTensors' row splits: one op for the lookups of CPU tables (checked there), one
+    # for those of GPU tables, each placed with its tables.
+    for on_gpu in (False, True):
+        pending = [i for i, lookup in enumerate(lookups)
+                   if lookup.row_splits is None and _table_on_gpu(lookup.table) == on_gpu]
+        if not pending:
+            continue
+        with tf.device(lookups[pending[0]].table.handle.device if on_gpu else "/device:CPU:0"):
+            made = _sparse_row_splits([sp_ids[i] for i in pending],
+                                      [f"sp_ids[{i}]" for i in pending])
+        for i, row_splits in zip(pending, made):
+            lookups[i] = lookups[i]._replace(row_splits=row_splits)
     return lookups
 
 

@@ -71,12 +71,12 @@ def test_matches_safe_embedding_lookup_sparse(combiner, weighted, form, id_dtype
 @pytest.mark.parametrize("batch_known", [True, False])
 @pytest.mark.parametrize("combiner", COMBINERS)
 def test_sparse_ids_as_given_on_a_gpu_match_tf(combiner, batch_known, monkeypatch):
-    """With tables on a GPU a SparseTensor's row splits come from a search of its row ids
-    (from_sparse's order check would wait for the device): the same results, trailing and
-    inner empty rows included. The searched bounds come from the traced batch size where it
-    is known, else from dense_shape read on the host (where tf.range reads its bounds; on a
-    GPU a bound computed there would be copied back, a wait for the device every step). Run
-    here on the CPU by telling lookup_sparse the tables are on a GPU."""
+    """With tables on a GPU a SparseTensor's row splits come from Sok>SparseRowSplits placed
+    with the tables (on a GPU it searches the row ids; an order check would wait for the
+    device): the same results, trailing and inner empty rows included. dense_shape, read in
+    host memory, is the traced batch size where that is known (nothing to copy), else the
+    SparseTensor's own. Run here on the CPU by telling lookup_sparse the tables are on a
+    GPU."""
     from sparse_operation_kit import lookup
     monkeypatch.setattr(lookup, "_table_on_gpu", lambda table: True)
     rng = np.random.default_rng(len(combiner))
@@ -101,17 +101,14 @@ def test_sparse_ids_as_given_on_a_gpu_match_tf(combiner, batch_known, monkeypatc
     np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
                                tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5, atol=1e-5)
-    searches = [op for op in step.get_concrete_function().graph.get_operations()
-                if op.type == "LowerBound"]
-    assert searches
-    for search in searches:
-        bounds = search.inputs[1].op.inputs[0].op  # the searched values, reshaped to 2-D
-        assert bounds.type == "Range"
-        limit = bounds.inputs[1].op
-        if batch_known:
-            assert limit.type == "Const", limit.type
-        else:
-            assert "CPU" in limit.device, limit.device
+    ops = [op for op in step.get_concrete_function().graph.get_operations()
+           if op.type == "Sok>SparseRowSplits"]
+    assert len(ops) == 1
+    shape = ops[0].inputs[1].op
+    if batch_known:
+        assert shape.type == "Const", shape.type
+    else:
+        assert shape.type == "Placeholder", shape.type  # the argument's dense_shape
 
 
 @pytest.mark.parametrize("dim", [1, 3, 16, 128])

@@ -225,6 +225,23 @@ __global__ void GuardSingleIdsKernel(const __grid_constant__ GpuBatch<GpuIdCopy>
   }
 }
 
+__global__ void SparseRowSplitsKernel(const __grid_constant__ GpuBatch<GpuRowSplits> batch) {
+  for (int64_t i = GlobalThread(); i < batch.total; i += GridThreads()) {
+    const GpuRowSplits& item = batch.items[FindLookup(batch.items, batch.count, i)];
+    const int64_t r = i - item.first;
+    int64_t low = 0, high = item.nnz;  // the first entry whose row is >= r
+    while (low < high) {
+      const int64_t mid = low + (high - low) / 2;
+      if (item.indices[2 * mid] < r) {
+        low = mid + 1;
+      } else {
+        high = mid;
+      }
+    }
+    item.row_splits[r] = low;
+  }
+}
+
 __global__ void DescribeBadIdKernel(const GpuPartitionLookup* lookups, bool ids64,
                                     LookupCheck* check) {
   const unsigned long long code = check->first_bad;
@@ -610,6 +627,12 @@ cudaError_t GuardSingleIds(const GpuBatch<GpuIdCopy>& batch, const LookupCheck* 
                            cudaStream_t stream) {
   if (batch.total == 0) return cudaSuccess;
   GuardSingleIdsKernel<<<GridBlocks(batch.total, kThreads), kThreads, 0, stream>>>(batch, check);
+  return cudaGetLastError();
+}
+
+cudaError_t SparseRowSplitsGpu(const GpuBatch<GpuRowSplits>& batch, cudaStream_t stream) {
+  if (batch.total == 0) return cudaSuccess;
+  SparseRowSplitsKernel<<<GridBlocks(batch.total, kThreads), kThreads, 0, stream>>>(batch);
   return cudaGetLastError();
 }
 

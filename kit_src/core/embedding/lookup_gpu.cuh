@@ -134,6 +134,20 @@ cudaError_t DescribeBadSingleId(const GpuSingleIdBatch& batch, bool ids64, Looku
 cudaError_t GuardSingleIds(const GpuBatch<GpuIdCopy>& batch, const LookupCheck* check,
                            cudaStream_t stream);
 
+// One SparseTensor's row splits: row_splits[r] = how many of its entries lie in rows below r,
+// r in [0, rows], by a binary search of the first column of indices ([nnz, 2], rows in order).
+struct GpuRowSplits {
+  const int64_t* indices = nullptr;
+  int64_t nnz = 0;
+  int64_t rows = 0;
+  int64_t first = 0;              // where its rows + 1 splits start among the batch's
+  int64_t* row_splits = nullptr;  // [rows + 1]
+};
+
+// Sok>SparseRowSplits on the GPU: no order check (it would make the step wait for the device);
+// entries out of order give wrong rows, as TensorFlow's own GPU lookups do.
+cudaError_t SparseRowSplitsGpu(const GpuBatch<GpuRowSplits>& batch, cudaStream_t stream);
+
 // Fills a kBadId record of the partition: value_a the id (ids of lookup = group, at item -
 // first), value_b its table's rows.
 cudaError_t DescribeBadId(const GpuPartitionLookup* partition_lookups, bool ids64,

@@ -249,30 +249,15 @@ REGISTER_KERNEL_BUILDER(Name("Sok>EverySampleHoldsOneId").Device(tf::DEVICE_CPU)
 class SparseRowSplitsOp : public tf::OpKernel {
  public:
   explicit SparseRowSplitsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("names", &names_));
-    int n = 0;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n));
-    OP_REQUIRES(ctx, static_cast<int>(names_.size()) == n,
-                tf::errors::InvalidArgument("names has ", names_.size(), " entries for ", n,
-                                            " SparseTensors"));
+    OP_REQUIRES_OK(ctx, ReadSparseNames(ctx, &names_));
   }
   void Compute(tf::OpKernelContext* ctx) override {
     const int n = static_cast<int>(names_.size());
     for (int l = 0; l < n; ++l) {
       const tf::Tensor& indices = ctx->input(l);
       const tf::Tensor& dense_shape = ctx->input(n + l);
-      OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(dense_shape.shape()) &&
-                           dense_shape.NumElements() == 2,
-                  tf::errors::InvalidArgument(names_[l], " must be a 2-D SparseTensor; its "
-                                              "dense_shape has shape ",
-                                              dense_shape.shape().DebugString()));
-      OP_REQUIRES(ctx, tf::TensorShapeUtils::IsMatrix(indices.shape()) &&
-                           indices.dim_size(1) == 2,
-                  tf::errors::InvalidArgument(names_[l], ": indices must be [nnz, 2], got ",
-                                              indices.shape().DebugString()));
+      OP_REQUIRES_OK(ctx, CheckSparseShapes(names_[l], indices, dense_shape));
       const int64_t rows = dense_shape.flat<int64_t>()(0);
-      OP_REQUIRES(ctx, rows >= 0, tf::errors::InvalidArgument(names_[l], ": dense_shape[0] is ",
-                                                              rows));
       tf::Tensor* row_splits = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(l, tf::TensorShape({rows + 1}), &row_splits));
       SOK_OP_REQUIRES_OK(ctx, RowSplitsOfSortedRows(indices.flat<int64_t>().data(), 2,

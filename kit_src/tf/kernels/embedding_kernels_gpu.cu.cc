@@ -341,6 +341,41 @@ class GuardIdsGpuOp : public tf::OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("Sok>GuardIds").Device(tf::DEVICE_GPU), GuardIdsGpuOp);
 
+// Sok>SparseRowSplits: a launch a kSingleIdBatch of SparseTensors; dense_shape in host memory
+// sizes the outputs.
+class SparseRowSplitsGpuOp : public tf::OpKernel {
+ public:
+  explicit SparseRowSplitsGpuOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadSparseNames(ctx, &names_));
+  }
+  void Compute(tf::OpKernelContext* ctx) override {
+    const int n = static_cast<int>(names_.size());
+    std::vector<GpuBatch<GpuRowSplits>> batches((n + kSingleIdBatch - 1) / kSingleIdBatch);
+    for (int l = 0; l < n; ++l) {
+      const tf::Tensor& indices = ctx->input(l);
+      const tf::Tensor& dense_shape = ctx->input(n + l);
+      OP_REQUIRES_OK(ctx, CheckSparseShapes(names_[l], indices, dense_shape));
+      const int64_t rows = dense_shape.flat<int64_t>()(0);
+      tf::Tensor* row_splits = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(l, tf::TensorShape({rows + 1}), &row_splits));
+      GpuBatch<GpuRowSplits>& batch = batches[l / kSingleIdBatch];
+      batch.items[batch.count++] = GpuRowSplits{indices.flat<int64_t>().data(),
+                                                indices.dim_size(0), rows, batch.total,
+                                                row_splits->flat<int64_t>().data()};
+      batch.total += rows + 1;
+    }
+    for (const GpuBatch<GpuRowSplits>& batch : batches) {
+      OP_REQUIRES_OK(ctx, CudaToTf(SparseRowSplitsGpu(batch, GpuStream(ctx)), "row splits"));
+    }
+  }
+
+ private:
+  std::vector<std::string> names_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>SparseRowSplits").Device(tf::DEVICE_GPU).HostMemory("dense_shape"),
+                        SparseRowSplitsGpuOp);
+
 class CheckGatheredIdsGpuOp : public tf::AsyncOpKernel {
  public:
   explicit CheckGatheredIdsGpuOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {

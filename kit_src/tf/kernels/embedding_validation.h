@@ -101,6 +101,39 @@ inline ::tensorflow::Status CheckKeysAndGrad(const ::tensorflow::Tensor& keys,
 
 // Sok>GatherSingleIds' check output (a LookupCheck record), as Sok>CheckGatheredIds and
 // Sok>GuardIds take it: 3 int64 values.
+// Sok>SparseRowSplits' names attr: one name a SparseTensor, for its errors.
+inline ::tensorflow::Status ReadSparseNames(::tensorflow::OpKernelConstruction* ctx,
+                                            std::vector<std::string>* names) {
+  TF_RETURN_IF_ERROR(ctx->GetAttr("names", names));
+  int n = 0;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("N", &n));
+  if (static_cast<int>(names->size()) == n) return ::tensorflow::Status();
+  return ::tensorflow::errors::InvalidArgument("names has ", names->size(), " entries for ", n,
+                                               " SparseTensors");
+}
+
+// Sok>SparseRowSplits' inputs: a 2-D SparseTensor's indices [nnz, 2] and dense_shape [2]
+// (host memory) with dense_shape[0] >= 0.
+inline ::tensorflow::Status CheckSparseShapes(const std::string& name,
+                                              const ::tensorflow::Tensor& indices,
+                                              const ::tensorflow::Tensor& dense_shape) {
+  if (!::tensorflow::TensorShapeUtils::IsVector(dense_shape.shape()) ||
+      dense_shape.NumElements() != 2) {
+    return ::tensorflow::errors::InvalidArgument(name, " must be a 2-D SparseTensor; its "
+                                                 "dense_shape has shape ",
+                                                 dense_shape.shape().DebugString());
+  }
+  if (!::tensorflow::TensorShapeUtils::IsMatrix(indices.shape()) || indices.dim_size(1) != 2) {
+    return ::tensorflow::errors::InvalidArgument(name, ": indices must be [nnz, 2], got ",
+                                                 indices.shape().DebugString());
+  }
+  const int64_t rows = dense_shape.flat<int64_t>()(0);
+  if (rows < 0) {
+    return ::tensorflow::errors::InvalidArgument(name, ": dense_shape[0] is ", rows);
+  }
+  return ::tensorflow::Status();
+}
+
 inline ::tensorflow::Status CheckRecordShape(const ::tensorflow::Tensor& check) {
   if (check.NumElements() == 3) return ::tensorflow::Status();
   return ::tensorflow::errors::InvalidArgument("check must hold 3 values, got ",
