@@ -530,9 +530,11 @@ def test_sparse_ids_with_gaps_between_columns_match_tf(combiner, mode):
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
 def test_sparse_ids_out_of_order_or_outside_the_batch_are_refused(mode):
-    """Rows out of order (an unsorted SparseTensor) or outside dense_shape[0]: a clear error
+    """Rows out of order (an unsorted SparseTensor) or outside dense_shape[0], tables on the
+    CPU (a GPU's search checks nothing, so as not to wait for the device): a clear error
     naming the lookup and the entry, and no update."""
-    table = sok.Variable(np.ones([10, 4], np.float32), name="sparse_order")
+    with tf.device("CPU:0"):
+        table = sok.Variable(np.ones([10, 4], np.float32), name="sparse_order")
     opt = tf.keras.optimizers.legacy.SGD(0.1)
     good = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([1, 2], tf.int64), [2, 1])
 
