@@ -550,3 +550,17 @@ def test_sparse_ids_out_of_order_or_outside_the_batch_are_refused(mode):
         with pytest.raises(tf.errors.InvalidArgumentError, match=message):
             run_mode(mode, lambda: step(bad))
         np.testing.assert_array_equal(table.numpy(), np.ones([10, 4], np.float32))
+
+
+def test_sparse_row_splits_refuse_malformed_tensors():
+    """Sok>SparseRowSplits called directly with what a SparseTensor cannot hold: errors name
+    the tensor and the bad shape or value."""
+    from sparse_operation_kit._ops import raw_ops
+    indices = tf.constant([[0, 0], [1, 0]], tf.int64)
+    for bad_indices, shape, message in [
+            (indices, tf.constant([2], tf.int64), "t must be a 2-D SparseTensor; its dense_shape"),
+            (tf.constant([0, 1], tf.int64), tf.constant([2, 1], tf.int64),
+             r"t: indices must be \[nnz, 2\]"),
+            (indices, tf.constant([-1, 1], tf.int64), r"t: dense_shape\[0\] is -1")]:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            raw_ops.sok_sparse_row_splits(indices=[bad_indices], dense_shape=[shape], names=["t"])

@@ -352,12 +352,10 @@ class SparseRowSplitsGpuOp : public tf::OpKernel {
     const int n = static_cast<int>(names_.size());
     std::vector<GpuBatch<GpuRowSplits>> batches((n + kSingleIdBatch - 1) / kSingleIdBatch);
     for (int l = 0; l < n; ++l) {
-      const tf::Tensor& indices = ctx->input(l);
-      const tf::Tensor& dense_shape = ctx->input(n + l);
-      OP_REQUIRES_OK(ctx, CheckSparseShapes(names_[l], indices, dense_shape));
-      const int64_t rows = dense_shape.flat<int64_t>()(0);
+      int64_t rows = 0;
       tf::Tensor* row_splits = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(l, tf::TensorShape({rows + 1}), &row_splits));
+      OP_REQUIRES_OK(ctx, PrepareRowSplits(ctx, l, n, names_[l], &rows, &row_splits));
+      const tf::Tensor& indices = ctx->input(l);
       GpuBatch<GpuRowSplits>& batch = batches[l / kSingleIdBatch];
       batch.items[batch.count++] = GpuRowSplits{indices.flat<int64_t>().data(),
                                                 indices.dim_size(0), rows, batch.total,

@@ -112,11 +112,13 @@ inline ::tensorflow::Status ReadSparseNames(::tensorflow::OpKernelConstruction* 
                                                " SparseTensors");
 }
 
-// Sok>SparseRowSplits' inputs: a 2-D SparseTensor's indices [nnz, 2] and dense_shape [2]
-// (host memory) with dense_shape[0] >= 0.
-inline ::tensorflow::Status CheckSparseShapes(const std::string& name,
-                                              const ::tensorflow::Tensor& indices,
-                                              const ::tensorflow::Tensor& dense_shape) {
+// Sok>SparseRowSplits' SparseTensor l of n (indices [nnz, 2], dense_shape [2] in host memory,
+// dense_shape[0] >= 0): its row count and its row_splits output ([rows + 1]), allocated.
+inline ::tensorflow::Status PrepareRowSplits(::tensorflow::OpKernelContext* ctx, int l, int n,
+                                             const std::string& name, int64_t* rows,
+                                             ::tensorflow::Tensor** row_splits) {
+  const ::tensorflow::Tensor& indices = ctx->input(l);
+  const ::tensorflow::Tensor& dense_shape = ctx->input(n + l);
   if (!::tensorflow::TensorShapeUtils::IsVector(dense_shape.shape()) ||
       dense_shape.NumElements() != 2) {
     return ::tensorflow::errors::InvalidArgument(name, " must be a 2-D SparseTensor; its "
@@ -127,11 +129,11 @@ inline ::tensorflow::Status CheckSparseShapes(const std::string& name,
     return ::tensorflow::errors::InvalidArgument(name, ": indices must be [nnz, 2], got ",
                                                  indices.shape().DebugString());
   }
-  const int64_t rows = dense_shape.flat<int64_t>()(0);
-  if (rows < 0) {
-    return ::tensorflow::errors::InvalidArgument(name, ": dense_shape[0] is ", rows);
+  *rows = dense_shape.flat<int64_t>()(0);
+  if (*rows < 0) {
+    return ::tensorflow::errors::InvalidArgument(name, ": dense_shape[0] is ", *rows);
   }
-  return ::tensorflow::Status();
+  return ctx->allocate_output(l, ::tensorflow::TensorShape({*rows + 1}), row_splits);
 }
 
 inline ::tensorflow::Status CheckRecordShape(const ::tensorflow::Tensor& check) {
