@@ -1,14 +1,23 @@
 """Dynamic tables on the GPU inside TensorFlow (issue: TF on the GPU, part 2).
 
+Every variant cycles 100 batches drawn once with a fixed seed (BENCHMARKS.md's method); index
+i of a draw reads the i-th key inserted into the table and row i of the static table.
 T4   one sok.DynamicVariable in GPU memory prefilled with 8Mi keys, dim 128, batch 65,536,
-     one id per sample drawn from the present keys, SGD: eval (lookup_sparse with
+     one id per sample drawn uniformly from the present keys, SGD: eval (lookup_sparse with
      training=False: find only), forward (find-or-insert), train step (forward + backward +
      update), and the table's raw find (DynamicVariable.sparse_read(insert=False)); against
      a static sok.Variable of the same size trained the same way, in the same process, and
-     the dynamicemb seed's published H100 figures for the same shape.
-G1b  the same table with batch 1Mi.
+     the dynamicemb seed's published H100 figures for G1a's shape.
 T4z  T4 with Zipf(1.2) ids (T1's draw: the smallest indices hottest, the top key about 18%
-     of the batch) over the present keys, the static table's rows drawn the same way.
+     of the batch).
+G1a  T4 with BENCHMARKS.md's GPU-suite keys: dynamicemb's PowerLaw(1, N, alpha=1.05) sampler
+     over the 8Mi keys (the first keys inserted hottest, as keys inserted when first seen
+     are in training); G1a_perm: the same draws through a fixed random permutation (the hot
+     keys' rows anywhere in the table).
+G1b  G1a with batch 1Mi (G1b_perm likewise); G1b_uniform: T4's uniform draw at batch 1Mi.
+G1c  G1b with Adam (legacy Keras Adam under OptimizerWrapper: m and v next to each row of a
+     second table holding the same keys; the static table's lazy Adam keeps Keras' slots):
+     the train steps only (eval and forward are G1b's).
 Each is measured twice: with the benchmark's loss (a sum over the outputs: its gradient is a
 [batch, 128] broadcast TensorFlow writes before the backward), and "noloss" as the published
 figures and BENCHMARKS.md's floors count a step: the output's gradient is given (a fixed
@@ -16,13 +25,14 @@ random tensor, as torch's out.backward(grad)) and eval / forward return one elem
 output. The floors: forward >= 8B + U*D*4 + P*D*4 bytes, backward+update (SGD) >= 8B + P*D*4 +
 2*U*D*4 bytes over the H100's device-to-device copy bandwidth (about 3.0 TB/s, BENCHMARKS.md;
 B lookups, U unique keys, P output rows); `floor_fraction` = floor / measured.
-A measurement runs `loop` steps inside one tf.function (a tf.range loop, as Keras'
+A measurement runs `loop` steps (>= 20 warm-up steps first) inside one tf.function (a tf.range loop, as Keras'
 steps_per_execution does), `iters` such calls back to back, waiting for the last: per-step
 time with TensorFlow's per-call dispatch (about 0.3 ms on this machine) spread over the loop,
 comparable to the GPU-event timings of the published figures. `*_call_ms` fields time one step
 per tf.function call instead. Variants interleaved in rounds, medians reported. Writes
 tf_gpu_dynamic.json to $OUT (merged with what else is there, e.g. G4).
 """
+import argparse
 import json
 import os
 import sys
@@ -34,36 +44,75 @@ import tensorflow as tf
 import sparse_operation_kit as sok
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tf_gpu import looped, timed, zipf_ids  # noqa: E402
+from tf_gpu import timed, zipf_ids  # noqa: E402
 
 KEYS, DIM = 8 << 20, 128
-DYNAMICEMB_H100 = {  # BENCHMARKS.md, G1a / G1b: dynamicemb v1 on an H100, ms
+DYNAMICEMB_H100 = {  # BENCHMARKS.md, G1a / G1b / G1c: dynamicemb v1 on an H100, ms
     "T4": {"eval_ms": 0.069, "fwd_ms": 0.196, "bwd_ms": 0.410, "train_ms": 0.606},
+    "G1a": {"eval_ms": 0.069, "fwd_ms": 0.196, "bwd_ms": 0.410, "train_ms": 0.606},
     "G1b": {"eval_ms": 0.601, "fwd_ms": 0.844, "bwd_ms": 1.616, "train_ms": 2.460},
+    "G1c": {"train_ms": 2.67},
 }
+
+
+def sgd(learning_rate):
+    return tf.keras.optimizers.legacy.SGD(learning_rate)
+
+
+def adam(learning_rate):
+    return tf.keras.optimizers.legacy.Adam(learning_rate)
 
 
 def log(*args):
     print(*args, flush=True)
 
 
-def interleaved(steps, loop, rounds=5, iters=5):
-    fns = {name: looped(step, loop) for name, step in steps.items()}
-    fns.update({name.replace("_ms", "_call_ms"): tf.function(step)
+def interleaved(steps, loop, keys_all, rows_all, rounds=5, iters=5, warmup_steps=20):
+    """Medians of `rounds` interleaved rounds of each step(batch), batch = (keys, rows) of one
+    of the drawn batches, taken in turn across calls (the batches are passed in, so a step
+    computes no index: an index counted on the GPU cost 7 small ops a step, one from the host
+    made the step a two-device function). "_ms": `loop` batches a call in a tf.range loop
+    (as Keras' steps_per_execution), per step; "_call_ms": one batch a call."""
+    batches = int(keys_all.shape[0])
+    assert batches >= loop, f"{batches} batches cannot fill a loop of {loop}"
+    windows = [(keys_all[w:w + loop], rows_all[w:w + loop])
+               for w in range(0, batches - loop + 1, loop)]
+    singles = [(keys_all[i], rows_all[i]) for i in range(batches)]
+
+    def looped_over(step):
+        @tf.function
+        def run(keys, rows):
+            total = tf.constant(0.0)
+            for k in tf.range(loop):
+                total += step((keys[k], rows[k]))
+            return total
+        return run
+
+    def in_turn(fn, inputs):
+        position = {"next": 0}
+
+        def call():
+            position["next"] += 1
+            return fn(*inputs[position["next"] % len(inputs)])
+        return call
+
+    fns = {name: (in_turn(looped_over(step), windows), loop) for name, step in steps.items()}
+    fns.update({name.replace("_ms", "_call_ms"):
+                (in_turn(tf.function(lambda keys, rows, step=step: step((keys, rows))), singles), 1)
                 for name, step in steps.items()})
-    for fn in fns.values():
-        fn().numpy()
+    for fn, steps_a_call in fns.values():
+        for _ in range(max(1, warmup_steps // steps_a_call)):
+            fn().numpy()
     samples = {name: [] for name in fns}
     for _ in range(rounds):
-        for name, fn in fns.items():
-            per_call = timed(fn, iters)
-            samples[name].append(per_call if "_call_" in name else per_call / loop)
+        for name, (fn, steps_a_call) in fns.items():
+            samples[name].append(timed(fn, iters) / steps_a_call)
     return {name: float(np.median(v)) for name, v in samples.items()}
 
 
-def prefilled_table(present):
-    table = sok.DynamicVariable(DIM, name="t4", initializer="uniform",
-                                init_capacity=KEYS + (KEYS >> 3))
+def prefilled_table(present, name="t4", capacity=2 * KEYS):
+    """A table (LRU, the default) of the KEYS present keys, inserted in their order."""
+    table = sok.DynamicVariable(DIM, name=name, initializer="uniform", init_capacity=capacity)
     for start in range(0, KEYS, 1 << 20):
         table.sparse_read(tf.constant(present[start:start + (1 << 20)]))
     assert int(table.size) == KEYS
@@ -78,70 +127,94 @@ def zipf_draw(rng, count):
     return zipf_ids(rng, KEYS, count)
 
 
-def measure(table, static, present, batch, rng, draw=uniform_draw):
-    keys = tf.constant(present[draw(rng, batch)])
-    rows = tf.constant(draw(rng, batch), tf.int64)
-    ragged = tf.RaggedTensor.from_tensor(keys[:, None])
-    static_ragged = tf.RaggedTensor.from_tensor(rows[:, None])
-    sok_opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.01))
-    static_opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.01))
+def power_law_draw(rng, count, alpha=1.05):
+    """BENCHMARKS.md's GPU-suite keys (dynamicemb's PowerLaw(1, N, alpha) sampler): indices in
+    [1, N - 1], the smallest hottest."""
+    x = rng.random(count)
+    y = (x * (KEYS ** (1.0 - alpha) - 1.0) + 1.0) ** (1.0 / (1.0 - alpha))
+    return np.minimum(y, KEYS - 1).astype(np.int64)
 
-    def forward(training):
-        return sok.lookup_sparse([table], [ragged], combiners=["sum"], training=training)[0]
+
+def measure(table, static, present, batch, rng, draw=uniform_draw, optimizer=sgd,
+            state_floats=0, only=None, batches=100, permutation=None):
+    """Times the variants (all, or those named in `only`) over `batches` batches drawn once
+    and cycled: index i of a draw reads key present[i] of the table and row i of the static
+    table (with `permutation`, key present[permutation[i]] and row permutation[i]), with
+    `optimizer` (a legacy Keras optimizer of a learning rate) keeping `state_floats` floats
+    of state a row."""
+    drawn = draw(rng, batches * batch).reshape(batches, batch)
+    if permutation is not None:
+        drawn = permutation[drawn]
+    keys_all = tf.constant(present[drawn])
+    rows_all = tf.constant(drawn, tf.int64)
+    sok_opt = sok.OptimizerWrapper(optimizer(0.01))
+    static_opt = sok.OptimizerWrapper(optimizer(0.01))
+
+    def one_id(ids):
+        return tf.RaggedTensor.from_uniform_row_length(ids, 1, validate=False)
+
+    def forward(batch, training):
+        return sok.lookup_sparse([table], [one_id(batch[0])], combiners=["sum"],
+                                 training=training)[0]
+
+    def static_forward(batch):
+        return sok.lookup_sparse([static], [one_id(batch[1])], combiners=["sum"])[0]
 
     def train(tables, optimizer, fwd):
-        def step():
+        def step(batch):
             with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(fwd())
+                loss = tf.reduce_sum(fwd(batch))
             optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
             return loss
         return step
 
     # Correctness first: the lookup equals the table's own rows of those keys.
-    np.testing.assert_array_equal(forward(False).numpy(),
-                                  table.sparse_read(keys, insert=False).numpy())
-    def forward_backward():
+    np.testing.assert_array_equal(forward((keys_all[0], rows_all[0]), False).numpy(),
+                                  table.sparse_read(keys_all[0], insert=False).numpy())
+
+    def forward_backward(batch):
         with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(forward(True))
+            loss = tf.reduce_sum(forward(batch, True))
         return tf.reduce_sum(tape.gradient(loss, table).values)
 
-    fixed_grad = tf.IndexedSlices(tf.ones([batch, DIM]), keys)
-    apply_opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(1e-9))
+    ones = tf.ones([batch, DIM])
+    apply_opt = sok.OptimizerWrapper(optimizer(1e-9))
 
     out_grad = tf.random.stateless_uniform([batch, DIM], [5, 6], -1.0, 1.0)
-    noloss_opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(1e-6))
-    static_noloss_opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(1e-6))
+    noloss_opt = sok.OptimizerWrapper(optimizer(1e-6))
+    static_noloss_opt = sok.OptimizerWrapper(optimizer(1e-6))
 
     def train_noloss(tables, optimizer, fwd):
-        def step():
+        def step(batch):
             with tf.GradientTape() as tape:
-                out = fwd()
+                out = fwd(batch)
             grads = tape.gradient(out, tables, output_gradients=out_grad)
             optimizer.apply_gradients(zip(grads, tables))
             return out[0, 0]
         return step
 
-    def static_forward():
-        return sok.lookup_sparse([static], [static_ragged], combiners=["sum"])[0]
-
-    def apply_only():
-        apply_opt.apply_gradients([(fixed_grad, table)])
+    def apply_only(batch):
+        apply_opt.apply_gradients([(tf.IndexedSlices(ones, batch[0]), table)])
         return tf.constant(0.0)
 
-    result = interleaved({
-        "sok_find_ms": lambda: tf.reduce_sum(table.sparse_read(keys, insert=False)),
+    steps = {
+        "sok_find_ms": lambda batch: tf.reduce_sum(table.sparse_read(batch[0], insert=False)),
         "sok_fwd_bwd_ms": forward_backward,
         "sok_apply_ms": apply_only,
-        "sok_eval_ms": lambda: tf.reduce_sum(forward(False)),
-        "sok_fwd_ms": lambda: tf.reduce_sum(forward(True)),
-        "sok_train_ms": train([table], sok_opt, lambda: forward(True)),
+        "sok_eval_ms": lambda batch: tf.reduce_sum(forward(batch, False)),
+        "sok_fwd_ms": lambda batch: tf.reduce_sum(forward(batch, True)),
+        "sok_train_ms": train([table], sok_opt, lambda batch: forward(batch, True)),
         "static_train_ms": train([static], static_opt, static_forward),
-        "sok_eval_noloss_ms": lambda: forward(False)[0, 0],
-        "sok_fwd_noloss_ms": lambda: forward(True)[0, 0],
-        "sok_train_noloss_ms": train_noloss([table], noloss_opt, lambda: forward(True)),
+        "sok_eval_noloss_ms": lambda batch: forward(batch, False)[0, 0],
+        "sok_fwd_noloss_ms": lambda batch: forward(batch, True)[0, 0],
+        "sok_train_noloss_ms": train_noloss([table], noloss_opt,
+                                            lambda batch: forward(batch, True)),
         "static_train_noloss_ms": train_noloss([static], static_noloss_opt, static_forward),
-    }, loop=20 if batch <= 65536 else 5)
-    result.update(floors(keys.numpy(), result))
+    }
+    result = interleaved({name: step for name, step in steps.items() if not only or name in only},
+                         20 if batch <= 65536 else 5, keys_all, rows_all)
+    result.update(floors(drawn[:10], result, state_floats))
+    result["batches_cycled"] = batches
     assert int(table.size) == KEYS  # every key was present: nothing inserted
     return result
 
@@ -149,20 +222,38 @@ def measure(table, static, present, batch, rng, draw=uniform_draw):
 COPY_BYTES_PER_S = 3.0e12  # H100 device-to-device copy, bytes read + written (BENCHMARKS.md)
 
 
-def floors(keys, result):
-    """BENCHMARKS.md's bytes floors of this batch (SGD: no state) and the fraction of them the
-    noloss steps reach."""
-    b, u = len(keys), len(np.unique(keys))
+def floors(keys, result, state_floats=0):
+    """BENCHMARKS.md's bytes floors of batches `keys` ([n, B]; U their mean unique count),
+    rows with `state_floats` floats of optimizer state (SGD 0, Adam 2 * DIM), and the fraction
+    of them the noloss steps measured reach."""
+    b = keys.shape[1]
+    u = float(np.mean([len(np.unique(k)) for k in keys]))
     row = DIM * 4
     fwd = 8 * b + u * row + b * row
-    bwd = 8 * b + b * row + 2 * u * row
+    bwd = 8 * b + b * row + 2 * u * (DIM + state_floats) * 4
     floor_ms = {"eval": fwd / COPY_BYTES_PER_S * 1e3, "fwd": fwd / COPY_BYTES_PER_S * 1e3,
                 "train": (fwd + bwd) / COPY_BYTES_PER_S * 1e3}
     return {"unique_keys": u, "floor_ms": floor_ms,
-            "floor_fraction": {k: v / result[f"sok_{k}_noloss_ms"] for k, v in floor_ms.items()}}
+            "floor_fraction": {k: v / result[f"sok_{k}_noloss_ms"] for k, v in floor_ms.items()
+                               if f"sok_{k}_noloss_ms" in result}}
+
+
+VARIANTS = {  # name: (batch, draw, permuted)
+    "T4": (65536, uniform_draw, False), "G1b_uniform": (1 << 20, uniform_draw, False),
+    "T4z": (65536, zipf_draw, False), "G1a": (65536, power_law_draw, False),
+    "G1a_perm": (65536, power_law_draw, True), "G1b": (1 << 20, power_law_draw, False),
+    "G1b_perm": (1 << 20, power_law_draw, True),
+}
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--capacity", type=int, default=2 * KEYS,
+                        help="the tables' init_capacity (rows); with room for fewer new keys "
+                             "than a few batches, a find-or-insert waits to count its new keys")
+    parser.add_argument("--variants", default=",".join(list(VARIANTS) + ["G1c"]))
+    args = parser.parse_args()
+    chosen = args.variants.split(",")
     out_dir = os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "..", "results"))
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
@@ -174,17 +265,32 @@ def main():
     assert len(present) == KEYS  # 8Mi draws from 2^64 values: no repeat in practice
     rng.shuffle(present)
     with tf.device("GPU:0"):
-        table = prefilled_table(present)
+        table = prefilled_table(present, capacity=args.capacity)
         static = sok.Variable(tf.random.stateless_uniform([KEYS, DIM], [1, 2], -0.05, 0.05),
                               name="t4_static")
-        results = {"device": details.get("device_name", "GPU")}
-        for name, batch, draw in [("T4", 65536, uniform_draw), ("G1b", 1 << 20, uniform_draw),
-                                  ("T4z", 65536, zipf_draw)]:
-            result = measure(table, static, present, batch, rng, draw)
+        results = {"device": details.get("device_name", "GPU"),
+                   "table": {"keys": KEYS, "init_capacity": args.capacity, "evict": "lru"}}
+        permutation = rng.permutation(KEYS)
+        for name in chosen:
+            if name not in VARIANTS:
+                continue
+            batch, draw, permuted = VARIANTS[name]
+            result = measure(table, static, present, batch, rng, draw,
+                             permutation=permutation if permuted else None)
+            result["keys"] = draw.__name__.replace("_draw", "") + (", permuted" if permuted else "")
             if name in DYNAMICEMB_H100:
                 result["dynamicemb_h100"] = DYNAMICEMB_H100[name]
             log(name, json.dumps(result))
             results[name] = result
+        if "G1c" in chosen:
+            adam_table = prefilled_table(present, name="g1c", capacity=args.capacity)
+            result = measure(adam_table, static, present, 1 << 20, rng, power_law_draw,
+                             optimizer=adam, state_floats=2 * DIM,
+                             only={"sok_train_ms", "sok_train_noloss_ms", "static_train_noloss_ms"})
+            result["keys"] = "power_law"
+            result["dynamicemb_h100"] = DYNAMICEMB_H100["G1c"]
+            log("G1c", json.dumps(result))
+            results["G1c"] = result
     path = os.path.join(out_dir, "tf_gpu_dynamic.json")
     if os.path.exists(path):
         with open(path) as handle:

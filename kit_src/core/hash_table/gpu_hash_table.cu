@@ -236,7 +236,12 @@ __device__ __forceinline__ void Touch(uint64_t* meta, EvictStrategy evict, uint6
       atomicAdd(reinterpret_cast<unsigned long long*>(meta), 1ull << kScoreShift);
     }
   } else if (evict == EvictStrategy::kLru) {
-    *meta = (*meta & ~kScoreBits) | ((clock < kMaxScore ? clock : kMaxScore) << kScoreShift);
+    const uint64_t seen = *meta;
+    const uint64_t touched =
+        (seen & ~kScoreBits) | ((clock < kMaxScore ? clock : kMaxScore) << kScoreShift);
+    // All uses of a key in one call write the same value: only a use that sees another
+    // value writes (a power-law key's thousands of writes to one word serialise).
+    if (touched != seen) *meta = touched;
   }
 }
 
@@ -284,7 +289,9 @@ __device__ __forceinline__ WarpLanes SplitWarps(int lanes) {
 
 // A write of the row at `now` (its write stamp).
 __device__ __forceinline__ void StampRow(uint64_t* meta, uint32_t now) {
-  *meta = (*meta & ~kStampBits) | now;
+  const uint64_t seen = *meta;
+  const uint64_t stamped = (seen & ~kStampBits) | now;
+  if (stamped != seen) *meta = stamped;  // as Touch: a hot row's uses write it once
 }
 
 // Hands each lane group its next rows from the lanes that resolved them.
