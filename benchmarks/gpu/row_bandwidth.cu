@@ -8,6 +8,7 @@
 //   gather    out[i] = table[idx[i]], 1Mi ids uniform in [0, 8Mi) (G1b's forward / eval rows)
 //   update    table[u[i]] -= lr * grad[i], 1Mi distinct rows (the SGD update's rows, no atomics)
 //   atomic    the same with float4 atomicAdd (sm_90)
+//   gather of power-law ids (G1a / G1b's keys), hot rows first and permuted
 // each with 1..16 rows in flight a warp (a warp moves one 512-byte row per float4 access),
 // idx in random and in sorted order. CUDA events, median of `reps` after `warmup`.
 //
@@ -16,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -190,6 +192,28 @@ int main() {
                      MedianMs([&] { CHECK_CUDA(cudaMemcpyAsync(copy_to, copy_from, copy_bytes, cudaMemcpyDeviceToDevice)); },
                               10, 50),
                      2.0 * copy_bytes});
+  // G1a / G1b's keys (BENCHMARKS.md: dynamicemb's PowerLaw(1, N, 1.05) sampler), hot rows
+  // first and through a fixed permutation: the gather only (duplicates, no plain update).
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::vector<int64_t> power_law(kBatch);
+  const double alpha = 1.05, top = std::pow(static_cast<double>(kRows), 1.0 - alpha) - 1.0;
+  for (auto& id : power_law) {
+    const double y = std::pow(unit(rng) * top + 1.0, 1.0 / (1.0 - alpha));
+    id = std::min<int64_t>(static_cast<int64_t>(y), kRows - 1);
+  }
+  for (const bool permuted : {false, true}) {
+    std::vector<int64_t> g = power_law;
+    if (permuted) for (auto& id : g) id = all[id];
+    int64_t* dev_ids = Upload(g);
+    const char* order = permuted ? "power_law_permuted" : "power_law";
+    results.push_back({"gather", order, 4,
+                       MedianMs([&] { GatherRows<4><<<blocks, kThreads>>>(table, dev_ids, kBatch, out); }, 10, 50),
+                       kBatch * (8.0 + 2 * kDim * 4.0)});
+    results.push_back({"gather", order, 8,
+                       MedianMs([&] { GatherRows<8><<<blocks, kThreads>>>(table, dev_ids, kBatch, out); }, 10, 50),
+                       kBatch * (8.0 + 2 * kDim * 4.0)});
+    CHECK_CUDA(cudaFree(dev_ids));
+  }
   for (const bool sorted : {false, true}) {
     std::vector<int64_t> g = ids, d = distinct;
     if (sorted) {

@@ -67,24 +67,25 @@ def log(*args):
     print(*args, flush=True)
 
 
-def interleaved(steps, loop, keys_all, rows_all, rounds=5, iters=5, warmup_steps=20):
-    """Medians of `rounds` interleaved rounds of each step(batch), batch = (keys, rows) of one
-    of the drawn batches, taken in turn across calls (the batches are passed in, so a step
-    computes no index: an index counted on the GPU cost 7 small ops a step, one from the host
-    made the step a two-device function). "_ms": `loop` batches a call in a tf.range loop
-    (as Keras' steps_per_execution), per step; "_call_ms": one batch a call."""
+def interleaved(steps, loop, keys_all, rows_all, rounds=5, iters=20, warmup_steps=20):
+    """Medians of `rounds` interleaved rounds of each step(ids): ids one of the drawn batches
+    (the static table's rows for "static_" steps, else the dynamic table's keys), taken in turn
+    across calls. The batches are passed in, so a step computes no index (an index counted on
+    the GPU cost 7 small ops a step, one from the host made the step a two-device function).
+    "_ms": `loop` batches a call in a tf.range loop (as Keras' steps_per_execution), per step;
+    "_call_ms": one batch a call."""
     batches = int(keys_all.shape[0])
     assert batches >= loop, f"{batches} batches cannot fill a loop of {loop}"
-    windows = [(keys_all[w:w + loop], rows_all[w:w + loop])
-               for w in range(0, batches - loop + 1, loop)]
-    singles = [(keys_all[i], rows_all[i]) for i in range(batches)]
+
+    def ids_of(name):
+        return rows_all if name.startswith("static_") else keys_all
 
     def looped_over(step):
         @tf.function
-        def run(keys, rows):
+        def run(ids):
             total = tf.constant(0.0)
             for k in tf.range(loop):
-                total += step((keys[k], rows[k]))
+                total += step(ids[k])
             return total
         return run
 
@@ -96,10 +97,13 @@ def interleaved(steps, loop, keys_all, rows_all, rounds=5, iters=5, warmup_steps
             return fn(*inputs[position["next"] % len(inputs)])
         return call
 
-    fns = {name: (in_turn(looped_over(step), windows), loop) for name, step in steps.items()}
-    fns.update({name.replace("_ms", "_call_ms"):
-                (in_turn(tf.function(lambda keys, rows, step=step: step((keys, rows))), singles), 1)
-                for name, step in steps.items()})
+    fns = {}
+    for name, step in steps.items():
+        ids = ids_of(name)
+        windows = [(ids[w:w + loop],) for w in range(0, batches - loop + 1, loop)]
+        fns[name] = (in_turn(looped_over(step), windows), loop)
+        fns[name.replace("_ms", "_call_ms")] = (
+            in_turn(tf.function(step), [(ids[i],) for i in range(batches)]), 1)
     for fn, steps_a_call in fns.values():
         for _ in range(max(1, warmup_steps // steps_a_call)):
             fn().numpy()
@@ -153,28 +157,28 @@ def measure(table, static, present, batch, rng, draw=uniform_draw, optimizer=sgd
     def one_id(ids):
         return tf.RaggedTensor.from_uniform_row_length(ids, 1, validate=False)
 
-    def forward(batch, training):
-        return sok.lookup_sparse([table], [one_id(batch[0])], combiners=["sum"],
+    def forward(keys, training):
+        return sok.lookup_sparse([table], [one_id(keys)], combiners=["sum"],
                                  training=training)[0]
 
-    def static_forward(batch):
-        return sok.lookup_sparse([static], [one_id(batch[1])], combiners=["sum"])[0]
+    def static_forward(rows):
+        return sok.lookup_sparse([static], [one_id(rows)], combiners=["sum"])[0]
 
     def train(tables, optimizer, fwd):
-        def step(batch):
+        def step(ids):
             with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(fwd(batch))
+                loss = tf.reduce_sum(fwd(ids))
             optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
             return loss
         return step
 
     # Correctness first: the lookup equals the table's own rows of those keys.
-    np.testing.assert_array_equal(forward((keys_all[0], rows_all[0]), False).numpy(),
+    np.testing.assert_array_equal(forward(keys_all[0], False).numpy(),
                                   table.sparse_read(keys_all[0], insert=False).numpy())
 
-    def forward_backward(batch):
+    def forward_backward(keys):
         with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(forward(batch, True))
+            loss = tf.reduce_sum(forward(keys, True))
         return tf.reduce_sum(tape.gradient(loss, table).values)
 
     ones = tf.ones([batch, DIM])
@@ -185,30 +189,30 @@ def measure(table, static, present, batch, rng, draw=uniform_draw, optimizer=sgd
     static_noloss_opt = sok.OptimizerWrapper(optimizer(1e-6))
 
     def train_noloss(tables, optimizer, fwd):
-        def step(batch):
+        def step(ids):
             with tf.GradientTape() as tape:
-                out = fwd(batch)
+                out = fwd(ids)
             grads = tape.gradient(out, tables, output_gradients=out_grad)
             optimizer.apply_gradients(zip(grads, tables))
             return out[0, 0]
         return step
 
-    def apply_only(batch):
-        apply_opt.apply_gradients([(tf.IndexedSlices(ones, batch[0]), table)])
+    def apply_only(keys):
+        apply_opt.apply_gradients([(tf.IndexedSlices(ones, keys), table)])
         return tf.constant(0.0)
 
     steps = {
-        "sok_find_ms": lambda batch: tf.reduce_sum(table.sparse_read(batch[0], insert=False)),
+        "sok_find_ms": lambda keys: tf.reduce_sum(table.sparse_read(keys, insert=False)),
         "sok_fwd_bwd_ms": forward_backward,
         "sok_apply_ms": apply_only,
-        "sok_eval_ms": lambda batch: tf.reduce_sum(forward(batch, False)),
-        "sok_fwd_ms": lambda batch: tf.reduce_sum(forward(batch, True)),
-        "sok_train_ms": train([table], sok_opt, lambda batch: forward(batch, True)),
+        "sok_eval_ms": lambda keys: tf.reduce_sum(forward(keys, False)),
+        "sok_fwd_ms": lambda keys: tf.reduce_sum(forward(keys, True)),
+        "sok_train_ms": train([table], sok_opt, lambda keys: forward(keys, True)),
         "static_train_ms": train([static], static_opt, static_forward),
-        "sok_eval_noloss_ms": lambda batch: forward(batch, False)[0, 0],
-        "sok_fwd_noloss_ms": lambda batch: forward(batch, True)[0, 0],
+        "sok_eval_noloss_ms": lambda keys: forward(keys, False)[0, 0],
+        "sok_fwd_noloss_ms": lambda keys: forward(keys, True)[0, 0],
         "sok_train_noloss_ms": train_noloss([table], noloss_opt,
-                                            lambda batch: forward(batch, True)),
+                                            lambda keys: forward(keys, True)),
         "static_train_noloss_ms": train_noloss([static], static_noloss_opt, static_forward),
     }
     result = interleaved({name: step for name, step in steps.items() if not only or name in only},
