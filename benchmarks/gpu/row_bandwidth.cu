@@ -8,7 +8,8 @@
 //   gather    out[i] = table[idx[i]], 1Mi ids uniform in [0, 8Mi) (G1b's forward / eval rows)
 //   update    table[u[i]] -= lr * grad[i], 1Mi distinct rows (the SGD update's rows, no atomics)
 //   atomic    the same with float4 atomicAdd (sm_90)
-//   gather of power-law ids (G1a / G1b's keys), hot rows first and permuted
+//   gather of power-law ids (G1a / G1b's keys), hot rows first and permuted, also with
+//   evict-first output stores
 // each with 1..16 rows in flight a warp (a warp moves one 512-byte row per float4 access),
 // idx in random and in sorted order. CUDA events, median of `reps` after `warmup`.
 //
@@ -46,7 +47,9 @@ static_assert(kWidth == 32, "one float4 per lane of a warp");
 constexpr int kThreads = 256;
 
 // Each warp takes `InFlight` rows at a time: all loads issued before the first store.
-template <int InFlight>
+// Streaming: the output written with evict-first stores (st.global.cs), so it does not push
+// the hot rows out of L2.
+template <int InFlight, bool Streaming = false>
 __global__ void GatherRows(const float4* table, const int64_t* idx, int64_t n, float4* out) {
   const int lane = threadIdx.x & 31;
   const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5;
@@ -59,7 +62,12 @@ __global__ void GatherRows(const float4* table, const int64_t* idx, int64_t n, f
     }
 #pragma unroll
     for (int u = 0; u < InFlight; ++u) {
-      if (base + u < n) out[(base + u) * kWidth + lane] = v[u];
+      if (base + u >= n) continue;
+      if (Streaming) {
+        __stcs(out + (base + u) * kWidth + lane, v[u]);
+      } else {
+        out[(base + u) * kWidth + lane] = v[u];
+      }
     }
   }
 }
@@ -211,6 +219,9 @@ int main() {
                        kBatch * (8.0 + 2 * kDim * 4.0)});
     results.push_back({"gather", order, 8,
                        MedianMs([&] { GatherRows<8><<<blocks, kThreads>>>(table, dev_ids, kBatch, out); }, 10, 50),
+                       kBatch * (8.0 + 2 * kDim * 4.0)});
+    results.push_back({"gather_streaming_stores", order, 4,
+                       MedianMs([&] { GatherRows<4, true><<<blocks, kThreads>>>(table, dev_ids, kBatch, out); }, 10, 50),
                        kBatch * (8.0 + 2 * kDim * 4.0)});
     CHECK_CUDA(cudaFree(dev_ids));
   }
