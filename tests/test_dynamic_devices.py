@@ -242,15 +242,17 @@ def test_erase_reinsert_cycles_do_not_leak_capacity(device):
     np.testing.assert_array_equal(np.sort(export_sorted(table)[0]), np.sort(live))
 
 
-@pytest.mark.parametrize("strategy", ["lru", "lfu"])
-def test_eviction_choices_agree_across_devices(strategy):
-    tables = [make(device, 2, f"evict_{strategy}", initializer="zeros", max_capacity=100,
-                   evict_strategy=strategy, init_capacity=16) for device in DEVICES]
+@pytest.mark.parametrize("strategy,lru_uses", [("lru", 1), ("lru", 200), ("lfu", None)])
+def test_eviction_choices_agree_across_devices(strategy, lru_uses):
+    tables = [make(device, 2, f"evict_{strategy}_{lru_uses}", initializer="zeros",
+                   max_capacity=100, evict_strategy=strategy, init_capacity=16)
+              for device in DEVICES]
     for table in tables:
         read(table, range(100))
-        # Distinct scores: key k used k more times (LFU) or last used in call k (LRU).
+        # Distinct scores: key k used k more times (LFU) or last used in call k (LRU; many
+        # uses in one call score as one, the GPU writing the score once).
         for k in range(100):
-            read(table, [k] * (1 if strategy == "lru" else k + 1))
+            read(table, [k] * (lru_uses if strategy == "lru" else k + 1))
         read(table, range(1000, 1030))  # 30 new keys: the 30 lowest-scored leave
         kept = set(export_sorted(table)[0].tolist())
         assert kept == set(range(30, 100)) | set(range(1000, 1030))
@@ -403,6 +405,29 @@ def test_export_import_and_written_since(device, tmp_path):
         table.handle, tf.constant(moment, tf.int64)))
     assert sorted(written.tolist()) == [7, 8]
     np.testing.assert_array_equal(values, np.ones([2, 3]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dim,optimizer", [(4, "sgd"), (3, "adam")])
+def test_updates_stamp_keys_used_many_times_in_one_step(device, dim, optimizer):
+    # A power-law batch: key 5 used 500 times, key 6 once, key 7 only read. The update stamps
+    # both written keys (on the GPU: the tiled SGD for float4 rows, the claimed update else).
+    import time
+    table = make(device, dim, f"stamps_{optimizer}", initializer="uniform")
+    read(table, range(10))
+    time.sleep(0.01)
+    moment = int(time.time() * 1e6)
+    time.sleep(0.01)
+    keys = [5] * 500 + [6]
+    inner = (tf.keras.optimizers.legacy.SGD(0.1) if optimizer == "sgd"
+             else tf.keras.optimizers.legacy.Adam(0.1))
+    with tf.device(table.handle.device):
+        read(table, [7])
+        sok.OptimizerWrapper(inner).apply_gradients(
+            [(tf.IndexedSlices(tf.ones([len(keys), dim]), keys_of(keys)), table)])
+    written, _ = (t.numpy() for t in raw_ops.sok_dynamic_table_export_written(
+        table.handle, tf.constant(moment, tf.int64)))
+    assert sorted(written.tolist()) == [5, 6]
 
 
 @pytest.mark.parametrize("device", DEVICES)
