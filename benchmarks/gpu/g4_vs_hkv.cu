@@ -19,19 +19,11 @@
 #include <memory>
 #include <vector>
 
+#include "benchmarks/gpu/cuda_check.h"
 #include "kit_src/core/hash_table/gpu_hash_table.cuh"
 #include "merlin_hashtable.cuh"
 
 namespace {
-
-#define CHECK_CUDA(expr)                                                           \
-  do {                                                                             \
-    cudaError_t e = (expr);                                                        \
-    if (e != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
 
 // Stream-ordered device memory (the table frees scratch right after enqueuing its work).
 class StreamMemory : public sok::GpuMemory {

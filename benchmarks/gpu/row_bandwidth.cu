@@ -13,7 +13,8 @@
 // each with 1..16 rows in flight a warp (a warp moves one 512-byte row per float4 access),
 // idx in random and in sorted order. CUDA events, median of `reps` after `warmup`.
 //
-// Build: nvcc -std=c++17 -O3 -arch=sm_90 benchmarks/gpu/row_bandwidth.cu -o row_bandwidth
+// Build (from the repository root): nvcc -std=c++17 -O3 -arch=sm_90 -I.
+//   benchmarks/gpu/row_bandwidth.cu -o row_bandwidth
 // Run:   ./row_bandwidth > row_bandwidth.json
 #include <cuda_runtime.h>
 
@@ -28,16 +29,10 @@
 #include <string>
 #include <vector>
 
-namespace {
+#include "benchmarks/gpu/cuda_check.h"
+#include "kit_src/core/cuda_atomic.cuh"
 
-#define CHECK_CUDA(expr)                                                              \
-  do {                                                                                \
-    cudaError_t e = (expr);                                                           \
-    if (e != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
+namespace {
 
 constexpr int64_t kRows = int64_t{8} << 20;
 constexpr int64_t kBatch = int64_t{1} << 20;
@@ -93,14 +88,7 @@ __global__ void UpdateRows(float4* table, const int64_t* idx, int64_t n, const f
       float4* row = table + idx[base + u] * kWidth + lane;
       const float4 step = make_float4(-lr * g[u].x, -lr * g[u].y, -lr * g[u].z, -lr * g[u].w);
       if (Atomic) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        atomicAdd(row, step);
-#else
-        atomicAdd(&row->x, step.x);
-        atomicAdd(&row->y, step.y);
-        atomicAdd(&row->z, step.z);
-        atomicAdd(&row->w, step.w);
-#endif
+        sok::AtomicAddFloat4(row, step);
       } else {
         *row = make_float4(w[u].x + step.x, w[u].y + step.y, w[u].z + step.z, w[u].w + step.w);
       }
