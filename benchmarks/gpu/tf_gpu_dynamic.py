@@ -25,11 +25,13 @@ random tensor, as torch's out.backward(grad)) and eval / forward return one elem
 output. The floors: forward >= 8B + U*D*4 + P*D*4 bytes, backward+update (SGD) >= 8B + P*D*4 +
 2*U*D*4 bytes over the H100's device-to-device copy bandwidth (about 3.0 TB/s, BENCHMARKS.md;
 B lookups, U unique keys, P output rows); `floor_fraction` = floor / measured.
-A measurement runs `loop` steps (>= 20 warm-up steps first) inside one tf.function (a tf.range loop, as Keras'
-steps_per_execution does), `iters` such calls back to back, waiting for the last: per-step
-time with TensorFlow's per-call dispatch (about 0.3 ms on this machine) spread over the loop,
-comparable to the GPU-event timings of the published figures. `*_call_ms` fields time one step
-per tf.function call instead. Variants interleaved in rounds, medians reported. Writes
+A measurement runs `loop` steps (100 at 65,536 keys, 20 at 1Mi; >= 20 warm-up steps first)
+inside one tf.function (a tf.range loop, as Keras' steps_per_execution does), calls back to
+back, waiting for the last: per-step time with TensorFlow's per-call dispatch (about 0.3 ms on
+this machine) spread over the loop, comparable to the GPU-event timings of the published
+figures. `*_call_ms` fields time one step per tf.function call instead. `empty_step_ms` is the
+same loop with a step that only reads one id of its batch: TensorFlow's own cost of a loop
+step, which bounds the small (65,536-key) steps from below whatever their kernels take. Variants interleaved in rounds, medians reported. Writes
 tf_gpu_dynamic.json to $OUT (merged with what else is there, e.g. G4).
 """
 import argparse
@@ -68,7 +70,7 @@ def log(*args):
     print(*args, flush=True)
 
 
-def interleaved(steps, loop, keys_all, rows_all, rounds=5, iters=20, warmup_steps=20):
+def interleaved(steps, loop, keys_all, rows_all, rounds=5, steps_a_sample=400, warmup_steps=20):
     """Medians of `rounds` interleaved rounds of each step(ids): ids one of the drawn batches
     (the static table's rows for "static_" steps, else the dynamic table's keys), taken in turn
     across calls. The batches are passed in, so a step computes no index (an index counted on
@@ -111,7 +113,7 @@ def interleaved(steps, loop, keys_all, rows_all, rounds=5, iters=20, warmup_step
     samples = {name: [] for name in fns}
     for _ in range(rounds):
         for name, (fn, steps_a_call) in fns.items():
-            samples[name].append(timed(fn, iters) / steps_a_call)
+            samples[name].append(timed(fn, max(1, steps_a_sample // steps_a_call)) / steps_a_call)
     return {name: float(np.median(v)) for name, v in samples.items()}
 
 
@@ -215,9 +217,12 @@ def measure(table, static, present, batch, rng, draw=uniform_draw, optimizer=sgd
         "sok_train_noloss_ms": train_noloss([table], noloss_opt,
                                             lambda keys: forward(keys, True)),
         "static_train_noloss_ms": train_noloss([static], static_noloss_opt, static_forward),
+        "empty_step_ms": lambda keys: tf.cast(keys[0], tf.float32),
     }
+    small = batch <= 65536
     result = interleaved({name: step for name, step in steps.items() if not only or name in only},
-                         20 if batch <= 65536 else 5, keys_all, rows_all)
+                         100 if small else 20, keys_all, rows_all,
+                         steps_a_sample=400 if small else 100)
     result.update(floors(drawn[:10], result, state_floats))
     result["batches_cycled"] = batches
     assert int(table.size) == KEYS  # every key was present: nothing inserted
