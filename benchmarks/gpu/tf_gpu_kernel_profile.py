@@ -1,5 +1,5 @@
 """Where a train step's GPU time goes (diagnosis, not a benchmark of record): one workload's
-step (T1 with ragged, one-id or SparseTensor ids, T3 or G1b of tf_gpu.py /
+step (T1 with ragged, one-id or SparseTensor ids, T3 or G1b / G1c of tf_gpu.py /
 tf_gpu_dynamic.py, static G1b too) is timed as 10 steps in one tf.function, then
 PROFILE_STEPS more steps run between
 cuProfilerStart / cuProfilerStop so that `ncu --profile-from-start off --metrics
@@ -87,17 +87,21 @@ def workload(name):
         tables = [sok.Variable(tf.random.stateless_uniform([rows, DIM], [3, 0], -0.05, 0.05))]
         inputs = [tf.RaggedTensor.from_tensor(
             tf.constant(rng.integers(0, rows, size=batch), tf.int64)[:, None])]
-    elif name == "g1b":
-        keys = 8 << 20
-        present = rng.integers(-(1 << 62), 1 << 62, size=keys)
-        table = sok.DynamicVariable(DIM, name="g1b", init_capacity=keys + (keys >> 3))
+    elif name in ("g1b", "g1c"):  # as tf_gpu_dynamic.py: power-law keys, 2x capacity
+        import tf_gpu_dynamic
+        keys = tf_gpu_dynamic.KEYS
+        present = rng.permutation(rng.integers(-(1 << 62), 1 << 62, size=keys))
+        table = sok.DynamicVariable(DIM, name=name, init_capacity=2 * keys)
         for start in range(0, keys, 1 << 20):
             table.sparse_read(tf.constant(present[start:start + (1 << 20)]))
         tables = [table]
         inputs = [tf.RaggedTensor.from_tensor(
-            tf.constant(present[rng.integers(0, keys, size=1 << 20)])[:, None])]
+            tf.constant(present[tf_gpu_dynamic.power_law_draw(rng, 1 << 20)])[:, None])]
+        if name == "g1c":
+            optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.01))
     else:
-        sys.exit(f"unknown workload {name!r}: t1, t1_one_id, t1_sparse, t3, g1b, g1b_static")
+        sys.exit(f"unknown workload {name!r}: t1, t1_one_id, t1_sparse, t3, g1b, g1c, "
+                 "g1b_static")
 
     def step():
         with tf.GradientTape() as tape:

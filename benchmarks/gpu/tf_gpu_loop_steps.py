@@ -7,13 +7,14 @@ steps in one graph), us a step, medians of 5 interleaved rounds. Then TensorFlow
 over five looped calls: the GPU's busy time a step and its kernels (on the GPU machine CUPTI
 serves the first profile of a process only; later ones report nothing). DIAG_KEYS, DIAG_DEV
 and DIAG_BIG shrink it for a CPU smoke run."""
-import glob, json, os, sys, time
+import collections, glob, os, sys
 sys.path.insert(0, "benchmarks/gpu")
 import numpy as np
 import tensorflow as tf
 import sparse_operation_kit as sok
 import tf_gpu_dynamic as m
 from tf_gpu import timed
+from tf_gpu_kernel_profile import plane_events
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 sok.init(comm_tool="single")
@@ -45,35 +46,21 @@ def unrolled(step, loop):
     return run
 
 def gpu_report(logdir, steps):
-    paths = glob.glob(os.path.join(logdir, "plugins/profile/*/*.xplane.pb"))
+    """The GPU's busy time a step and its activities by name, from the profile in logdir."""
+    path = glob.glob(os.path.join(logdir, "plugins/profile/*/*.xplane.pb"))[0]
     space = xplane_pb2.XSpace()
-    space.ParseFromString(open(paths[0], "rb").read())
-    for plane in space.planes:
-        if not plane.name.startswith("/device:GPU:0"):
-            continue
-        names = {k: v.name for k, v in plane.event_metadata.items()}
-        spans, per = [], {}
-        for line in plane.lines:
-            print("   line", line.name, len(line.events))
-            if "Stream" not in line.name:
-                continue
-            for e in line.events:
-                s = line.timestamp_ns * 1000 + e.offset_ps
-                spans.append((s, s + e.duration_ps))
-                n = names.get(e.metadata_id, "?")[:90]
-                per[n] = per.get(n, 0) + e.duration_ps
-        spans.sort()
-        busy, cur_s, cur_e = 0, spans[0][0], spans[0][1]
-        for s, e in spans[1:]:
-            if s > cur_e:
-                busy += cur_e - cur_s; cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        busy += cur_e - cur_s
-        span = spans[-1][1] - spans[0][0]
-        print(f"   span {span/1e6/steps:.1f} us/step, busy {busy/1e6/steps:.1f} us/step")
-        for n, d in sorted(per.items(), key=lambda x: -x[1])[:8]:
-            print(f"     {d/1e6/steps:8.1f} us  {n}")
+    space.ParseFromString(open(path, "rb").read())
+    plane = next(p for p in space.planes if p.name.startswith("/device:GPU:0"))
+    events = plane_events(plane, lambda line: "Stream" in line)
+    busy, end, per = 0.0, events[0][0], collections.Counter()
+    for start, stop, name in events:
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+        per[name[:90]] += stop - start
+    print(f"   span {(end - events[0][0]) / steps:.1f} us/step, busy {busy / steps:.1f} us/step")
+    for name, us in per.most_common(8):
+        print(f"     {us / steps:8.1f} us  {name}")
+
 
 with tf.device(os.environ.get("DIAG_DEV", "GPU:0")):
     table = m.prefilled_table(present)

@@ -35,21 +35,30 @@ inline int SgdTileEndBit(int64_t rows) {
   return end_bit;
 }
 
+// Sorts the block's (key, use) pairs, one a thread, by key (below 2^end_bit) into
+// tile.sorted; called by every thread of a kSgdTileUses-thread block (it synchronises it).
+__device__ __forceinline__ void SortTile(SgdTileStorage& tile, uint32_t key, int32_t use,
+                                         int end_bit) {
+  uint32_t keys[1] = {key};
+  int32_t uses[1] = {use};
+  __syncthreads();  // the previous tile's walk is done with the shared memory
+  cub::BlockRadixSort<uint32_t, kSgdTileUses, 1, int32_t>(tile.sort).Sort(keys, uses, 0, end_bit);
+  __syncthreads();
+  tile.sorted.row[threadIdx.x] = keys[0];
+  tile.sorted.use[threadIdx.x] = uses[0];
+  __syncthreads();
+}
+
 // One tile, called by every thread of a kSgdTileUses-thread block (it synchronises the
 // block): thread t holds use first + t, `row` its row (below 2^end_bit) or negative for none;
 // `lanes` is RowLanes(width) (cuda_scratch.cuh), so that groups split the tile evenly.
 // Rows are `width` float4s (dim / 4) at values + row * width, gradients at grads + use * width.
+// With lr = -1 it adds each row's summed gradients to `values` (the claimed update's sums).
 __device__ __forceinline__ void ApplySgdTile(SgdTileStorage& tile, int64_t row, int64_t first,
                                              const float4* __restrict__ grads, int64_t width,
                                              float lr, float4* values, int end_bit, int lanes) {
-  uint32_t key[1] = {row >= 0 ? static_cast<uint32_t>(row) : 0u};
-  int32_t use[1] = {row >= 0 ? static_cast<int32_t>(threadIdx.x) : -1};
-  __syncthreads();  // the previous tile's walk is done with the shared memory
-  cub::BlockRadixSort<uint32_t, kSgdTileUses, 1, int32_t>(tile.sort).Sort(key, use, 0, end_bit);
-  __syncthreads();
-  tile.sorted.row[threadIdx.x] = key[0];
-  tile.sorted.use[threadIdx.x] = use[0];
-  __syncthreads();
+  SortTile(tile, row >= 0 ? static_cast<uint32_t>(row) : 0u,
+           row >= 0 ? static_cast<int32_t>(threadIdx.x) : -1, end_bit);
   const int lane = threadIdx.x % lanes, share = lanes;  // kSgdTileUses / (threads / lanes)
   const int begin = threadIdx.x / lanes * share, end = begin + share;
   for (int64_t d = lane; d < width; d += lanes) {
