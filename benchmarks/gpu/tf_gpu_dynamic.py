@@ -18,11 +18,11 @@ G1b  G1a with batch 1Mi (G1b_perm likewise); G1b_uniform: T4's uniform draw at b
 G1c  G1b with Adam (legacy Keras Adam under OptimizerWrapper: m and v next to each row of a
      second table holding the same keys; the static table's lazy Adam keeps Keras' slots):
      the train steps only (eval and forward are G1b's).
-Each is measured twice: with the benchmark's loss (a sum over the outputs: its gradient is a
-[batch, 128] broadcast TensorFlow writes before the backward), and "noloss" as the published
-figures and BENCHMARKS.md's floors count a step: the output's gradient is given (a fixed
-random tensor, as torch's out.backward(grad)) and eval / forward return one element of the
-output. The floors: forward >= 8B + U*D*4 + P*D*4 bytes, backward+update (SGD) >= 8B + P*D*4 +
+Each is measured twice: as the published figures and BENCHMARKS.md's floors count a step
+(`sok_eval_ms`, `sok_fwd_ms`, `sok_train_ms`, `static_train_ms`: the output's gradient is
+given, a fixed random tensor as torch's out.backward(grad), and eval / forward return one
+element of the output), and `*_sumloss_ms` with the benchmark's own loss (a sum over the
+outputs: its gradient is a [batch, 128] broadcast TensorFlow writes before the backward). The floors: forward >= 8B + U*D*4 + P*D*4 bytes, backward+update (SGD) >= 8B + P*D*4 +
 2*U*D*4 bytes over the H100's device-to-device copy bandwidth (about 3.0 TB/s, BENCHMARKS.md;
 B lookups, U unique keys, P output rows); `floor_fraction` = floor / measured.
 A measurement runs `loop` steps (100 at 65,536 keys, 20 at 1Mi; >= 20 warm-up steps first)
@@ -188,10 +188,10 @@ def measure(table, static, present, batch, rng, draw=uniform_draw, optimizer=sgd
     apply_opt = sok.OptimizerWrapper(optimizer(1e-9))
 
     out_grad = tf.random.stateless_uniform([batch, DIM], [5, 6], -1.0, 1.0)
-    noloss_opt = sok.OptimizerWrapper(optimizer(1e-6))
-    static_noloss_opt = sok.OptimizerWrapper(optimizer(1e-6))
+    given_opt = sok.OptimizerWrapper(optimizer(1e-6))
+    static_given_opt = sok.OptimizerWrapper(optimizer(1e-6))
 
-    def train_noloss(tables, optimizer, fwd):
+    def train_given_gradient(tables, optimizer, fwd):
         def step(ids):
             with tf.GradientTape() as tape:
                 out = fwd(ids)
@@ -208,15 +208,15 @@ def measure(table, static, present, batch, rng, draw=uniform_draw, optimizer=sgd
         "sok_find_ms": lambda keys: tf.reduce_sum(table.sparse_read(keys, insert=False)),
         "sok_fwd_bwd_ms": forward_backward,
         "sok_apply_ms": apply_only,
-        "sok_eval_ms": lambda keys: tf.reduce_sum(forward(keys, False)),
-        "sok_fwd_ms": lambda keys: tf.reduce_sum(forward(keys, True)),
-        "sok_train_ms": train([table], sok_opt, lambda keys: forward(keys, True)),
-        "static_train_ms": train([static], static_opt, static_forward),
-        "sok_eval_noloss_ms": lambda keys: forward(keys, False)[0, 0],
-        "sok_fwd_noloss_ms": lambda keys: forward(keys, True)[0, 0],
-        "sok_train_noloss_ms": train_noloss([table], noloss_opt,
-                                            lambda keys: forward(keys, True)),
-        "static_train_noloss_ms": train_noloss([static], static_noloss_opt, static_forward),
+        "sok_eval_sumloss_ms": lambda keys: tf.reduce_sum(forward(keys, False)),
+        "sok_fwd_sumloss_ms": lambda keys: tf.reduce_sum(forward(keys, True)),
+        "sok_train_sumloss_ms": train([table], sok_opt, lambda keys: forward(keys, True)),
+        "static_train_sumloss_ms": train([static], static_opt, static_forward),
+        "sok_eval_ms": lambda keys: forward(keys, False)[0, 0],
+        "sok_fwd_ms": lambda keys: forward(keys, True)[0, 0],
+        "sok_train_ms": train_given_gradient([table], given_opt,
+                                             lambda keys: forward(keys, True)),
+        "static_train_ms": train_given_gradient([static], static_given_opt, static_forward),
         "empty_step_ms": lambda keys: tf.cast(keys[0], tf.float32),
     }
     small = batch <= 65536
@@ -235,7 +235,7 @@ COPY_BYTES_PER_S = 3.0e12  # H100 device-to-device copy, bytes read + written (B
 def floors(keys, result, state_floats=0):
     """BENCHMARKS.md's bytes floors of batches `keys` ([n, B]; U their mean unique count),
     rows with `state_floats` floats of optimizer state (SGD 0, Adam 2 * DIM), and the fraction
-    of them the noloss steps measured reach."""
+    of them the steps as the published figures count them reach."""
     b = keys.shape[1]
     u = float(np.mean([len(np.unique(k)) for k in keys]))
     row = DIM * 4
@@ -244,8 +244,8 @@ def floors(keys, result, state_floats=0):
     floor_ms = {"eval": fwd / COPY_BYTES_PER_S * 1e3, "fwd": fwd / COPY_BYTES_PER_S * 1e3,
                 "train": (fwd + bwd) / COPY_BYTES_PER_S * 1e3}
     return {"unique_keys": u, "floor_ms": floor_ms,
-            "floor_fraction": {k: v / result[f"sok_{k}_noloss_ms"] for k, v in floor_ms.items()
-                               if f"sok_{k}_noloss_ms" in result}}
+            "floor_fraction": {k: v / result[f"sok_{k}_ms"] for k, v in floor_ms.items()
+                               if f"sok_{k}_ms" in result}}
 
 
 VARIANTS = {  # name: (batch, draw, permuted)
@@ -296,7 +296,7 @@ def main():
             adam_table = prefilled_table(present, name="g1c", capacity=args.capacity)
             result = measure(adam_table, static, present, 1 << 20, rng, power_law_draw,
                              optimizer=adam, state_floats=2 * DIM,
-                             only={"sok_train_ms", "sok_train_noloss_ms", "static_train_noloss_ms"})
+                             only={"sok_train_ms", "sok_train_sumloss_ms", "static_train_ms"})
             result["keys"] = "power_law"
             result["dynamicemb_h100"] = DYNAMICEMB_H100["G1c"]
             log("G1c", json.dumps(result))
