@@ -70,6 +70,17 @@ def log(*args):
     print(*args, flush=True)
 
 
+def looped_over(step, loop):
+    """A tf.function running step(ids[k]) for k < loop in a tf.range loop, summing its results."""
+    @tf.function
+    def run(ids):
+        total = tf.constant(0.0)
+        for k in tf.range(loop):
+            total += step(ids[k])
+        return total
+    return run
+
+
 def interleaved(steps, loop, keys_all, rows_all, rounds=5, steps_a_sample=400, warmup_steps=20):
     """Medians of `rounds` interleaved rounds of each step(ids): ids one of the drawn batches
     (the static table's rows for "static_" steps, else the dynamic table's keys), taken in turn
@@ -83,15 +94,6 @@ def interleaved(steps, loop, keys_all, rows_all, rounds=5, steps_a_sample=400, w
     def ids_of(name):
         return rows_all if name.startswith("static_") else keys_all
 
-    def looped_over(step):
-        @tf.function
-        def run(ids):
-            total = tf.constant(0.0)
-            for k in tf.range(loop):
-                total += step(ids[k])
-            return total
-        return run
-
     def in_turn(fn, inputs):
         position = {"next": 0}
 
@@ -104,7 +106,7 @@ def interleaved(steps, loop, keys_all, rows_all, rounds=5, steps_a_sample=400, w
     for name, step in steps.items():
         ids = ids_of(name)
         windows = [(ids[w:w + loop],) for w in range(0, batches - loop + 1, loop)]
-        fns[name] = (in_turn(looped_over(step), windows), loop)
+        fns[name] = (in_turn(looped_over(step, loop), windows), loop)
         fns[name.replace("_ms", "_call_ms")] = (
             in_turn(tf.function(step), [(ids[i],) for i in range(batches)]), 1)
     for fn, steps_a_call in fns.values():

@@ -27,15 +27,6 @@ rng.shuffle(present)
 def one_id(ids):
     return tf.RaggedTensor.from_uniform_row_length(ids, 1, validate=False)
 
-def looped(step, loop):
-    @tf.function
-    def run(ids):
-        total = tf.constant(0.0)
-        for k in tf.range(loop):
-            total += step(ids[k])
-        return total
-    return run
-
 def unrolled(step, loop):
     @tf.function
     def run(ids):
@@ -78,7 +69,7 @@ with tf.device(os.environ.get("DIAG_DEV", "GPU:0")):
         fns = {}
         for sname, step in steps.items():
             for loop in loops:
-                for kind, maker in [("looped", looped), ("unrolled", unrolled)]:
+                for kind, maker in [("looped", m.looped_over), ("unrolled", unrolled)]:
                     if kind == "unrolled" and loop > 20:
                         continue
                     fn = maker(step, loop)
