@@ -345,19 +345,12 @@ def test_training_agrees_across_devices_and_with_tf(name, dtype, chain, dim):
                                reference.numpy()[touched], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dim", [4, 16, 128])
-def test_plain_sgd_on_hot_keys_over_many_tiles(device, dim):
-    """Plain SGD on a stateless float table (on a GPU: each sorted tile of 256 uses sums a
-    key's gradients before one float4 atomic add) equals NumPy's sum of every use's step, for
-    Zipf-hot keys in a one-id batch of 3,000 uses; keys the batch misses keep their rows."""
-    rng = np.random.default_rng(dim)
-    universe = rng.integers(I64.min, I64.max, size=50)
-    picks = (rng.zipf(1.3, size=3000) - 1) % 40  # the last 10 keys are never used
-    cotangent = tf.constant(rng.normal(size=[3000, dim]).astype(np.float32))
-    table = make(device, dim, f"hot_sgd_{dim}")
+def one_step_on_hot_keys(device, name, inner_optimizer, universe, picks, cotangent):
+    """A new table of `universe` (its rows read first: `initial`) after one training step of
+    the one-id batch universe[picks] under sum(out * cotangent): (table, initial)."""
+    table = make(device, int(cotangent.shape[1]), name)
     initial = read(table, universe)
-    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.1))
+    optimizer = sok.OptimizerWrapper(inner_optimizer)
     ids = tf.RaggedTensor.from_tensor(keys_of(universe[picks])[:, None])
 
     @tf.function
@@ -369,6 +362,22 @@ def test_plain_sgd_on_hot_keys_over_many_tiles(device, dim):
 
     with tf.device(f"{device}:0"):
         step()
+    return table, initial
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dim", [4, 16, 128])
+def test_plain_sgd_on_hot_keys_over_many_tiles(device, dim):
+    """Plain SGD on a stateless float table (on a GPU: each sorted tile of 256 uses sums a
+    key's gradients before one float4 atomic add) equals NumPy's sum of every use's step, for
+    Zipf-hot keys in a one-id batch of 3,000 uses; keys the batch misses keep their rows."""
+    rng = np.random.default_rng(dim)
+    universe = rng.integers(I64.min, I64.max, size=50)
+    picks = (rng.zipf(1.3, size=3000) - 1) % 40  # the last 10 keys are never used
+    cotangent = tf.constant(rng.normal(size=[3000, dim]).astype(np.float32))
+    table, initial = one_step_on_hot_keys(device, f"hot_sgd_{dim}",
+                                          tf.keras.optimizers.legacy.SGD(0.1), universe, picks,
+                                          cotangent)
     expected = initial.copy()
     np.add.at(expected, picks, -0.1 * cotangent.numpy())
     np.testing.assert_allclose(read(table, universe, insert=False), expected,
@@ -387,20 +396,9 @@ def test_adam_on_hot_keys_over_many_tiles(device, dim):
     universe = rng.integers(I64.min, I64.max, size=51)
     picks = np.append((rng.zipf(1.3, size=3000) - 1) % 40, 50)  # keys 40-49 never used
     cotangent = tf.constant(rng.normal(size=[len(picks), dim]).astype(np.float32))
-    table = make(device, dim, f"hot_adam_{dim}")
-    initial = read(table, universe)
-    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.1))
-    ids = tf.RaggedTensor.from_tensor(keys_of(universe[picks])[:, None])
-
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            out = sok.lookup_sparse([table], [ids], combiners=["sum"])[0]
-            loss = tf.reduce_sum(out * cotangent)
-        optimizer.apply_gradients([(tape.gradient(loss, table), table)])
-
-    with tf.device(f"{device}:0"):
-        step()
+    table, initial = one_step_on_hot_keys(device, f"hot_adam_{dim}",
+                                          tf.keras.optimizers.legacy.Adam(0.1), universe, picks,
+                                          cotangent)
     g = np.zeros_like(initial)
     np.add.at(g, picks, cotangent.numpy())
     used = np.unique(picks)
