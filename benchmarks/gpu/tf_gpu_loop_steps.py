@@ -18,7 +18,6 @@ from tf_gpu_kernel_profile import plane_events
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 sok.init(comm_tool="single")
-OUT = os.environ.get("OUT", "/tmp")
 m.KEYS = KEYS = int(os.environ.get("DIAG_KEYS", m.KEYS))
 rng = np.random.default_rng(7)
 present = np.unique(rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, size=KEYS))
