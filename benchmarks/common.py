@@ -3,13 +3,16 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 import numpy as np
 import tensorflow as tf
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-# The seed notebook's 26 vocabulary sizes (SPEC section 10).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provenance  # noqa: E402
+
+# The seed notebook's 26 vocabulary sizes (docs/benchmarks.md, C1).
 NOTEBOOK_VOCAB = [203931, 18598, 14092, 7012, 18977, 4, 6385, 1245, 49, 186213, 71328, 67288,
                   11, 2168, 7338, 61, 4, 932, 15, 204515, 141526, 199433, 60919, 9137, 71, 34]
 
@@ -41,9 +44,9 @@ def machine():
 
 
 def write_result(name, payload):
-    os.makedirs(RESULTS, exist_ok=True)
-    payload = dict(payload, machine=machine(), date=time.strftime("%Y-%m-%d"))
-    path = os.path.join(RESULTS, name + ".json")
+    """Writes benchmarks/out/<name>.json (or $OUT's) with the machine and provenance."""
+    payload = provenance.stamp(dict(payload, machine=machine()))
+    path = os.path.join(provenance.out_dir(), name + ".json")
     with open(path, "w") as handle:
         json.dump(payload, handle, indent=2)
     return path

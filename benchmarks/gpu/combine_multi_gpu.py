@@ -1,10 +1,13 @@
-"""Writes tf_multi_gpu.json (issue 13's format) from the parts multi_gpu_on_device.sh leaves
+"""Writes tf_multi_gpu.json from the parts multi_gpu_on_device.sh leaves
 in $OUT: tf_multi_gpu_tf.json (G6, G6x), tf_multi_gpu_torch.json (PyTorch's all-to-all) and
 tf_multi_gpu_dlrm.log (main.py's FINAL lines under "== label" headers)."""
 import json
 import os
-import re
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import provenance  # noqa: E402
+import re  # noqa: E402
 
 
 def dlrm_runs(log_path):
@@ -20,7 +23,7 @@ def dlrm_runs(log_path):
 
 
 def dlrm_summary(runs, workers):
-    """The issue's keys: sok's best synthetic samples/s per GPU, Keras tables' on one GPU, and
+    """The summary keys: sok's best synthetic samples/s per GPU, Keras tables' on one GPU, and
     the AUC on the GPUs and on the CPUs (same generated data)."""
     def best(keep):
         rates = [run["samples_per_s"] for label, run in runs.items() if keep(label)]
@@ -50,10 +53,12 @@ def main(out):
     result["G6"]["exchange_gbps"] = g6x["64MiB"]["sok_gbps"]
     result["G6"]["torch_a2a_gbps"] = torch["64MiB"]["torch_gbps"]
     result["G6"]["anchor_8xH100_ms"] = {"torchrec_dedup": 14.88, "dynamicemb_dedup": 21.56}
+    result = provenance.stamp(result, result["device"],
+                              made_by="bash benchmarks/gpu/multi_gpu_on_device.sh")
     with open(os.path.join(out, "tf_multi_gpu.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", "benchmarks/results"))
+    main(sys.argv[1] if len(sys.argv) > 1 else provenance.out_dir())

@@ -10,10 +10,10 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "tests", "gpu"))
 import capi  # noqa: E402
-from gpu_timing import results_dir, time_ms  # noqa: E402
+from gpu_timing import provenance, results_dir, time_ms  # noqa: E402
 
 ROWS, DIM, BAGS, BATCHES, ALPHA = 8 * 1024 * 1024, 128, 65536, 10, 1.05
-COPY_GBPS = 3000.0  # measured device-to-device copy bandwidth on H100 (BENCHMARKS.md)
+COPY_GBPS = 3000.0  # measured device-to-device copy bandwidth on H100 (docs/benchmarks.md)
 
 
 def power_law(n, generator):
@@ -90,7 +90,7 @@ def main():
                "results": results}
     out_dir = results_dir()
     with open(os.path.join(out_dir, "g3_pooled.json"), "w") as handle:
-        json.dump(payload, handle, indent=2)
+        json.dump(provenance.stamp(payload, payload["device"]), handle, indent=2)
     print(f"| G3 | sok fwd {results['sok_forward_ms']} ms train {results['sok_train_ms']} ms | "
           f"torch fwd {results['torch_forward_ms']} train {results['torch_train_ms']} ms | "
           f"train {results['train_speedup_vs_torch']}x | floor fraction "

@@ -4,7 +4,7 @@
 // to each load factor (0.5, 0.75, 1.0), then per op one array of 1Mi keys of which 60% are
 // present, the op run `reps` times on it, each timed with CUDA events, the median reported.
 // Both tables keep LRU scores; at load 1.0 both evict. HierarchicalKV is built from its source
-// (../shared/peers/hierarchicalkv, copied next to the build; include path HKV_INCLUDE).
+// (github.com/NVIDIA-Merlin/HierarchicalKV; its include folder is HKV_INCLUDE).
 //
 // Build: nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -I. -I$HKV_INCLUDE
 //   benchmarks/gpu/g4_vs_hkv.cu kit_src/core/hash_table/gpu_hash_table.cu

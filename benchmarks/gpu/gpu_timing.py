@@ -1,8 +1,12 @@
 """Shared by the GPU benchmarks: CUDA-event timing and where results go."""
 import os
 import statistics
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import provenance  # noqa: E402,F401  (the benchmarks stamp their results with it)
 
 
 def time_ms(fn, warmup=20, iterations=100):
@@ -21,6 +25,5 @@ def time_ms(fn, warmup=20, iterations=100):
 
 
 def results_dir():
-    """$OUT on the device machine, else benchmarks/results."""
-    return os.environ.get("OUT") or os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
+    """$OUT, else benchmarks/out (untracked)."""
+    return provenance.out_dir()

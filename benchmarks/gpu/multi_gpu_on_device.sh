@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# On a GPU machine with 2+ GPUs, after ../shared/gpu_tf's `device_setup.sh --horovod`
-# (TensorFlow 2.16.2 + Horovod with NCCL in /tmp/site): builds the op library with its GPU
-# kernels, then, by STAGES (default "tests bench dlrm"):
+# Two or more GPUs: builds the op library with its GPU kernels, then, by STAGES (default
+# "tests bench dlrm"):
 #   tests  tests/test_multiworker.py on 2 GPUs (SOK_TEST_EXPECT_GPU=1: tables on each worker's
 #          GPU, exchanges through NCCL), every multi-worker test against its reference
 #   suite  the single-process tests that start Horovod jobs or child processes (DLRM smoke,
@@ -11,17 +10,22 @@
 #   dlrm   tutorials/DLRM_Benchmark/main.py on 2 GPUs: generated Criteo-format data on 2 GPUs
 #          and on the CPUs (the same data, for the AUC), synthetic data for samples/s against
 #          Keras tables on one GPU
-# Logs and JSON land in $OUT (default benchmarks/results).
+# Needs: python3 with a GPU build of TensorFlow (2.15, or 2.16 with tf_keras and
+# TF_USE_LEGACY_KERAS=1), numpy < 2 and pytest; nvcc >= 12, cmake and a C++17 compiler on PATH;
+# SOK_CUDA_ARCHS (default 90) names the compute capabilities to build.
+# Also Horovod built with NCCL and TensorFlow (`horovodrun` on PATH), NCCL's libnccl.so.2 on
+# LD_LIBRARY_PATH, and for the bench stage PyTorch (its all-to-all is the competitor).
+# Logs and JSON land in $OUT (default benchmarks/out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export OUT=${OUT:-benchmarks/results} PYTHONUNBUFFERED=1
-source .ferry/bin/env.sh
+export OUT=${OUT:-benchmarks/out} PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PYTHONPATH
 STAGES=${STAGES:-tests bench dlrm}
 NOISE="Unable to register\|C-API\|importlib\|DeprecationWarning\|_pytest/\|pluggy/\|Extension modules\|cpu_feature_guard\|rebuild TensorFlow"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/tf_multi_gpu_device.txt"
 start=$(date +%s)
-SOK_BUILD_CUDA=1 SOK_CUDA_ARCHS=90 python3 scripts/build_plugin.py > "$OUT/tf_multi_gpu_build.log" 2>&1 \
+SOK_BUILD_CUDA=1 SOK_CUDA_ARCHS=${SOK_CUDA_ARCHS:-90} python3 scripts/build_plugin.py > "$OUT/tf_multi_gpu_build.log" 2>&1 \
   || { tail -40 "$OUT/tf_multi_gpu_build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 

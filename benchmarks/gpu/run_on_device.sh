@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# On the GPU machine (CUDA, PyTorch, CMake; no TensorFlow): build the C ABI library, run the
-# GPU tests, run the GPU benchmarks. Results land in $OUT (default benchmarks/results).
+# The C ABI harness on one GPU (no TensorFlow): builds libsok_capi.so, runs its GPU tests
+# (tests/gpu) and the GPU benchmarks against PyTorch in the same process (G3, G5, sparse Adam).
+# Needs: python with PyTorch (CUDA) and pytest, nvcc >= 12, cmake and ninja on PATH;
+# SOK_CUDA_ARCHS (default 90). Results land in $OUT (default benchmarks/out).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export OUT=${OUT:-benchmarks/results}
+export OUT=${OUT:-benchmarks/out}
+mkdir -p "$OUT"
 cmake -S . -B build-gpu -G Ninja -DSOK_BUILD_TF=OFF -DSOK_BUILD_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DSOK_OUTPUT_DIR="$PWD/build-gpu/lib" > "$OUT/build.log" 2>&1 \
+  -DCMAKE_CUDA_ARCHITECTURES=${SOK_CUDA_ARCHS:-90} -DSOK_OUTPUT_DIR="$PWD/build-gpu/lib" > "$OUT/build.log" 2>&1 \
   || { tail -30 "$OUT/build.log"; exit 1; }
 cmake --build build-gpu >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

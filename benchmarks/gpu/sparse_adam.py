@@ -1,7 +1,7 @@
 """Sparse (lazy) Adam step on the GPU: a table of 8Mi rows x 128 with its Adam state, batches
 of 1Mi power-law ids (duplicates summed) with [1Mi, 128] gradients, through the C ABI
 (sok_sparse_apply) vs PyTorch doing the same in the same process: torch.unique, index_add_
-of the gradients, Adam on the unique rows, written back (BENCHMARKS.md's "dedup Adam
+of the gradients, Adam on the unique rows, written back (docs/benchmarks.md's "dedup Adam
 update", the optimizer half of G1c). CUDA events, same batches."""
 import ctypes
 import json
@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "tests", "gpu"))
 import capi  # noqa: E402
-from gpu_timing import results_dir, time_ms  # noqa: E402
+from gpu_timing import provenance, results_dir, time_ms  # noqa: E402
 from g3_pooled import COPY_GBPS, power_law  # noqa: E402
 
 ROWS, DIM, BATCH, BATCHES = 8 * 1024 * 1024, 128, 1024 * 1024, 10
@@ -65,7 +65,7 @@ def main():
                "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "results": results}
     with open(os.path.join(results_dir(), "gpu_sparse_adam.json"), "w") as handle:
-        json.dump(payload, handle, indent=2)
+        json.dump(provenance.stamp(payload, payload["device"]), handle, indent=2)
     print(f"| sparse Adam | sok {results['sok_ms']} ms | torch {results['torch_ms']} ms | "
           f"{results['speedup_vs_torch']}x | floor fraction {results['floor_fraction']} |")
 

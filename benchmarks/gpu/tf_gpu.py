@@ -1,4 +1,4 @@
-"""TF on the GPU (BENCHMARKS.md, "TF on the GPU"): the plugin's GPU OpKernels inside
+"""TF on the GPU (docs/benchmarks.md, "TF on the GPU"): the plugin's GPU OpKernels inside
 TensorFlow against plain TensorFlow in the same process, on the same GPU and the same ids.
 
 T1  26 Criteo tables (vocabularies capped at 4M rows), dim 128, batch 65,536, one id per
@@ -29,11 +29,14 @@ import tensorflow as tf
 
 import sparse_operation_kit as sok
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import provenance  # noqa: E402
+
 CRITEO_TB = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346,
              10, 2208, 11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108,
              36]
 BATCH, DIM = 65536, 128
-COPY_GBPS = 3000.0  # H100 device copy bandwidth, GB/s (BENCHMARKS.md)
+COPY_GBPS = 3000.0  # H100 device copy bandwidth, GB/s (docs/benchmarks.md)
 
 
 def log(*args):
@@ -234,7 +237,7 @@ def interaction():
 
 
 def main():
-    out_dir = os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "..", "results"))
+    out_dir = provenance.out_dir()
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
         sys.exit("no GPU visible to TensorFlow")
@@ -260,7 +263,7 @@ def main():
             entry["speedup_train_deferred_loop"] = (entry["tf_train_loop_ms"] /
                                                     entry["sok_train_deferred_loop_ms"])
     with open(os.path.join(out_dir, "tf_gpu.json"), "w") as f:
-        json.dump(payload, f, indent=1)
+        json.dump(provenance.stamp(payload, payload["device"]), f, indent=1)
     log(json.dumps(payload, indent=1))
 
 

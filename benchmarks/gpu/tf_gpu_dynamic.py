@@ -1,6 +1,6 @@
-"""Dynamic tables on the GPU inside TensorFlow (issue: TF on the GPU, part 2).
+"""Dynamic tables on the GPU inside TensorFlow (T4, G1a, G1b, G1c; docs/benchmarks.md).
 
-Every variant cycles 100 batches drawn once with a fixed seed (BENCHMARKS.md's method); index
+Every variant cycles 100 batches drawn once with a fixed seed (docs/benchmarks.md's method); index
 i of a draw reads the i-th key inserted into the table and row i of the static table.
 T4   one sok.DynamicVariable in GPU memory prefilled with 8Mi keys, dim 128, batch 65,536,
      one id per sample drawn uniformly from the present keys, SGD: eval (lookup_sparse with
@@ -10,7 +10,7 @@ T4   one sok.DynamicVariable in GPU memory prefilled with 8Mi keys, dim 128, bat
      the dynamicemb seed's published H100 figures for G1a's shape.
 T4z  T4 with Zipf(1.2) ids (T1's draw: the smallest indices hottest, the top key about 18%
      of the batch).
-G1a  T4 with BENCHMARKS.md's GPU-suite keys: dynamicemb's PowerLaw(1, N, alpha=1.05) sampler
+G1a  T4 with docs/benchmarks.md's GPU-suite keys: dynamicemb's PowerLaw(1, N, alpha=1.05) sampler
      over the 8Mi keys (the first keys inserted hottest, as keys inserted when first seen
      are in training); G1a_perm: the same draws through a fixed random permutation (the hot
      keys' rows anywhere in the table).
@@ -18,12 +18,12 @@ G1b  G1a with batch 1Mi (G1b_perm likewise); G1b_uniform: T4's uniform draw at b
 G1c  G1b with Adam (legacy Keras Adam under OptimizerWrapper: m and v next to each row of a
      second table holding the same keys; the static table's lazy Adam keeps Keras' slots):
      the train steps only (eval and forward are G1b's).
-Each is measured twice: as the published figures and BENCHMARKS.md's floors count a step
+Each is measured twice: as the published figures and docs/benchmarks.md's floors count a step
 (`sok_eval_ms`, `sok_fwd_ms`, `sok_train_ms`, `static_train_ms`: the output's gradient is
 given, a fixed random tensor as torch's out.backward(grad), and eval / forward return one
 element of the output), and `*_sumloss_ms` with the benchmark's own loss (a sum over the
 outputs: its gradient is a [batch, 128] broadcast TensorFlow writes before the backward). The floors: forward >= 8B + U*D*4 + P*D*4 bytes, backward+update (SGD) >= 8B + P*D*4 +
-2*U*D*4 bytes over the H100's device-to-device copy bandwidth (about 3.0 TB/s, BENCHMARKS.md;
+2*U*D*4 bytes over the H100's device-to-device copy bandwidth (about 3.0 TB/s, docs/benchmarks.md;
 B lookups, U unique keys, P output rows); `floor_fraction` = floor / measured.
 A measurement runs `loop` steps (100 at 65,536 keys, 20 at 1Mi; >= 20 warm-up steps first)
 inside one tf.function (a tf.range loop, as Keras' steps_per_execution does), calls back to
@@ -32,7 +32,7 @@ this machine) spread over the loop, comparable to the GPU-event timings of the p
 figures. `*_call_ms` fields time one step per tf.function call instead. `empty_step_ms` is the
 same loop with a step that only reads one id of its batch: TensorFlow's own cost of a loop
 step, which bounds the small (65,536-key) steps from below whatever their kernels take. Variants interleaved in rounds, medians reported. Writes
-tf_gpu_dynamic.json to $OUT (merged with what else is there, e.g. G4).
+tf_gpu_dynamic.json to $OUT (default benchmarks/out; merged with the variants already there).
 """
 import argparse
 import json
@@ -46,12 +46,12 @@ import tensorflow as tf
 import sparse_operation_kit as sok
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tf_gpu import timed, zipf_ids  # noqa: E402
+from tf_gpu import provenance, timed, zipf_ids  # noqa: E402
 
 KEYS, DIM = 8 << 20, 128
 DYNAMICEMB_G1A = {"eval_ms": 0.069, "fwd_ms": 0.196, "bwd_ms": 0.410, "train_ms": 0.606}
-DYNAMICEMB_H100 = {  # BENCHMARKS.md, G1a / G1b / G1c: dynamicemb v1 on an H100, ms
-    "T4": DYNAMICEMB_G1A,  # the issue compares T4 (G1a's shape, uniform keys) with G1a's
+DYNAMICEMB_H100 = {  # docs/benchmarks.md, G1a / G1b / G1c: dynamicemb v1 on an H100, ms
+    "T4": DYNAMICEMB_G1A,  # T4 is compared (G1a's shape, uniform keys) with G1a's
     "G1a": DYNAMICEMB_G1A,
     "G1b": {"eval_ms": 0.601, "fwd_ms": 0.844, "bwd_ms": 1.616, "train_ms": 2.460},
     "G1c": {"train_ms": 2.67},
@@ -137,7 +137,7 @@ def zipf_draw(rng, count):
 
 
 def power_law_draw(rng, count, alpha=1.05):
-    """BENCHMARKS.md's GPU-suite keys (dynamicemb's PowerLaw(1, N, alpha) sampler): indices in
+    """docs/benchmarks.md's GPU-suite keys (dynamicemb's PowerLaw(1, N, alpha) sampler): indices in
     [1, N - 1], the smallest hottest."""
     x = rng.random(count)
     y = (x * (KEYS ** (1.0 - alpha) - 1.0) + 1.0) ** (1.0 / (1.0 - alpha))
@@ -231,11 +231,11 @@ def measure(table, static, present, batch, rng, draw=uniform_draw, optimizer=sgd
     return result
 
 
-COPY_BYTES_PER_S = 3.0e12  # H100 device-to-device copy, bytes read + written (BENCHMARKS.md)
+COPY_BYTES_PER_S = 3.0e12  # H100 device-to-device copy, bytes read + written (docs/benchmarks.md)
 
 
 def floors(keys, result, state_floats=0):
-    """BENCHMARKS.md's bytes floors of batches `keys` ([n, B]; U their mean unique count),
+    """docs/benchmarks.md's bytes floors of batches `keys` ([n, B]; U their mean unique count),
     rows with `state_floats` floats of optimizer state (SGD 0, Adam 2 * DIM), and the fraction
     of them the steps as the published figures count them reach."""
     b = keys.shape[1]
@@ -266,7 +266,7 @@ def main():
     parser.add_argument("--variants", default=",".join(list(VARIANTS) + ["G1c"]))
     args = parser.parse_args()
     chosen = args.variants.split(",")
-    out_dir = os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "..", "results"))
+    out_dir = provenance.out_dir()
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
         sys.exit("no GPU visible to TensorFlow")
@@ -310,7 +310,7 @@ def main():
         previous.update(results)
         results = previous
     with open(path, "w") as handle:
-        json.dump(results, handle, indent=1)
+        json.dump(provenance.stamp(results, results["device"]), handle, indent=1)
 
 
 if __name__ == "__main__":

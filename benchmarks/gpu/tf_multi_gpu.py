@@ -26,7 +26,7 @@ import sparse_operation_kit as sok
 from sparse_operation_kit import communication
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tf_gpu import CRITEO_TB, zipf_ids  # noqa: E402
+from tf_gpu import CRITEO_TB, provenance, zipf_ids  # noqa: E402
 
 DIM, LOCAL_BATCH, HOTNESS = 128, 8192, 10
 CHAIN = 20
@@ -168,8 +168,7 @@ def main():
     log("exchange:", "NCCL (Sok>AllToAll)" if communication.exchange_device() else "hvd.alltoall")
     result = {"workers": hvd.size(), "G6x": g6x(), "G6": g6()}
     if hvd.rank() == 0:
-        out = os.environ.get("OUT", "benchmarks/results")
-        with open(os.path.join(out, "tf_multi_gpu_tf.json"), "w") as f:
+        with open(os.path.join(provenance.out_dir(), "tf_multi_gpu_tf.json"), "w") as f:
             json.dump(result, f, indent=1)
 
 

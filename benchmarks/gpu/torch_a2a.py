@@ -34,7 +34,7 @@ def main():
         result[f"{mib}MiB"] = {"torch_ms": ms, "torch_gbps": mib * 2 ** 20 / ms / 1e6}
     if rank == 0:
         print("torch", json.dumps(result), flush=True)
-        with open(os.path.join(os.environ.get("OUT", "benchmarks/results"),
+        with open(os.path.join(os.environ.get("OUT", "benchmarks/out"),
                                "tf_multi_gpu_torch.json"), "w") as f:
             json.dump(result, f, indent=1)
     dist.destroy_process_group()
