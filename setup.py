@@ -4,6 +4,7 @@ TensorFlow (2.15, or 2.16 with tf_keras; `tensorflow` or `tensorflow-cpu`) must 
 (`pip install --no-build-isolation .`), so the library matches the TensorFlow it loads into.
 """
 import os
+import re
 import sys
 
 from setuptools import find_packages, setup
@@ -19,12 +20,23 @@ class BuildWithCMake(build_py):
         super().run()
 
 
+def version():
+    """The version, written once in sparse_operation_kit/version.py."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sparse_operation_kit",
+                        "version.py")
+    with open(path) as handle:
+        return re.search(r'__version__ = "([^"]+)"', handle.read()).group(1)
+
+
+# The distribution name differs from the PyPI projects `sparse-operation-kit` and `merlin-sok`
+# (NVIDIA's); the import name is SOK's, `sparse_operation_kit`.
 setup(
-    name="sparse_operation_kit",
-    version="0.1.0",
+    name="tf-sparse-operation-kit",
+    version=version(),
+    license="Apache-2.0",
     description="Fused, distributed embedding lookups and dynamic tables for TensorFlow 2",
     packages=find_packages(include=["sparse_operation_kit", "sparse_operation_kit.*"]),
-    package_data={"sparse_operation_kit": ["lib/*/*.so"]},
+    package_data={"sparse_operation_kit": ["lib/*/*.so", "lib/*/build_info.json"]},
     python_requires=">=3.9",
     # No TensorFlow requirement: the build needs the user's own TensorFlow (tensorflow or
     # tensorflow-cpu, 2.15 or 2.16) installed first, and a pin here would replace a GPU one.

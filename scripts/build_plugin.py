@@ -6,6 +6,7 @@ tree. With SOK_BUILD_CUDA=1 (nvcc on the PATH) the library also holds the GPU ke
 (`build/tf2.16-cuda`; architectures SOK_CUDA_ARCHS, default "80;90").
 Incremental: a second run only re-runs the build tool, a no-op when nothing changed.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -43,7 +44,26 @@ def build(cuda=None, build_dir=None, output_dir=PACKAGE_LIB):
     if not os.path.exists(target) or os.path.getmtime(built) > os.path.getmtime(target):
         shutil.copy2(built, target + ".tmp")
         os.replace(target + ".tmp", target)
+    write_build_info(build_dir, output_dir)
     return target
+
+
+def write_build_info(build_dir, output_dir):
+    """build_info.json beside the library: what `python -m sparse_operation_kit.info` reports
+    about the build (the CUDA architectures and compiler are read from CMake's cache)."""
+    cache = {}
+    with open(os.path.join(build_dir, "CMakeCache.txt")) as handle:
+        for line in handle:
+            name, _, value = line.strip().partition("=")
+            cache[name.split(":")[0]] = value
+    cuda = cache.get("SOK_BUILD_CUDA", "OFF").upper() in ("ON", "1", "TRUE")
+    info = {"tensorflow": tf.__version__, "cuda": cuda,
+            "cuda_archs": cache.get("CMAKE_CUDA_ARCHITECTURES") if cuda else None,
+            "cuda_compiler": cache.get("CMAKE_CUDA_COMPILER") if cuda else None}
+    path = os.path.join(output_dir, "build_info.json")
+    with open(path + ".tmp", "w") as handle:
+        json.dump(info, handle, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from sparse_operation_kit.dynamic_variable import (DynamicVariable, assign, expo
                                                     sparse_read_and_erase,
                                                     sparse_read_and_evict)
 from sparse_operation_kit import layers
+# SOK v1's layers, where v1 scripts look for them (sok.DistributedEmbedding, ...).
+from sparse_operation_kit.layers import All2AllDenseEmbedding, DistributedEmbedding
 from sparse_operation_kit.checkpoint import dump, load
 from sparse_operation_kit.interaction import dot_interaction
 from sparse_operation_kit.lookup import all2all_dense_embedding, lookup_sparse, set_id_check
@@ -23,8 +25,7 @@ from sparse_operation_kit.variables import (DistributedVariable, LocalizedVariab
                                             filter_variables)
 from sparse_operation_kit import distributed_variable, dump_load, utils
 from sparse_operation_kit.utils import tf_version
-
-__version__ = "0.1.0"
+from sparse_operation_kit.version import __version__
 
 __all__ = [
     "init", "set_comm_tool", "communication", "Variable", "DistributedVariable",
@@ -32,4 +33,5 @@ __all__ = [
     "filter_variables", "export", "assign", "sparse_read_and_evict", "sparse_read_and_erase", "OptimizerWrapper", "SGD",
     "dot_interaction", "layers", "dump", "load", "incremental_model_dump", "EmbeddingTableConfig", "EmbeddingPlanner",
     "EmbeddingCollection", "generate_plan", "validate_plan", "read_plan", "write_plan", "raw_ops", "tf_version", "set_id_check",
+    "DistributedEmbedding", "All2AllDenseEmbedding", "__version__",
 ]

@@ -1,4 +1,4 @@
-"""`sok.dump` / `sok.load`: SOK v2's checkpoint files (SPEC section 11).
+"""`sok.dump` / `sok.load`: SOK v2's checkpoint files (docs/api.md, Checkpoints).
 
 Per variable, `<path>/<name>-key`, `<path>/<name>-weight` and, with an optimizer,
 `<path>/<name>-<OptimizerName>-<slot>`, `<name>` the variable's name with punctuation

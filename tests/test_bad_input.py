@@ -1,4 +1,4 @@
-"""SPEC section 6: every bad input gets a clear error naming the bad value."""
+"""Every bad input gets a clear error naming the bad value."""
 import numpy as np
 import pytest
 import tensorflow as tf

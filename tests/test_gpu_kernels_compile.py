@@ -64,3 +64,15 @@ def test_cuda_build_registers_gpu_kernels(tmp_path):
                                      SOK_NCCL_LIBRARY="/nonexistent/libnccl.so.2"), timeout=300)
     assert "cannot load NCCL (/nonexistent/libnccl.so.2)" in result.stdout, (
         result.stdout[-2000:] + result.stderr[-2000:])
+    # The build report names the CUDA build: its GPU kernels, their architecture, and NCCL's
+    # absence in words.
+    result = subprocess.run([sys.executable, "-m", "sparse_operation_kit.info", "--json"],
+                            capture_output=True, text=True, timeout=300,
+                            env=dict(env, SOK_OPS_LIBRARY=library,
+                                     PYTHONPATH=os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]),
+                                     SOK_NCCL_LIBRARY="/nonexistent/libnccl.so.2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    facts = json.loads(result.stdout)
+    assert facts["library"] == library
+    assert facts["gpu_kernels"].startswith("yes") and env["SOK_CUDA_ARCHS"] in facts["gpu_kernels"]
+    assert facts["nccl"].startswith("not found") and "/nonexistent/libnccl.so.2" in facts["nccl"]

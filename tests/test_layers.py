@@ -53,6 +53,18 @@ def test_distributed_embedding_sok_v1_shapes_and_values():
     assert hashed(ids).shape == (2, 3, 5) and hashed.table.size.numpy() == 9
 
 
+def test_sok_v1_layer_names_at_the_top_level():
+    """A SOK v1 script's sok.DistributedEmbedding / sok.All2AllDenseEmbedding are the layers."""
+    assert sok.DistributedEmbedding is sok.layers.DistributedEmbedding
+    assert sok.All2AllDenseEmbedding is sok.layers.All2AllDenseEmbedding
+    layer = sok.DistributedEmbedding("sum", 100, 5, slot_num=3, max_nnz=2, use_hashtable=False)
+    ids = tf.sparse.from_dense(tf.constant([[1, 2], [3, 0], [4, 4], [5, 6], [7, 0], [9, 8]],
+                                           tf.int64))
+    out = layer(ids).numpy()
+    table = layer.table.numpy()
+    np.testing.assert_allclose(out[1, 0], table[5] + table[6], rtol=1e-6)
+
+
 def test_all2all_dense_embedding_sok_v1_shapes():
     layer = sok.layers.All2AllDenseEmbedding(100, 4, slot_num=3, nnz_per_slot=2)
     ids = tf.constant(np.arange(2 * 3 * 2).reshape(2, 3, 2), tf.int64)

@@ -14,9 +14,9 @@
 
 namespace sok {
 
-// A tile is 256 uses, one a thread: with 1,024 (four a thread) the walk, 16 batches a warp,
-// left a table of few uses (the ragged form's deduplicated ids) to a few blocks, slower than
-// one atomic a use (session 15, results/previous/tf_gpu_session15_tile1024_tried.json).
+// A tile is 256 uses, one a thread: tiles of 1,024 (four a thread, the walk 16 batches a warp)
+// leave a table of few uses (the ragged form's deduplicated ids) to a few blocks, slower than
+// one atomic a use.
 constexpr int kSgdTileUses = 256;
 constexpr int kSgdRowsInFlight = 8;  // gradient rows a group loads before summing them
 
