@@ -22,7 +22,7 @@ def report(*args, env=None):
 def test_report_names_versions_library_and_build():
     facts = json.loads(report("--json"))
     with open(os.path.join(ROOT, "sparse_operation_kit", "version.py")) as handle:
-        version = re.search(r'"(.+)"', handle.read()).group(1)
+        version = re.search(r'__version__ = "(.+)"', handle.read()).group(1)
     assert facts["sparse_operation_kit"] == version
     assert facts["tensorflow"] == tf.__version__
     assert re.match(r"\d+\.\d+", facts["keras"]), facts["keras"]

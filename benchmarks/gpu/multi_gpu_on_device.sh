@@ -84,5 +84,6 @@ if [[ $STAGES == *dlrm* ]]; then
   dlrm "synthetic criteo_tb (4M cap), Keras tables, 1 GPU, batch 32768, --amp" bash -c "run_h 1 $SYN --global_batch_size 32768 --embedding keras --amp"
 fi
 [ -f "$OUT/tf_multi_gpu_tf.json" ] && [ -f "$OUT/tf_multi_gpu_torch.json" ] && [ -f "$OUT/tf_multi_gpu_dlrm.log" ] \
-  && python3 benchmarks/gpu/combine_multi_gpu.py "$OUT" > /dev/null
+  && python3 benchmarks/gpu/combine_multi_gpu.py "$OUT" > /dev/null \
+  && python3 benchmarks/run.py --results "$OUT"
 exit 0
