@@ -5,6 +5,7 @@ compares it with `benchmarks/baselines.json`, and `run.py --publish` copies it i
 `benchmarks/results/`, the committed latest run. Imports neither TensorFlow nor PyTorch: it
 reports the versions of whichever of them the benchmark itself imported.
 """
+import importlib.metadata
 import os
 import platform
 import shlex
@@ -38,6 +39,11 @@ def versions():
                    "tensorflow_recommenders_addons", "sparse_operation_kit"):
         loaded = sys.modules.get(module)
         version = getattr(loaded, "__version__", None)
+        if loaded is not None and not version:  # a package without __version__: its metadata
+            try:
+                version = importlib.metadata.version(module.replace("_", "-"))
+            except importlib.metadata.PackageNotFoundError:
+                pass
         if version:
             found[module] = str(version)
     return found
@@ -58,7 +64,19 @@ def device():
     gpus = gpu_names()
     if gpus and os.environ.get("CUDA_VISIBLE_DEVICES", None) != "":
         return gpus[0] if len(gpus) == 1 else f"{len(gpus)} x {gpus[0]}"
-    return f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    return f"CPU: {cpu_model()}, {os.cpu_count()} cores"
+
+
+def cpu_model():
+    """The CPU's model name from /proc/cpuinfo (Linux), else the machine type."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def stamp(payload, device_name=None, made_by=None):
