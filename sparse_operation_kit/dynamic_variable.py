@@ -121,7 +121,8 @@ class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
         (insert, assign, optimizer update) rounds to it. Optimizer state stays float32.
       mode: None / "distributed" (key k on worker uint64(k) % N) or "localized:K".
       trainable: whether GradientTape watches it and Keras lists it as trainable.
-      constraint: as tf.Variable's (applied by optimizers that apply constraints).
+      constraint: as tf.Variable's, stored; sok.OptimizerWrapper's fused updates do not
+        apply it.
       **config: init_capacity, max_capacity (keys this worker holds; default 64Mi, as
         SOK's hybrid tables), evict_strategy ("lru" / "kLru", the default as in SOK, "lfu" /
         "kLfu", "kCustomized" evicting by LRU, or None: a full table then raises
@@ -395,8 +396,9 @@ def incremental_model_dump(variables, time_threshold):
 
 
 def assign(variable, keys, values):
-    """Writes `values` to the rows of `keys` on this worker, which must hold them all (a
-    static table's global row ids; any key of a dynamic table this worker owns)."""
+    """Writes `values` to the rows of `keys` on this worker. A static table's keys are global
+    row ids this worker must hold; a dynamic table's keys are written here as given, so write
+    the keys this worker owns (uint64(key) % workers), the ones its lookups read."""
     if isinstance(variable, DynamicVariable):
         return variable.assign(keys, values)
     from sparse_operation_kit.variables import Variable  # noqa: PLC0415

@@ -54,6 +54,11 @@ class _TableLayer(tf.keras.layers.Layer):
         return self._sok_table
 
     @property
+    def embedding_variable(self):
+        """SOK v1's name for the layer's table."""
+        return self._sok_table
+
+    @property
     def sok_dynamic_table(self):
         table = getattr(self, "_sok_table", None)
         return table if isinstance(table, DynamicVariable) else None
@@ -75,7 +80,9 @@ class Embedding(_TableLayer):
       table_config: DynamicVariable config (max_capacity, evict_strategy, ...).
 
     Call: ragged / sparse ids [batch, None] -> pooled [batch, output_dim]; dense ids of any
-    shape -> [*ids.shape, output_dim]. `training=False` never inserts into a dynamic table.
+    shape -> [*ids.shape, output_dim]. With ragged / sparse ids, `training=False` reads the
+    missing ids of a dynamic table as zeros without inserting them; dense ids always
+    find-or-insert.
     """
 
     def __init__(self, output_dim, input_dim=None, combiner="mean", mode=None,

@@ -63,6 +63,7 @@ def test_sok_v1_layer_names_at_the_top_level():
     out = layer(ids).numpy()
     table = layer.table.numpy()
     np.testing.assert_allclose(out[1, 0], table[5] + table[6], rtol=1e-6)
+    assert layer.embedding_variable is layer.table  # v1's attribute name
 
 
 def test_all2all_dense_embedding_sok_v1_shapes():

@@ -1,5 +1,5 @@
 // The error boundary of the core: functions return a Status instead of throwing, and the
-// TensorFlow kernels turn it into a tensorflow::Status (see tf/kernels/status_bridge.h).
+// TensorFlow kernels turn it into a tensorflow::Status (see kit_src/tf/kernels/core_bridge.h).
 #pragma once
 
 #include <string>
