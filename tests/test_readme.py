@@ -32,7 +32,19 @@ def tracked_files():
 
 
 def code_blocks(text, language):
-    return re.findall(r"```" + language + r"\n(.*?)```", text, re.S)
+    """The bodies of the fenced blocks whose info string fully matches the regex language."""
+    blocks, body, info = [], None, None
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            if body is None:
+                body, info = [], line.strip()[3:].strip()
+            else:
+                if re.fullmatch(language, info):
+                    blocks.append("\n".join(body) + "\n")
+                body = None
+        elif body is not None:
+            body.append(line)
+    return blocks
 
 
 def test_readme_is_short():
@@ -58,9 +70,15 @@ def test_python_blocks_compile(doc):
 
 
 def referenced_paths(text):
-    """Repository paths a document names: in backticks (first word) and as link targets."""
+    """Repository paths a document names: in backticks (first word), as link targets, and as
+    the words of its shell blocks (scripts run, files read)."""
     candidates = [span.split()[0] for span in re.findall(r"`([^`\n]+)`", text) if span.split()]
     candidates += re.findall(r"\]\(([^)#\s]+)", text)
+    for block in code_blocks(text, "(?:bash|sh)?"):
+        candidates += [word.strip("\"'") for line in block.splitlines()
+                       if not line.lstrip().startswith("#")
+                       for word in line.split("#")[0].split()
+                       if "/" in word and "=" not in word and "$" not in word]
     for path in candidates:
         path = path.rstrip(".,:;")
         if (re.match(r"^[\w.\-/]+$", path) and path.endswith(PATH_SUFFIXES)
@@ -131,6 +149,14 @@ def test_no_file_tells_development_history():
         offenders += [f"{name}:{text[:match.start()].count(chr(10)) + 1}: {match.group(0)}"
                       for match in HISTORY.finditer(text)]
     assert not offenders, offenders
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_named_python_modules_exist(doc):
+    """`python -m sparse_operation_kit.x` in a document names a module of the package."""
+    for module in set(re.findall(r"python3? -m (sparse_operation_kit[\w.]*)", read(doc))):
+        path = os.path.join(ROOT, *module.split("."))
+        assert os.path.exists(path + ".py") or os.path.isdir(path), f"{doc}: no module {module}"
 
 
 def test_build_report_runs():
