@@ -238,8 +238,10 @@ class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
 
     @property
     def size(self):
-        """Keys held on this worker (an int64 scalar tensor), as SOK's property."""
-        return raw_ops.sok_dynamic_table_size(self._handle)
+        """The table's shape on this worker, as SOK's property: an int32 tensor
+        [keys held, dimension] (`v.size[0]` is the row count)."""
+        keys = tf.cast(raw_ops.sok_dynamic_table_size(self._handle), tf.int32)
+        return tf.stack([keys, tf.constant(self._dimension, tf.int32)])
 
     def owns(self, keys):
         """Whether this worker owns each key (bool array)."""

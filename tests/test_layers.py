@@ -32,9 +32,9 @@ def test_dynamic_embedding_reads_its_rows_and_respects_training():
     layer = sok.layers.Embedding(4, dynamic_table=True, combiner="sum", initializer="ones")
     ids = tf.ragged.constant([[1 << 50, 3], [7]], tf.int64)
     np.testing.assert_array_equal(layer(ids).numpy(), [[2] * 4, [1] * 4])
-    assert layer.table.size.numpy() == 3
+    assert layer.table.size.numpy()[0] == 3
     layer(tf.ragged.constant([[99]], tf.int64), training=False)
-    assert layer.table.size.numpy() == 3
+    assert layer.table.size.numpy()[0] == 3
     assert layer.sok_dynamic_table is layer.table and layer.trainable_weights == []
 
 
@@ -50,7 +50,7 @@ def test_distributed_embedding_sok_v1_shapes_and_values():
     np.testing.assert_allclose(out.numpy()[0, 0], table[1] + table[2], rtol=1e-6)
     np.testing.assert_allclose(out.numpy()[1, 2], table[9] + table[8], rtol=1e-6)
     hashed = sok.layers.DistributedEmbedding("mean", 100, 5, 3, 2, use_hashtable=True)
-    assert hashed(ids).shape == (2, 3, 5) and hashed.table.size.numpy() == 9
+    assert hashed(ids).shape == (2, 3, 5) and hashed.table.size.numpy()[0] == 9
 
 
 def test_sok_v1_layer_names_at_the_top_level():

@@ -124,7 +124,7 @@ def prefilled_table(present, name="t4", capacity=2 * KEYS):
     table = sok.DynamicVariable(DIM, name=name, initializer="uniform", init_capacity=capacity)
     for start in range(0, KEYS, 1 << 20):
         table.sparse_read(tf.constant(present[start:start + (1 << 20)]))
-    assert int(table.size) == KEYS
+    assert int(table.size[0]) == KEYS
     return table
 
 
@@ -227,7 +227,7 @@ def measure(table, static, present, batch, rng, draw=uniform_draw, optimizer=sgd
                          steps_a_sample=400 if small else 100)
     result.update(floors(drawn[:10], result, state_floats))
     result["batches_cycled"] = batches
-    assert int(table.size) == KEYS  # every key was present: nothing inserted
+    assert int(table.size[0]) == KEYS  # every key was present: nothing inserted
     return result
 
 
