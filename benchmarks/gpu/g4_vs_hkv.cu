@@ -6,11 +6,7 @@
 // Both tables keep LRU scores; at load 1.0 both evict. HierarchicalKV is built from its source
 // (github.com/NVIDIA-Merlin/HierarchicalKV; its include folder is HKV_INCLUDE).
 //
-// Build: nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -I. -I$HKV_INCLUDE
-//   benchmarks/gpu/g4_vs_hkv.cu kit_src/core/hash_table/gpu_hash_table.cu
-//   kit_src/core/optimizers/sparse_apply.cu kit_src/core/embedding/lookup_gpu.cu
-//   kit_src/core/optimizers/rule_by_name.cc -o g4_vs_hkv
-// Run: ./g4_vs_hkv > g4.json
+// Build and run: benchmarks/gpu/g4_on_device.sh (writes g4_vs_hkv.json).
 #include <cuda_runtime.h>
 
 #include <algorithm>
