@@ -2,9 +2,9 @@
 sok.lookup_sparse, dot interaction, top MLP 1024-1024-512-256-1.
 
 `embedding="keras"` builds the same model with tf.keras.layers.Embedding tables (the C6
-competitor); it only runs on one worker. `embedding="none"` has no tables: every categorical
-feature reads as zeros, so a step costs the dense part alone (C6's bound on what any
-embedding can gain).
+competitor), replicated on every worker (main.py allreduces their gradients).
+`embedding="none"` has no tables: every categorical feature reads as zeros, so a step costs
+the dense part alone (C6's bound on what any embedding can gain).
 """
 import tensorflow as tf
 
