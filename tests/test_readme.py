@@ -128,9 +128,13 @@ def test_dlrm_guide_covers_every_flag_of_its_scripts():
     assert named - external <= known, f"the guide names unknown flags {named - known - external}"
 
 
-HISTORY = re.compile(
-    r"\b[Ss]ession ?\d+|\b[Rr]ound ?\d+\b|_round\d|\b[Ii]ssue ?#?\d+|\bthis VM\b|work period|"
-    r"BENCHMARKS\.md|\bSPEC section|\.\./shared/|\.ferry/|results/previous|results/kernels")
+# Numbered work units, the machine a run happened on, and files outside the repository. The
+# words are spelled by letter classes so that this file does not itself match what it forbids.
+NUMBERED = ("[Ss]essio[n]", "[Rr]oun[d]", "[Ii]ssu[e]")
+HISTORY = re.compile("|".join(
+    [rf"\b{word} ?#?\d+" for word in NUMBERED]
+    + [r"_roun[d]\d", r"\bthis V[M]\b", r"work perio[d]", r"BENCHMARK[S]\.md", r"\bSPE[C] section",
+       r"\.\./share[d]/", r"\.ferr[y]/", r"results/previou[s]", r"results/kernel[s]"]))
 
 
 def test_no_file_tells_development_history():
@@ -140,7 +144,7 @@ def test_no_file_tells_development_history():
         if re.search(r"session|_round\d|round\d|_run\d|previous/|_commands\.md", name):
             offenders.append(name)
             continue
-        if name in (".gitignore", "tests/test_readme.py") or name.endswith(".log"):
+        if name == ".gitignore" or name.endswith(".log"):
             continue
         try:
             text = read(name)
