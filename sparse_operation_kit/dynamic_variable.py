@@ -339,7 +339,13 @@ DYNAMIC_TYPES = (DynamicVariable,)
 
 def export(variable):
     """(keys, values) held by this worker: a dynamic table's keys, or a static table's global
-    row ids with its local shard."""
+    row ids with its local shard; for a dynamic table's optimizer slot (`get_slot`), the
+    table's keys with that state."""
+    from sparse_operation_kit.optimizer import DynamicSlot  # noqa: PLC0415
+
+    if isinstance(variable, DynamicSlot):
+        keys, rows = variable.export()
+        return tf.cast(keys, variable._table.key_type), tf.constant(rows)
     if isinstance(variable, DynamicVariable):
         keys, values, _ = raw_ops.sok_dynamic_table_export(variable.handle)
         return tf.cast(keys, variable.key_type), values
@@ -400,8 +406,11 @@ def incremental_model_dump(variables, time_threshold):
 def assign(variable, keys, values):
     """Writes `values` to the rows of `keys` on this worker. A static table's keys are global
     row ids this worker must hold; a dynamic table's keys are written here as given, so write
-    the keys this worker owns (uint64(key) % workers), the ones its lookups read."""
-    if isinstance(variable, DynamicVariable):
+    the keys this worker owns (uint64(key) % workers), the ones its lookups read. A dynamic
+    table's optimizer slot takes keys its table holds."""
+    from sparse_operation_kit.optimizer import DynamicSlot  # noqa: PLC0415
+
+    if isinstance(variable, (DynamicVariable, DynamicSlot)):
         return variable.assign(keys, values)
     from sparse_operation_kit.variables import Variable  # noqa: PLC0415
 

@@ -1,6 +1,8 @@
 """sok.dump / sok.load: SOK's file format, round trips, all-or-nothing loads."""
+import json
 import os
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -34,9 +36,16 @@ def test_files_follow_sok_format(tmp_path):
     static, dynamic, optimizer = trained_tables()
     sok.dump(str(tmp_path), [static, dynamic], optimizer)
     names = sorted(os.listdir(tmp_path))
-    assert names == sorted(["static_table_0-key", "static_table_0-weight",
-                            "static_table_0-Adagrad-accumulator", "dyn_table_0-key",
-                            "dyn_table_0-weight", "dyn_table_0-Adagrad-accumulator"])
+    files = ["static_table_0-key", "static_table_0-weight", "static_table_0-Adagrad-accumulator",
+             "dyn_table_0-key", "dyn_table_0-weight", "dyn_table_0-Adagrad-accumulator"]
+    assert names == sorted(files + ["sok_checkpoint.json"])
+    manifest = json.loads((tmp_path / "sok_checkpoint.json").read_text())
+    recorded = {file: facts for entry in manifest["tables"].values()
+                for file, facts in entry["files"].items()}
+    assert sorted(recorded) == sorted(files)
+    for file in files:  # sizes and CRCs as zlib computes them over the bytes on disk
+        data = (tmp_path / file).read_bytes()
+        assert recorded[file] == {"bytes": len(data), "crc32": zlib.crc32(data)}
     data = (tmp_path / "static_table_0-weight").read_bytes()
     assert data[:256].decode().strip() == "static/table:0" and data[:256].startswith(b" ")
     assert struct.unpack(">I", data[256:260])[0] == 1           # weight
@@ -94,6 +103,9 @@ def test_truncated_or_mismatched_files_change_nothing(tmp_path):
     before = snapshot(static, dynamic)
     weight = tmp_path / "dyn_table_0-weight"
     weight.write_bytes(weight.read_bytes()[:-3])
+    with pytest.raises(ValueError, match="dyn_table_0-weight is not the file its dump wrote"):
+        sok.load(str(tmp_path), [static, dynamic])
+    os.remove(tmp_path / "sok_checkpoint.json")  # as SOK writes them: the files' own checks
     with pytest.raises(ValueError, match="dyn_table_0-weight is truncated or has the wrong width"):
         sok.load(str(tmp_path), [static, dynamic])
     for a, b in zip(before, snapshot(static, dynamic)):
@@ -136,6 +148,7 @@ def test_loads_sok_headers_with_blank_names_and_older_dynamic_file_names(tmp_pat
     static, dynamic, optimizer = trained_tables()
     sok.dump(str(tmp_path), [static, dynamic], optimizer)
     saved = snapshot(static, dynamic)
+    os.remove(tmp_path / "sok_checkpoint.json")  # SOK writes none
     for path in tmp_path.iterdir():
         data = path.read_bytes()
         path.write_bytes(b" " * 256 + data[256:])
@@ -146,3 +159,54 @@ def test_loads_sok_headers_with_blank_names_and_older_dynamic_file_names(tmp_pat
     sok.load(str(tmp_path), [static, dynamic], optimizer)
     for a, b in zip(saved, snapshot(static, dynamic)):
         np.testing.assert_array_equal(a, b)
+
+
+def unnamed_static_tables_trained(rng):
+    """As SOK's dump/load tests make them: unnamed sok.Variables (all "Variable:0" in eager
+    mode), trained one step under a legacy Keras optimizer with slots."""
+    tables = [sok.Variable(rng.random([40, 8]).astype(np.float32)),
+              sok.Variable(rng.random([12, 8]).astype(np.float32)),
+              sok.Variable(rng.random([12, 3]).astype(np.float32))]
+    assert {t.name for t in tables} == {"Variable:0"}
+    optimizer = tf.keras.optimizers.legacy.SGD(0.5, momentum=0.9)
+    ids = [tf.ragged.constant([[1, 7], [3]], tf.int64), tf.ragged.constant([[0], [11, 2]], tf.int64),
+           tf.ragged.constant([[4, 4], [5]], tf.int64)]
+    with tf.GradientTape() as tape:
+        outs = sok.lookup_sparse(tables, ids, combiners=["sum", "mean", "sum"])
+        loss = sum(tf.reduce_sum(o * o) for o in outs)
+    optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
+    return tables, optimizer
+
+
+def test_unnamed_tables_round_trip_told_apart_by_position(tmp_path):
+    tables, optimizer = unnamed_static_tables_trained(np.random.default_rng(5))
+    saved = [t.numpy().copy() for t in tables]
+    momenta = [optimizer.get_slot(t, "momentum").numpy().copy() for t in tables]
+    sok.dump(str(tmp_path), tables, optimizer)
+    assert {f"Variable_0.{k}-weight" for k in range(3)} <= set(os.listdir(tmp_path))
+    header = (tmp_path / "Variable_0.1-weight").read_bytes()[:256].decode().strip()
+    assert header == "Variable:0#1"
+    for t in tables:
+        t.assign(tf.zeros_like(t))
+        optimizer.get_slot(t, "momentum").assign(tf.zeros_like(t))
+    sok.load(str(tmp_path), tables, optimizer)
+    for t, rows, momentum in zip(tables, saved, momenta):
+        np.testing.assert_array_equal(t.numpy(), rows)
+        np.testing.assert_array_equal(optimizer.get_slot(t, "momentum").numpy(), momentum)
+
+
+def test_unnamed_tables_load_into_a_different_list_is_refused(tmp_path):
+    tables, _ = unnamed_static_tables_trained(np.random.default_rng(6))
+    sok.dump(str(tmp_path), tables)
+    before = [t.numpy().copy() for t in tables]
+    with pytest.raises(ValueError, match="holds 3 table\\(s\\) named 'Variable:0', told apart "
+                                         "by their position in the dumped list, and 2 are given"):
+        sok.load(str(tmp_path), tables[:2])
+    with pytest.raises(ValueError, match="'Variable:0' \\(Variable_0.1\\) is a static table of "
+                                         "dimension 8; it is loaded into a static table of "
+                                         "dimension 3"):
+        sok.load(str(tmp_path), [tables[0], tables[2], tables[1]])
+    with pytest.raises(ValueError, match="Variable_0.0-key has row ids outside \\[0, 12\\)"):
+        sok.load(str(tmp_path), [tables[1], tables[0], tables[2]])
+    for t, rows in zip(tables, before):  # nothing changed by the refused loads
+        np.testing.assert_array_equal(t.numpy(), rows)

@@ -69,6 +69,13 @@ def test_dynamic_tables_match_single_worker_reference(optimizer, function):
     assert output.count("PASS rank=") == 2, output[-3000:]
 
 
+def test_unnamed_localized_dynamic_tables_dump_and_load_on_two_workers(tmp_path):
+    # SOK's localized dump/load test: the workers' automatic table names differ, files are
+    # named as rank 0 names the tables, and no load reads another table's files.
+    output = horovodrun("dump_localized.py", str(tmp_path / "weight"))
+    assert output.count("PASS rank=") == 2, output[-3000:]
+
+
 def test_plan_with_dp_localized_and_distributed_groups_matches_single_worker():
     output = horovodrun("train_plan.py")
     assert output.count("PASS rank=") == 2, output[-3000:]

@@ -81,14 +81,6 @@ def test_centered_rmsprop_state_is_dumped_and_loaded_with_its_mg_section(tmp_pat
         np.testing.assert_array_equal(wrapper.get_slot(table, name).sparse_read(ids).numpy(), state)
 
 
-def test_unnamed_tables_would_share_files_and_are_refused(tmp_path):
-    first, second = sok.Variable(np.zeros([2, 2], np.float32)), sok.Variable(np.ones([2, 2], np.float32))
-    with pytest.raises(ValueError, match="tables 'Variable:0' and 'Variable:0' would share the "
-                                         "files Variable_0-\\*: give each table its own name"):
-        sok.dump(str(tmp_path), [first, second])
-    assert not os.listdir(tmp_path)  # refused before writing anything
-
-
 SOK_EXAMPLE = """
 import numpy as np, tensorflow as tf
 import sparse_operation_kit as sok
