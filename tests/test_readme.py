@@ -15,7 +15,9 @@ DOCS = ["README.md", "CHANGELOG.md", "tutorials/DLRM_Benchmark/README.md"] + sor
     os.path.join("docs", name) for name in os.listdir(os.path.join(ROOT, "docs"))
     if name.endswith(".md"))
 # What a build or a run makes, named in the docs but not part of the repository.
-MADE_BY_RUNS = ("benchmarks/out", "build/", "build-gpu", "sparse_operation_kit/lib", ".venv")
+# Made by builds and runs (sok_checkpoint.json: the manifest sok.dump writes), not tracked.
+MADE_BY_RUNS = ("benchmarks/out", "build/", "build-gpu", "sparse_operation_kit/lib", ".venv",
+                "sok_checkpoint.json")
 PATH_SUFFIXES = (".py", ".sh", ".md", ".json", ".log", ".cu", ".cc", ".h", ".cuh", ".txt", "/")
 
 
