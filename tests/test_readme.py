@@ -14,8 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md", "CHANGELOG.md", "tutorials/DLRM_Benchmark/README.md"] + sorted(
     os.path.join("docs", name) for name in os.listdir(os.path.join(ROOT, "docs"))
     if name.endswith(".md"))
-# What a build or a run makes, named in the docs but not part of the repository.
-# Made by builds and runs (sok_checkpoint.json: the manifest sok.dump writes), not tracked.
+# What a build or a run makes (sok_checkpoint.json: the manifest sok.dump writes), named in
+# the docs but not part of the repository.
 MADE_BY_RUNS = ("benchmarks/out", "build/", "build-gpu", "sparse_operation_kit/lib", ".venv",
                 "sok_checkpoint.json")
 PATH_SUFFIXES = (".py", ".sh", ".md", ".json", ".log", ".cu", ".cc", ".h", ".cuh", ".txt", "/")
