@@ -121,13 +121,29 @@ def _hyper(optimizer, name):
     return tf.cast(getattr(optimizer, name), tf.float32)
 
 
-def _learning_rate(optimizer):
-    if hasattr(optimizer, "_decayed_lr"):  # legacy: applies the schedule at `iterations`
-        return optimizer._decayed_lr(tf.float32)
-    rate = optimizer._learning_rate
+def _learning_rate(optimizer, steps):
+    """The rate at step count `steps`, as Keras computes it at its `iterations` (a schedule;
+    a legacy optimizer's `decay` too)."""
+    legacy = hasattr(optimizer, "_get_hyper")
+    rate = optimizer._get_hyper("learning_rate") if legacy else optimizer._learning_rate
     if isinstance(rate, tf.keras.optimizers.schedules.LearningRateSchedule):
-        rate = rate(optimizer.iterations)
-    return tf.cast(rate, tf.float32)
+        rate = rate(steps)
+    rate = tf.cast(rate, tf.float32)
+    if legacy and optimizer._initial_decay > 0.0:
+        rate = rate / (1.0 + float(optimizer._initial_decay) * tf.cast(steps, tf.float32))
+    return rate
+
+
+def _wrapper_variable(optimizer, name, initial, dtype, device):
+    """A variable the wrappers of `optimizer` keep beside its own state (their step count, the
+    Nadam schedule's product), made on `device` at first use and tracked by the optimizer, so
+    a checkpoint of the optimizer holds it."""
+    variable = optimizer._lookup_dependency(name)
+    if variable is None:
+        with tf.init_scope(), tf.device(device):
+            variable = tf.Variable(initial, dtype=dtype, trainable=False, name=name)
+        optimizer._track_trackable(variable, name=name, overwrite=True)
+    return variable
 
 
 def _dimension(table):
@@ -278,6 +294,16 @@ class OptimizerWrapper:
     def lr(self):
         return self._optimizer.learning_rate
 
+    @property
+    def iterations(self):
+        """The steps this wrapper applied to sok tables with a fused rule (the wrapped
+        optimizer's `iterations` counts its own apply_gradients calls, as in SOK); under the
+        generic path, the wrapped optimizer's `iterations`, which counts every step."""
+        if not self._fused:
+            return self._optimizer.iterations
+        return _wrapper_variable(self._optimizer, "sok_iterations", 0, tf.int64,
+                                 self._optimizer.iterations.device)
+
     def get_slot_names(self):
         """The wrapped optimizer's slot names, and those its dynamic tables keep."""
         names = list(self._optimizer.get_slot_names()) \
@@ -340,20 +366,26 @@ class OptimizerWrapper:
         # there: no step waits for a copy between host and GPU.
         device = _hyper_device(dynamic, static)
         _hyper_state_on(self._optimizer, device)
+        # The sok tables' steps are counted apart from the optimizer's `iterations`, as SOK
+        # does: one optimizer object may also update tf.Variables in calls of its own, and
+        # each side's bias corrections and schedules follow its own step count.
+        steps = _wrapper_variable(self._optimizer, "sok_iterations", 0, tf.int64, device)
         with tf.device(device):
-            step = tf.cast(self._optimizer.iterations + 1, tf.float32)  # before `others` count it
-            lr = _learning_rate(self._optimizer)
+            step = tf.cast(steps + 1, tf.float32)
+            lr = _learning_rate(self._optimizer, steps)
             if self._kind == "Nadam" and (dynamic or static):
-                self._nadam_step = self._advance_nadam_schedule(step)
-            rules = {dim: self._rule(lr, step, dim)
+                self._nadam_step = self._advance_nadam_schedule(step, device)
+            rules = {dim: self._rule(lr, step, dim, steps)
                      for dim in {_dimension(v) for g, v in dynamic + static if g is not None}}
         updates = [self._apply_dynamic(g, v, rules[_dimension(v)])
                    for g, v in dynamic if g is not None]
         updates += [self._apply_static(g, v, rules[_dimension(v)]) for g, v in static]
         with tf.control_dependencies(updates):
-            if others:
-                return self._optimizer.apply_gradients(others, **kwargs)
-            return self._optimizer.iterations.assign_add(1)
+            counted = steps.assign_add(1)
+        if not others:
+            return counted
+        with tf.control_dependencies([counted]):
+            return self._optimizer.apply_gradients(others, **kwargs)
 
     def _staging_for(self, table):
         """The generic path's staging of `table` (made at its first update or load)."""
@@ -460,19 +492,17 @@ class OptimizerWrapper:
             nesterov=nesterov, table_name=variable.name,
             validate=not indices_are_checked(grad.indices))
 
-    def _advance_nadam_schedule(self, step):
-        """Keras' Nadam momentum schedule, kept here for the dynamic tables: m_t, m_t+1 and
-        the products up to t and t + 1 (the product lives in a variable across steps)."""
+    def _advance_nadam_schedule(self, step, device):
+        """Keras' Nadam momentum schedule, kept here for the sok tables: m_t, m_t+1 and the
+        products up to t and t + 1 (the product lives in a variable across steps)."""
         opt = self._optimizer
-        if getattr(self, "_nadam_cache", None) is None:
-            with tf.init_scope():
-                self._nadam_cache = tf.Variable(1.0, trainable=False, name="sok_nadam_m_cache")
+        cache = _wrapper_variable(opt, "sok_nadam_m_cache", 1.0, tf.float32, device)
         beta1 = _hyper(opt, "beta_1")
         # Legacy Keras raises 0.96 to decay * t (decay defaults to 0.004); new Keras to t.
         decay = tf.constant(float(opt._initial_decay) if hasattr(opt, "_get_hyper") else 1.0)
         now = beta1 * (1.0 - 0.5 * tf.pow(0.96, decay * step))
         following = beta1 * (1.0 - 0.5 * tf.pow(0.96, decay * (step + 1.0)))
-        schedule = self._nadam_cache.assign(self._nadam_cache * now)
+        schedule = cache.assign(cache * now)
         return now, following, schedule, schedule * following
 
     def _apply_dynamic(self, grad, variable, rule_of_step):
@@ -485,7 +515,7 @@ class OptimizerWrapper:
             tf.convert_to_tensor(grad.values, tf.float32), hyper, rule=rule,
             state_dim=state_dim, state_initial_value=state_initial, nesterov=nesterov)
 
-    def _rule(self, lr, step, dim):
+    def _rule(self, lr, step, dim, steps):
         """(rule, hyper, state floats per row, their initial value, nesterov) of this step, as
         Sok>DynamicApply and Sok>StaticApply take them."""
         opt = self._optimizer
@@ -526,7 +556,7 @@ class OptimizerWrapper:
             beta2 = _hyper(opt, "beta_2")
             if legacy:  # legacy Nadam uses `decay` for its momentum schedule, not the rate
                 rate = opt._get_hyper("learning_rate")
-                lr = tf.cast(rate(opt.iterations) if callable(rate) else rate, tf.float32)
+                lr = tf.cast(rate(steps) if callable(rate) else rate, tf.float32)
             hyper = tf.stack([lr, _hyper(opt, "beta_1"), beta2, epsilon, now, following,
                               1.0 - schedule, 1.0 - schedule_next, 1.0 - tf.pow(beta2, step)])
             return "nadam", hyper, 2 * dim, 0.0, False

@@ -839,11 +839,11 @@ def test_fused_static_updates_read_hypers_where_the_tables_live(device, make):
     assert len(applies) == 1 and device in nodes[hyper].device, nodes[hyper]
     for _ in range(3):
         on(device, tf.function(step))
-    for variable in list(optimizer._hyper.values()) + [optimizer.iterations]:
+    for variable in list(optimizer._hyper.values()) + [wrapper.iterations]:
         if isinstance(variable, tf.Variable):
             assert device in variable.device, (variable.name, variable.device)
     np.testing.assert_allclose(table.numpy(), reference.numpy(), rtol=1e-5, atol=1e-6)
-    assert int(optimizer.iterations) == 3
+    assert int(wrapper.iterations) == 3
 
 
 @pytest.mark.parametrize("device", DEVICES)

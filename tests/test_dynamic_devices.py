@@ -319,7 +319,7 @@ def test_training_agrees_across_devices_and_with_tf(name, dtype, chain, dim):
                 step(tf.RaggedTensor.from_row_lengths(keys_of(universe[rows]), lengths))
         keras = optimizer._optimizer
         if hasattr(keras, "_create_hypers"):  # legacy: the wrapper made them, on the table's
-            for variable in list(keras._hyper.values()) + [keras.iterations]:  # device
+            for variable in list(keras._hyper.values()) + [optimizer.iterations]:  # device
                 if isinstance(variable, tf.Variable):
                     assert device in variable.device, (variable.name, variable.device)
         results.append((table, initial))

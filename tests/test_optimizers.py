@@ -370,7 +370,7 @@ def test_fused_updates_read_their_hyper_parameters_on_the_host(name):
 
     with tf.device("/GPU:0"):  # a placement request only: the graph is not run here
         graph = tf.function(step).get_concrete_function().graph
-    for variable in list(optimizer._hyper.values()) + [optimizer.iterations]:
+    for variable in list(optimizer._hyper.values()) + [wrapper.iterations]:
         if isinstance(variable, tf.Variable):
             assert "CPU" in variable.device, variable
     hypers = [op.inputs[-1].op for op in graph.get_operations()
@@ -378,4 +378,4 @@ def test_fused_updates_read_their_hyper_parameters_on_the_host(name):
     assert len(hypers) == 2 and all("CPU" in op.device for op in hypers), \
         [op.device for op in hypers]
     tf.function(step)()
-    assert int(optimizer.iterations) == 1
+    assert int(wrapper.iterations) == 1
