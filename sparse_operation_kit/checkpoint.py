@@ -36,7 +36,7 @@ import tensorflow as tf
 from sparse_operation_kit import communication
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable
-from sparse_operation_kit.optimizer import dynamic_slot_names
+from sparse_operation_kit.optimizer import dynamic_slot_names, shown_slot_names
 from sparse_operation_kit.variables import DISTRIBUTED, Variable
 
 HEADER_BYTES = 296
@@ -226,8 +226,9 @@ def _local_rows(variable, optimizer):
         slots = {}
         names = dynamic_slot_names(optimizer) if optimizer else []
         dim = variable.dimension
+        shown = shown_slot_names(optimizer) if optimizer else []
         for i, slot in enumerate(names):
-            if state.shape[1] >= (i + 1) * dim:
+            if slot in shown and state.shape[1] >= (i + 1) * dim:
                 slots[slot] = state[:, i * dim:(i + 1) * dim]
         for slot, table in _generic_slot_tables(optimizer, variable).items():
             slots[slot] = table.sparse_read(keys, insert=False).numpy()
@@ -451,9 +452,12 @@ def load(path, variables, optimizer=None):
     for variable, keys, weights, slots in staged:  # all checked: now change the tables
         if isinstance(variable, DynamicVariable):
             names = dynamic_slot_names(optimizer) if optimizer else []
-            state = [slots[n] for n in names if n in slots]
-            state = np.concatenate(state, axis=1) if state and len(state) == len(names) else \
-                np.zeros([len(keys), 0], np.float32)
+            shown = shown_slot_names(optimizer) if optimizer else []
+            # a column no slot shows (RMSprop's momentum at momentum 0) is zeros
+            state = [slots.get(n, np.zeros_like(weights) if n not in shown else None)
+                     for n in names]
+            state = np.concatenate(state, axis=1) if names and all(
+                part is not None for part in state) else np.zeros([len(keys), 0], np.float32)
             raw_ops.sok_dynamic_table_import(variable.handle, keys, weights, state)
             for slot, table in _generic_slot_tables(optimizer, variable).items():
                 if slot in slots:
@@ -471,7 +475,7 @@ def _slot_names(variable, optimizer):
     if optimizer is None:
         return []
     if isinstance(variable, DynamicVariable):
-        return dynamic_slot_names(optimizer)
+        return shown_slot_names(optimizer)
     return optimizer.get_slot_names() if hasattr(optimizer, "get_slot_names") else []
 
 

@@ -51,6 +51,19 @@ def dynamic_slot_names(optimizer):
     return list(_DYNAMIC_SLOTS.get(kind, []))
 
 
+def shown_slot_names(optimizer):
+    """The dynamic-table slots that `get_slot_names`, `_slots` and `sok.dump` show: those the
+    Keras optimizer itself makes (RMSprop keeps a `momentum` column but makes no such slot
+    when its momentum is 0, and SOK shows none then)."""
+    names = dynamic_slot_names(optimizer)
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if type(inner).__name__ == "RMSprop" and "momentum" in names:
+        legacy = hasattr(inner, "_get_hyper")
+        if not (bool(inner._momentum) if legacy else float(inner.momentum) > 0.0):
+            names.remove("momentum")
+    return names
+
+
 class DynamicSlot:
     """One optimizer state of a dynamic table, as SOK's `get_slot(table, name)` gives it: a
     view of the [dim] floats kept next to each key's row in the table itself. Reads and writes
@@ -308,7 +321,7 @@ class OptimizerWrapper:
         """The wrapped optimizer's slot names, and those its dynamic tables keep."""
         names = list(self._optimizer.get_slot_names()) \
             if hasattr(self._optimizer, "get_slot_names") else []
-        return names + [n for n in dynamic_slot_names(self._optimizer) if n not in names]
+        return names + [n for n in shown_slot_names(self._optimizer) if n not in names]
 
     def get_slot(self, var, name):
         """A slot of `var`: for a dynamic table a DynamicSlot view of its state in the table
@@ -334,7 +347,7 @@ class OptimizerWrapper:
         them here) and each updated dynamic table's views, keyed by its unique id."""
         slots = dict(getattr(self._optimizer, "_slots", {}))
         for table in self._dynamic_tables.values():
-            names = (dynamic_slot_names(self._optimizer) if self._fused else
+            names = (shown_slot_names(self._optimizer) if self._fused else
                      list(self._staging[id(table)].slots) if id(table) in self._staging else [])
             slots[table._unique_id] = {name: self.get_slot(table, name) for name in names}
         return slots
