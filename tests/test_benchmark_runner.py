@@ -48,7 +48,7 @@ def test_every_committed_result_says_how_it_was_made():
                 made = json.load(handle).get("provenance", {})
             assert made.get("device") and made.get("versions") and made.get("command"), name
             programs = [word for word in made["command"].split()
-                        if word.startswith(("benchmarks/", "kit_src/"))]
+                        if word.startswith(("benchmarks/", "kit_src/", "tests/"))]
             assert programs, made
             for program in programs:
                 assert os.path.exists(os.path.join(os.path.dirname(here), program)), made

@@ -210,3 +210,24 @@ def test_unnamed_tables_load_into_a_different_list_is_refused(tmp_path):
         sok.load(str(tmp_path), [tables[1], tables[0], tables[2]])
     for t, rows in zip(tables, before):  # nothing changed by the refused loads
         np.testing.assert_array_equal(t.numpy(), rows)
+
+
+def test_rmsprop_without_momentum_dumps_no_momentum_slot_and_restores_rms(tmp_path):
+    # Keras (and SOK) make no momentum slot when RMSprop's momentum is 0.
+    table = sok.DynamicVariable(4, name="rms_table", initializer="0.5")
+    wrapper = sok.OptimizerWrapper(tf.keras.optimizers.legacy.RMSprop(0.01))
+    ids = tf.constant([3, 8, 3], tf.int64)
+    for _ in range(2):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(table, ids) ** 2)
+        wrapper.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+    assert wrapper.get_slot_names() == ["rms"]
+    rms = wrapper.get_slot(table, "rms").sparse_read(ids).numpy()
+    rows = table.sparse_read(ids, insert=False).numpy()
+    sok.dump(str(tmp_path), [table], wrapper)
+    assert sorted(n for n in os.listdir(tmp_path) if "RMSprop" in n) == ["rms_table_0-RMSprop-rms"]
+    wrapper.get_slot(table, "rms").assign([3, 8], np.zeros([2, 4], np.float32))
+    table.assign([3, 8], np.zeros([2, 4], np.float32))
+    sok.load(str(tmp_path), [table], wrapper)
+    np.testing.assert_array_equal(wrapper.get_slot(table, "rms").sparse_read(ids).numpy(), rms)
+    np.testing.assert_array_equal(table.sparse_read(ids, insert=False).numpy(), rows)

@@ -4,12 +4,17 @@ types. Differences this package makes on purpose are listed in EXPECTED with the
 (docs/migrating_from_sok.md); any other difference fails. Writes the comparison as JSON.
 
     python3 tests/sok_dropin/compare.py OUT_DIR [REPORT_JSON]   (OUT_DIR holds sok.* and ours.*)
+    python3 tests/sok_dropin/compare.py --classify REPORT_JSON  (EXPECTED applied again to a
+                                                                 report's differences)
 """
 import json
 import os
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from benchmarks.provenance import stamp  # noqa: E402
 
 # (section prefix, field) -> why this package differs there on purpose
 EXPECTED = {
@@ -19,7 +24,13 @@ EXPECTED = {
         "HierarchicalKV evicts within a full bucket of 128 slots, so SOK's hybrid table evicts "
         "some keys before it holds max_capacity; this package's table evicts only at "
         "max_capacity, the least recently used keys of the whole table",
-    ("speed", "outcome"): "the speed sections ran under one package only",
+    ("errors/", "raises"):
+        "this package checks arguments in Python and raises TypeError / ValueError naming the "
+        "bad value; SOK raises what its ops or asserts raise (InvalidArgumentError, "
+        "AbortedError, RuntimeError)",
+    ("errors/", "outcome"):
+        "SOK's process aborts on combiners=['max'], so the cases after it ran under this "
+        "package only",
 }
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)
 
@@ -28,7 +39,7 @@ def load(folder, label):
     with open(os.path.join(folder, f"{label}.json")) as handle:
         report = json.load(handle)
     with np.load(os.path.join(folder, f"{label}.npz")) as data:
-        return report["sections"], {name: data[name] for name in data.files}
+        return report, {name: data[name] for name in data.files}
 
 
 def expected(section, field):
@@ -85,41 +96,56 @@ def compare_section(name, sok, ours, sok_arrays, our_arrays):
     return differences
 
 
+def classify(sections):
+    """Sorts each section's differences into expected (with the reason) and unexpected."""
+    totals = {"unexpected": 0, "expected": 0}
+    for name, entry in sections.items():
+        differences = entry.get("differences", {})
+        entry["same"] = not differences
+        entry["expected"] = {f: expected(name, f) for f in differences if expected(name, f)}
+        entry["unexpected"] = sorted(f for f in differences if not expected(name, f))
+        totals["unexpected"] += bool(entry["unexpected"])
+        totals["expected"] += bool(entry["expected"])
+    return totals
+
+
+def write(result, target):
+    result.update(classify(result["sections"]))
+    with open(target, "w") as handle:
+        json.dump(result, handle, indent=1)
+    for name, entry in result["sections"].items():
+        state = "same" if entry["same"] else "DIFFERENT" if entry["unexpected"] else "expected"
+        shown = {f: entry["differences"][f] for f in entry["unexpected"]}
+        print(f"{state:9s} {name} {json.dumps(shown)[:300] if shown else ''}")
+    print(f"{len(result['sections'])} sections, {result['unexpected']} with unexpected "
+          f"differences, {result['expected']} with expected ones -> {target}")
+    return 1 if result["unexpected"] else 0
+
+
 def main():
+    if sys.argv[1] == "--classify":
+        with open(sys.argv[2]) as handle:
+            return write(json.load(handle), sys.argv[2])
     folder = sys.argv[1]
     target = sys.argv[2] if len(sys.argv) > 2 else os.path.join(folder, "sok_dropin.json")
-    sok, sok_arrays = load(folder, "sok")
-    ours, our_arrays = load(folder, "ours")
-    result = {"sections": {}, "unexpected": 0, "expected": 0}
+    sok_report, sok_arrays = load(folder, "sok")
+    our_report, our_arrays = load(folder, "ours")
+    sok, ours = sok_report["sections"], our_report["sections"]
+    result = stamp({"sections": {}}, made_by="bash tests/sok_dropin/on_device.sh")
+    result["provenance"]["versions"].update(our_report.get("versions", {}))
+    result["provenance"]["versions"]["NVIDIA SOK"] = "2.1.0"
     for name in sorted(set(sok) | set(ours)):
         if name not in sok or name not in ours:
-            result["sections"][name] = {"same": False,
-                                        "unexpected": {"outcome": "ran under one package only"}}
-            result["unexpected"] += 1
-            continue
-        differences = compare_section(name, sok[name], ours[name], sok_arrays, our_arrays)
-        known = {f: expected(name, f) for f in differences if expected(name, f)}
-        unknown = {f: d for f, d in differences.items() if f not in known}
-        entry = {"same": not differences}
-        if known:
-            entry["expected"] = {f: f"{differences[f]} ({why})" for f, why in known.items()}
-        if unknown:
-            entry["unexpected"] = unknown
-        for side, report in (("sok", sok[name]), ("ours", ours[name])):
+            entry = {"differences": {"outcome": "ran under one package only"}}
+        else:
+            entry = {"differences": compare_section(name, sok[name], ours[name], sok_arrays,
+                                                    our_arrays)}
+        for side, report in (("sok", sok.get(name, {})), ("ours", ours.get(name, {}))):
             speed = {k: v for k, v in report.items() if k.endswith("_ms")}
             if speed:
                 entry[f"{side}_speed"] = speed
         result["sections"][name] = entry
-        result["unexpected"] += bool(unknown)
-        result["expected"] += bool(known)
-    with open(target, "w") as handle:
-        json.dump(result, handle, indent=1)
-    for name, entry in result["sections"].items():
-        state = "same" if entry["same"] else "DIFFERENT" if "unexpected" in entry else "expected"
-        print(f"{state:9s} {name} {json.dumps(entry.get('unexpected', ''))[:300]}")
-    print(f"{len(result['sections'])} sections, {result['unexpected']} with unexpected "
-          f"differences, {result['expected']} with expected ones -> {target}")
-    return 1 if result["unexpected"] else 0
+    return write(result, target)
 
 
 if __name__ == "__main__":

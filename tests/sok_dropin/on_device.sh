@@ -5,8 +5,9 @@
 #   build  builds this package's op library with its GPU kernels
 #   run    runs the script under both packages (with its speed sections) and compares
 # Needs: python3 with GPU TensorFlow 2.16 (tf_keras, TF_USE_LEGACY_KERAS=1) and Horovod with
-# NCCL; SOK's built package as a tarball at $SOK_DIST (default .peers/sok_dist.tar.gz, from
-# ../shared/peers/sok); nvcc and cmake for the build. Logs and JSON land in $OUT (default
+# NCCL; NVIDIA's SOK (merlin-sok 2.1.0) built for the GPU, as a tarball of its
+# sparse_operation_kit/ package at $SOK_DIST (default .peers/sok_dist.tar.gz); nvcc and cmake
+# for the build. Logs and JSON land in $OUT (default
 # benchmarks/out): sok_dropin.json is the comparison.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

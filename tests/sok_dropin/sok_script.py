@@ -30,7 +30,9 @@ sok.init()
 OUT, LABEL = sys.argv[1], sys.argv[2]
 SPEED = "--speed" in sys.argv
 ONLY = tuple(p for p in os.environ.get("SOK_SCRIPT_ONLY", "").split(",") if p)  # name prefixes
-arrays, report = {}, {"package": os.path.dirname(sok.__file__), "sections": {}}
+arrays, report = {}, {"package": os.path.dirname(sok.__file__), "sections": {},
+                     "versions": {"tensorflow": tf.__version__, "horovod": __import__("horovod").__version__,
+                                  "python": sys.version.split()[0]}}
 STEPS = 8
 
 

@@ -1,0 +1,55 @@
+"""The drop-in check's own machinery (tests/sok_dropin, run against NVIDIA's SOK on a GPU by
+on_device.sh): its SOK-style script runs under this package on the CPU, compare.py finds two
+runs of it the same, and finds a changed table or loss different."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from conftest import ROOT, subprocess_env
+
+HERE = os.path.join(ROOT, "tests", "sok_dropin")
+SECTIONS = "static/adam/distributed,dynamic/adagrad/hbm,dynamic/rmsprop/hbm,errors/"
+
+
+def run_script(out, label):
+    result = subprocess.run(
+        [sys.executable, os.path.join(HERE, "sok_script.py"), str(out), label],
+        env=subprocess_env(SOK_SCRIPT_ONLY=SECTIONS), capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0 and f"WROTE {label}" in result.stdout, result.stderr[-3000:]
+
+
+def compare(out):
+    return subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), str(out)],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=120)
+
+
+def test_two_runs_compare_the_same_and_a_change_is_found(tmp_path):
+    run_script(tmp_path, "ours")
+    for suffix in ("json", "npz"):
+        os.link(tmp_path / f"ours.{suffix}", tmp_path / f"sok.{suffix}")
+    report = json.loads((tmp_path / "ours.json").read_text())["sections"]
+    assert all(entry["ok"] for name, entry in report.items() if not name.startswith("errors/"))
+    assert report["errors/float ids"]["raises"] == "TypeError"
+    assert report["dynamic/rmsprop/hbm"]["slot_names"] == ["rms"]  # as Keras and SOK
+    assert report["dynamic/adagrad/hbm"]["load_restored"] is True
+    same = compare(tmp_path)
+    assert same.returncode == 0, same.stdout[-3000:]
+    assert "0 with unexpected differences" in same.stdout
+
+    os.remove(tmp_path / "sok.npz")
+    with np.load(tmp_path / "ours.npz") as data:
+        arrays = {name: data[name] for name in data.files}
+    arrays["static/adam/distributed/0"] = arrays["static/adam/distributed/0"] + 1e-3
+    np.savez(tmp_path / "sok.npz", **arrays)
+    os.remove(tmp_path / "sok.json")
+    report = json.loads((tmp_path / "ours.json").read_text())
+    report["sections"]["dynamic/adagrad/hbm"]["losses"][3] += 0.5
+    (tmp_path / "sok.json").write_text(json.dumps(report))
+    different = compare(tmp_path)
+    assert different.returncode == 1, different.stdout[-3000:]
+    assert "DIFFERENT static/adam/distributed" in different.stdout
+    assert "DIFFERENT dynamic/adagrad/hbm" in different.stdout
