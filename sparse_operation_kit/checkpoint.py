@@ -53,13 +53,9 @@ _LEFTOVER = re.compile(r"(.+-.+\.partial|" + re.escape(JOURNAL) + r"\.tmp)$")
 
 
 def _clean(name):
+    """A file base name from a table name ("table:0", as SOK names tables): every character
+    other than a letter or digit as "_"."""
     return re.sub(r"[^0-9A-Za-z]", "_", name)
-
-
-def file_name(variable):
-    """The files' base name: the variable's name ("table:0" for static and dynamic tables, as
-    SOK names them) with every other character than a letter or digit as "_"."""
-    return _clean(variable.name)
 
 
 class _Table:
