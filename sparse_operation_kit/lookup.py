@@ -513,20 +513,66 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
 
 
 def all2all_dense_embedding(param, indices):
-    """Unpooled lookup, like `tf.nn.embedding_lookup`: returns indices.shape + [dim]."""
+    """Unpooled (sequence) lookup, like `tf.nn.embedding_lookup`: one vector per id.
+
+    Args:
+      param: a table (`sok.Variable`, `sok.DynamicVariable`, `tf.Variable`), or a list of them.
+      indices: int32 / int64 ids of any shape, or a `tf.RaggedTensor` of ids; with a list of
+        tables, a list of them, one per table. The lookups of a list share one fused op chain
+        per group of tables of one dimension and kind, as in `lookup_sparse`.
+
+    Returns:
+      indices.shape + [dim] (a RaggedTensor of ids gives a RaggedTensor [..., None, dim] with
+      its row partitions), or a list of them. Gradients reach the tables as
+      `tf.IndexedSlices`, repeated ids summed by the update.
+    """
     communication._require_init()
-    _check_table(param, 0)
-    indices = tf.convert_to_tensor(indices)
-    if indices.dtype not in _ID_DTYPES:
-        raise TypeError(f"indices have dtype {indices.dtype.name}; ids must be int32 or int64")
+    single = not isinstance(param, (list, tuple))
+    params = [param] if single else list(param)
+    if single:
+        indices = [indices]
+    elif not isinstance(indices, (list, tuple)) or len(indices) != len(params):
+        raise ValueError(f"indices must be a list with one entry per table ({len(params)}), "
+                         f"got {type(indices).__name__}" +
+                         (f" of {len(indices)}" if isinstance(indices, (list, tuple)) else ""))
     with tf.name_scope("sok_all2all_dense_embedding"):
-        flat = tf.reshape(indices, [-1])
-        row_splits = tf.range(tf.size(flat, out_type=tf.int64) + 1)
-        lookup = _Lookup(param, flat, row_splits, None, "sum", True)
-        (rows,) = _lookup_group([lookup], int(param.shape[1]), isinstance(param, DynamicVariable),
-                                training=True, low_frequency_filter=False, compress=False,
-                                dtype=_output_dtype(param))
-        return tf.reshape(rows, tf.concat([tf.shape(indices), [int(param.shape[1])]], 0))
+        flats, lookups = [], []
+        for i, (table, ids) in enumerate(zip(params, indices)):
+            _check_table(table, i)
+            flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.convert_to_tensor(ids)
+            if flat.dtype not in _ID_DTYPES:
+                raise TypeError(f"indices[{i}] have dtype {flat.dtype.name}; ids must be int32 "
+                                "or int64")
+            flat = tf.reshape(flat, [-1])
+            flats.append(flat)
+            lookups.append(_Lookup(table, flat, _one_id_row_splits(flat), None, "sum", True))
+        rows = [None] * len(lookups)
+        for (dim, dynamic, dtype), members in _group_tables(lookups).items():
+            results = _lookup_group([lookups[i] for i in members], dim, dynamic, training=True,
+                                    low_frequency_filter=False, compress=False, dtype=dtype)
+            for i, result in zip(members, results):
+                rows[i] = result
+        outputs = [_shaped_like(ids, r, int(table.shape[1]))
+                   for ids, r, table in zip(indices, rows, params)]
+    return outputs[0] if single else outputs
+
+
+def _one_id_row_splits(flat):
+    """Row splits 0, 1, ..., n of n ids, one a sample (static length where n is known)."""
+    count = tf.compat.dimension_value(flat.shape[0])
+    if count is None:
+        count = tf.size(flat, out_type=tf.int64)
+    return tf.range(tf.cast(count, tf.int64) + 1, dtype=tf.int64)
+
+
+def _shaped_like(ids, rows, dim):
+    """rows ([n, dim], one per id of `ids` in order) shaped as ids + [dim]."""
+    if isinstance(ids, tf.RaggedTensor):
+        return ids.with_flat_values(rows)
+    ids = tf.convert_to_tensor(ids)
+    if ids.shape.rank == 1:
+        return rows
+    return tf.reshape(rows, tf.concat([tf.shape(ids), [dim]], 0))
 
 
 # Index tensors of static tables' gradients built here from ids already checked against the

@@ -227,6 +227,62 @@ def test_all2all_dense_embedding_matches_embedding_lookup(mode, dtype):
                                rtol=1e-5 if dtype == tf.float32 else 2e-3)
 
 
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_all2all_dense_embedding_of_lists_and_ragged_ids(mode):
+    """A list of tables (static of two dims, a dynamic one) with dense and ragged ids: each
+    output equals the rows at its ids (NumPy), gradients equal tf.nn.embedding_lookup's."""
+    rng = np.random.default_rng(12)
+    inits = [rng.normal(size=[30, 4]).astype(np.float32),
+             rng.normal(size=[20, 4]).astype(np.float32),
+             rng.normal(size=[40, 8]).astype(np.float32)]
+    tables = [sok.Variable(init) for init in inits]
+    refs = [tf.Variable(init) for init in inits]
+    dynamic = sok.DynamicVariable(dimension=4, initializer="zeros")
+    keys = np.array([5, 70, 1 << 40, 9], np.int64)
+    held = rng.normal(size=[4, 4]).astype(np.float32)
+    sok.assign(dynamic, keys, held)
+    indices = [tf.constant(rng.integers(0, 30, size=[3, 5]), tf.int32),
+               tf.ragged.constant([[1, 19, 1], [], [7]], dtype=tf.int64),
+               tf.constant(rng.integers(0, 40, size=[6]), tf.int64),
+               tf.ragged.constant([[1 << 40], [9, 5, 70, 5]], dtype=tf.int64)]
+
+    def step():
+        with tf.GradientTape(persistent=True) as tape:
+            outs = sok.all2all_dense_embedding(tables + [dynamic], indices)
+            loss = tf.add_n([tf.reduce_sum(o.flat_values if isinstance(o, tf.RaggedTensor)
+                                           else o) ** 2 for o in outs[:3]])
+            ref_outs = [tf.nn.embedding_lookup(r, i.flat_values if isinstance(i, tf.RaggedTensor)
+                                               else i) for r, i in zip(refs, indices[:3])]
+            ref_loss = tf.add_n([tf.reduce_sum(o) ** 2 for o in ref_outs])
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, tables)]
+        ref_grads = [tf.convert_to_tensor(g) for g in tape.gradient(ref_loss, refs)]
+        return outs, grads, ref_grads
+
+    outs, grads, ref_grads = run_mode(mode, step)
+    assert outs[0].shape == (3, 5, 4)
+    assert isinstance(outs[1], tf.RaggedTensor) and outs[1].shape.as_list() == [3, None, 4]
+    np.testing.assert_array_equal(outs[1].row_lengths().numpy(), [3, 0, 1])
+    assert outs[2].shape == (6, 8)
+    for out, init, ids in zip(outs[:3], inits, indices[:3]):
+        flat_out = out.flat_values if isinstance(out, tf.RaggedTensor) else out
+        flat_ids = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
+        np.testing.assert_array_equal(flat_out.numpy(), init[flat_ids.numpy()])
+    row_of = {int(k): held[i] for i, k in enumerate(keys)}
+    np.testing.assert_array_equal(outs[3].flat_values.numpy(),
+                                  np.stack([row_of[int(k)] for k in
+                                            indices[3].flat_values.numpy()]))
+    for grad, ref_grad in zip(grads, ref_grads):
+        np.testing.assert_allclose(grad.numpy(), ref_grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_all2all_dense_embedding_list_needs_one_ids_entry_per_table():
+    tables = [sok.Variable(np.ones([4, 2], np.float32)) for _ in range(2)]
+    with pytest.raises(ValueError, match="one entry per table \\(2\\), got list of 1"):
+        sok.all2all_dense_embedding(tables, [tf.constant([1])])
+    with pytest.raises(TypeError, match="indices\\[1\\] have dtype float32"):
+        sok.all2all_dense_embedding(tables, [tf.constant([1]), tf.constant([1.0])])
+
+
 def test_gradient_matches_finite_differences():
     """The tape gradient equals central differences of the loss over every table entry."""
     rng = np.random.default_rng(5)

@@ -3,7 +3,9 @@ TensorFlow against plain TensorFlow in the same process, on the same GPU and the
 
 T1  26 Criteo tables (vocabularies capped at 4M rows), dim 128, batch 65,536, one id per
     sample (Zipf(1.2) modulo each vocabulary), forward and forward + backward + SGD.
-    The ids are built once outside the step, as an input pipeline hands them over: sok takes
+    The ids are built once outside the step and passed as the step's argument, as a custom
+    training loop hands over a batch already on the GPU (no input pipeline: the feeds of a
+    `tf.data` pipeline are measured by tf_vs_tbe.py): sok takes
     RaggedTensors from row lengths (the general fused chain; `sok_*`), the same ids as
     SparseTensors (`sok_sparse_*`) and the one-id form (`from_tensor(ids[:, None])`, uniform
     row length 1, Sok>GatherSingleIds; `sok_one_id_*`); TF takes the SparseTensors
@@ -16,7 +18,8 @@ G5  the dot interaction forward + backward, batch 65,536, 27 x 128, against TF o
 Each step is timed two ways: `*_ms` one step per tf.function call, `iters` calls back to back,
 waiting for the last; `*_loop_ms` 10 steps inside one call (a tf.range loop, as Keras'
 steps_per_execution does), which spreads TensorFlow's per-call dispatch over the loop (the
-dynamicemb figures are GPU-event timings). Both sides interleaved in rounds, medians reported.
+dynamicemb figures are GPU-event timings). Every step gets its inputs as the function's
+argument (never captured as constants). Both sides interleaved in rounds, medians reported.
 Writes tf_gpu.json to $OUT.
 """
 import json
@@ -47,11 +50,11 @@ def zipf_ids(rng, vocab, count):
     return (rng.zipf(1.2, size=count) - 1) % vocab
 
 
-def timed(fn, iters):
-    fn().numpy()
+def timed(fn, inputs, iters):
+    fn(inputs).numpy()
     start = time.perf_counter()
     for _ in range(iters):
-        result = fn()
+        result = fn(inputs)
     result.numpy()
     return (time.perf_counter() - start) / iters * 1e3
 
@@ -60,15 +63,15 @@ def looped(step, loop):
     """A tf.function running `step` `loop` times in a tf.range loop (as Keras'
     steps_per_execution does): per-step time with the per-call dispatch spread over the loop."""
     @tf.function
-    def run():
+    def run(inputs):
         total = tf.constant(0.0)
         for _ in tf.range(loop):
-            total += step()
+            total += step(inputs)
         return total
     return run
 
 
-def interleaved(steps, rounds=5, iters=10, warmup=3, loop=10):
+def interleaved(steps, inputs, rounds=5, iters=10, warmup=3, loop=10):
     """Each step timed one per tf.function call (`name`) and `loop` per call
     (`name` with _ms -> _loop_ms), all interleaved in rounds; medians."""
     fns = {name: tf.function(step) for name, step in steps.items()}
@@ -76,11 +79,11 @@ def interleaved(steps, rounds=5, iters=10, warmup=3, loop=10):
                 for name, step in steps.items()})
     for fn in fns.values():
         for _ in range(warmup):
-            fn().numpy()
+            fn(inputs).numpy()
     samples = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            per_call = timed(fn, iters if "_loop_" not in name else max(1, iters // loop))
+            per_call = timed(fn, inputs, iters if "_loop_" not in name else max(1, iters // loop))
             samples[name].append(per_call / loop if "_loop_" in name else per_call)
     return {name: float(np.median(v)) for name, v in samples.items()}
 
@@ -117,39 +120,44 @@ def multi_table(name, hotness_max, combiner):
     sok_opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.01))
     tf_opt = tf.keras.optimizers.legacy.SGD(0.01)
 
-    def sok_forward(inputs):
-        return sok.lookup_sparse(sok_tables, inputs, combiners=[combiner] * 26)
+    def sok_forward(ids):
+        return sok.lookup_sparse(sok_tables, list(ids), combiners=[combiner] * 26)
 
-    def tf_forward():
+    def tf_forward(inputs):
         return [tf.nn.safe_embedding_lookup_sparse(t, s, combiner=combiner)
-                for t, s in zip(tf_tables, sparse)]
+                for t, s in zip(tf_tables, inputs["sparse"])]
 
     def loss_of(outs):
         return tf.add_n([tf.reduce_sum(o) for o in outs])
 
     def train(forward, tables, optimizer):
-        def step():
+        def step(inputs):
             with tf.GradientTape() as tape:
-                loss = loss_of(forward())
+                loss = loss_of(forward(inputs))
             optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
             return loss
         return step
 
+    def sok_of(form):
+        return lambda inputs: sok_forward(inputs[form])
+
+    inputs = {"ragged": ragged, "sparse": sparse}
     steps = {
-        "sok_fwd_ms": lambda: loss_of(sok_forward(ragged)),
-        "tf_fwd_ms": lambda: loss_of(tf_forward()),
-        "sok_train_ms": train(lambda: sok_forward(ragged), sok_tables, sok_opt),
+        "sok_fwd_ms": lambda x: loss_of(sok_of("ragged")(x)),
+        "tf_fwd_ms": lambda x: loss_of(tf_forward(x)),
+        "sok_train_ms": train(sok_of("ragged"), sok_tables, sok_opt),
         "tf_train_ms": train(tf_forward, tf_tables, tf_opt),
-        "sok_sparse_fwd_ms": lambda: loss_of(sok_forward(sparse)),
-        "sok_sparse_train_ms": train(lambda: sok_forward(sparse), sok_tables, sok_opt),
+        "sok_sparse_fwd_ms": lambda x: loss_of(sok_of("sparse")(x)),
+        "sok_sparse_train_ms": train(sok_of("sparse"), sok_tables, sok_opt),
     }
     if single is not None:
-        steps["sok_one_id_fwd_ms"] = lambda: loss_of(sok_forward(single))
-        steps["sok_one_id_train_ms"] = train(lambda: sok_forward(single), sok_tables, sok_opt)
+        inputs["single"] = single
+        steps["sok_one_id_fwd_ms"] = lambda x: loss_of(sok_of("single")(x))
+        steps["sok_one_id_train_ms"] = train(sok_of("single"), sok_tables, sok_opt)
     # Correctness first: before any update both sides pool the same vectors.
     check = {"fwd_max_abs_diff": max(float(np.abs(a.numpy() - b.numpy()).max())
-                                     for a, b in zip(sok_forward(ragged), tf_forward()))}
-    result = interleaved(steps, iters=10, rounds=3 if hotness_max > 1 else 5)
+                                     for a, b in zip(sok_forward(ragged), tf_forward(inputs)))}
+    result = interleaved(steps, inputs, iters=10, rounds=3 if hotness_max > 1 else 5)
     result.update(check)
     unique = sum(int(tf.size(tf.unique(i)[0])) for i in ids)
     fwd_bytes = 8 * 26 * nnz + 4 * DIM * (unique + 26 * BATCH)
@@ -172,37 +180,38 @@ def single_table():
 
     single = tf.RaggedTensor.from_tensor(ids[:, None])  # as a pipeline hands it over
 
-    def sok_forward():
-        return sok.lookup_sparse(sok_tables, [single], combiners=["sum"])[0]
+    def sok_forward(inputs):
+        return sok.lookup_sparse(sok_tables, [inputs["single"]], combiners=["sum"])[0]
 
-    def tf_forward():
-        return tf.nn.embedding_lookup(tf_tables[0], ids)
+    def tf_forward(inputs):
+        return tf.nn.embedding_lookup(tf_tables[0], inputs["ids"])
 
     def train(forward, tables, optimizer):
-        def step():
+        def step(inputs):
             with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(forward())
+                loss = tf.reduce_sum(forward(inputs))
             optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
             return loss
         return step
 
     def deferred(step):  # traced with sok.set_id_check("deferred"): no wait for the id check
-        def run():
+        def run(inputs):
             sok.set_id_check("deferred")
             try:
-                return step()
+                return step(inputs)
             finally:
                 sok.set_id_check("strict")
         return run
 
-    check = float(np.abs(sok_forward().numpy() - tf_forward().numpy()).max())
+    inputs = {"single": single, "ids": ids}
+    check = float(np.abs(sok_forward(inputs).numpy() - tf_forward(inputs).numpy()).max())
     result = interleaved({
-        "sok_fwd_ms": lambda: tf.reduce_sum(sok_forward()),
-        "tf_fwd_ms": lambda: tf.reduce_sum(tf_forward()),
+        "sok_fwd_ms": lambda x: tf.reduce_sum(sok_forward(x)),
+        "tf_fwd_ms": lambda x: tf.reduce_sum(tf_forward(x)),
         "sok_train_ms": train(sok_forward, sok_tables, sok_opt),
         "sok_train_deferred_ms": deferred(train(sok_forward, sok_tables, sok_opt)),
         "tf_train_ms": train(tf_forward, tf_tables, tf_opt),
-    }, iters=50)
+    }, inputs, iters=50)
     result["fwd_max_abs_diff"] = check  # before any update
     result["floor_fwd_ms"] = (8 * BATCH + 2 * 4 * DIM * BATCH) / COPY_GBPS / 1e6
     result["floor_train_ms"] = (16 * BATCH + 5 * 4 * DIM * BATCH) / COPY_GBPS / 1e6
@@ -221,14 +230,14 @@ def interaction():
         return tf.concat([v[:, 0], tf.boolean_mask(dots, lower, axis=1)], 1)
 
     def step(fn):
-        def run():
+        def run(features):
             with tf.GradientTape() as tape:
-                tape.watch(x)
-                loss = tf.reduce_sum(fn(x))
-            return tf.reduce_sum(tape.gradient(loss, x))
+                tape.watch(features)
+                loss = tf.reduce_sum(fn(features))
+            return tf.reduce_sum(tape.gradient(loss, features))
         return run
 
-    result = interleaved({"sok_ms": step(sok.dot_interaction), "tf_ms": step(reference)},
+    result = interleaved({"sok_ms": step(sok.dot_interaction), "tf_ms": step(reference)}, x,
                          iters=20)
     width = dim + features * (features - 1) // 2
     result["floor_ms"] = 4 * BATCH * (2 * features * dim + 2 * width) / COPY_GBPS / 1e6
