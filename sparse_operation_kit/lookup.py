@@ -471,12 +471,17 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
         is treated as replicated on every worker), static ones float32, float16 or bfloat16.
         Several lookups may share one table.
       sp_ids: list, one per lookup, of 2-D `tf.SparseTensor` or `tf.RaggedTensor` of int32 or
-        int64 ids, [local_batch, None]. A SparseTensor's entries must be in row order
+        int64 ids, [local_batch, None]; or, with a list of tables, one RaggedTensor holding
+        every lookup's batch, feature-major ([lookups * local_batch, None]: lookup 0's samples,
+        then lookup 1's, as TorchRec's KeyedJaggedTensor), which crosses into TensorFlow as two
+        tensors; its output is then one [local_batch, lookups, dim] tensor. A SparseTensor's entries must be in row order
         (`tf.sparse.reorder` sorts them; on the CPU rows out of order are refused); its
         columns are not read, as in `tf.nn.safe_embedding_lookup_sparse`.
       sp_weights: None, or a list like sp_ids of per-id weights (entries may be None), float32
-        or float16 / bfloat16 / float64 (pooled in float32).
-      combiners: list of "sum", "mean" (the default) or "sqrtn".
+        or float16 / bfloat16 / float64 (pooled in float32); with packed ids, one RaggedTensor
+        laid out as they are.
+      combiners: list of "sum", "mean" (the default) or "sqrtn" (with packed ids, also one
+        string for every lookup).
       use_low_frequency_filter: admit each new key of a dynamic table with probability
         `filter_ratio` (its config); a key not admitted reads as zeros and is not stored.
       training: with False (inference), ids missing from a dynamic table read as zeros and
@@ -496,6 +501,9 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
       tf.errors.InvalidArgumentError when an id is outside its table or weights do not match.
     """
     single = not isinstance(params, (list, tuple))
+    if not single and isinstance(sp_ids, tf.RaggedTensor):
+        return _lookup_packed(params, sp_ids, sp_weights, combiners, use_low_frequency_filter,
+                              training, compress)
     if single:
         params, sp_ids = [params], [sp_ids]
         sp_weights = None if sp_weights is None else [sp_weights]
@@ -510,6 +518,63 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
             for i, result in zip(members, results):
                 outputs[i] = result
     return outputs[0] if single else outputs
+
+
+def _lookup_packed(params, packed_ids, packed_weights, combiners, use_low_frequency_filter,
+                   training, compress):
+    """lookup_sparse of a feature-major packed batch: one [batch, features, dim] output."""
+    params = list(params)
+    num_features = len(params)
+    for i, param in enumerate(params):
+        _check_table(param, i)
+    kinds = {(int(p.shape[1]), _output_dtype(p)) for p in params}
+    if len(kinds) != 1:
+        raise ValueError("a packed batch's tables must share one dimension and output dtype "
+                         "(its output is one [batch, features, dim] tensor); got (dim, dtype) "
+                         f"{sorted((d, t.name) for d, t in kinds)}")
+    if combiners is not None and not isinstance(combiners, (list, tuple)):
+        combiners = [combiners] * num_features
+    ids = _unpack_features(packed_ids, num_features, params, "sp_ids")
+    weights = None
+    if packed_weights is not None:
+        if not isinstance(packed_weights, tf.RaggedTensor):
+            raise TypeError("sp_weights of a packed batch must be a RaggedTensor laid out as "
+                            f"its ids, got {type(packed_weights).__name__}")
+        weights = _unpack_features(packed_weights, num_features, params, "sp_weights",
+                                   row_splits=[i.row_splits for i in ids])
+    outputs = lookup_sparse(params, ids, weights, combiners, use_low_frequency_filter, training,
+                            compress)
+    return tf.stack(outputs, axis=1)
+
+
+def _unpack_features(packed, num_features, tables, what, row_splits=None):
+    """A feature-major packed RaggedTensor [features * batch, None] as one RaggedTensor a
+    feature (Sok>UnpackFeatures, placed with the tables; the values are not copied where
+    aligned). With row_splits (the ids'), only the values are taken from `packed`."""
+    if packed.ragged_rank != 1 or packed.shape.rank != 2:
+        raise ValueError(f"{what} of a packed batch must be a 2-D RaggedTensor "
+                         f"[features * batch, None], got shape {packed.shape}")
+    if what == "sp_ids":
+        _check_id_dtype(packed.dtype, 0)
+    elif packed.dtype not in _WEIGHT_DTYPES:
+        raise TypeError(f"{what} has dtype {packed.dtype.name}; weights must be float32, "
+                        "float16, bfloat16 or float64")
+    rows = tf.compat.dimension_value(packed.shape[0])
+    if rows is not None and rows % num_features != 0:
+        raise ValueError(f"{what} holds {rows} rows, which do not split into {num_features} "
+                         "features of one batch size each (feature-major: feature 0's samples, "
+                         "then feature 1's)")
+    on_gpu = any(_table_on_gpu(table) for table in tables)
+    device = next(t.handle.device for t in tables if _table_on_gpu(t)) if on_gpu else "CPU:0"
+    with tf.device(device):
+        values, splits = raw_ops.sok_unpack_features(
+            values=packed.values, row_splits=packed.row_splits, num_features=num_features)
+    if row_splits is not None:
+        splits = row_splits
+    return [tf.RaggedTensor.from_row_splits(v, r, validate=False) for v, r in zip(values, splits)]
+
+
+tf.no_gradient("Sok>UnpackFeatures")
 
 
 def all2all_dense_embedding(param, indices):

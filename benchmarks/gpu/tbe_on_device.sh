@@ -19,7 +19,7 @@ FBGEMM_MD5=${FBGEMM_MD5:-f514e36c824b696aa4feb45e2b12562a}
 WHEEL_NAME=fbgemm_gpu-1.6.0-cp312-cp312-manylinux_2_28_x86_64.whl
 NOISE="Unable to register\|C-API\|importlib\|DeprecationWarning\|Extension modules"
 # PyTorch's Python, without the TensorFlow site that env.sh puts on the path.
-torch_python() { env -u PYTHONPATH -u LD_LIBRARY_PATH PYTHONPATH="$FBGEMM_SITE" python3 "$@"; }
+TORCH_PYTHON=(env -u PYTHONPATH -u LD_LIBRARY_PATH PYTHONPATH="$FBGEMM_SITE" python3)
 
 if [[ $STAGES == *install* ]]; then
   wheel=${FBGEMM_WHEEL:-/tmp/$WHEEL_NAME}
@@ -34,12 +34,13 @@ if [[ $STAGES == *ids* ]]; then
   python3 benchmarks/gpu/tbe_workloads.py "$IDS_DIR" ${WORKLOADS:-} || exit 1
 fi
 if [[ $STAGES == *tbe* ]]; then
-  timeout 540 torch_python benchmarks/gpu/tbe_torch.py "$IDS_DIR" ${WORKLOADS:-} 2>&1 \
+  timeout 540 "${TORCH_PYTHON[@]}" benchmarks/gpu/tbe_torch.py "$IDS_DIR" ${WORKLOADS:-} 2>&1 \
     | grep -v "$NOISE" > "$OUT/tbe_bench.log"
   grep "^T\|^G\|Error" "$OUT/tbe_bench.log" | cut -c1-400
   cp "$OUT/tbe.json" "$IDS_DIR/tbe.json"  # for later calls' tf stage
 fi
 if [[ $STAGES == *tf* ]]; then
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
   SOK_BUILD_CUDA=1 SOK_CUDA_ARCHS=${SOK_CUDA_ARCHS:-90} python3 scripts/build_plugin.py \
     > "$OUT/tf_gpu_build.log" 2>&1 || { tail -40 "$OUT/tf_gpu_build.log"; exit 1; }
   # Workloads measured by earlier calls stay in $IDS_DIR/tf_vs_tbe.json; the merged file

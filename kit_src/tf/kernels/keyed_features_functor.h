@@ -1,0 +1,31 @@
+// Sok>UnpackFeatures' device work: the OpKernel in keyed_features_kernels.cc checks the packed
+// batch and sizes the outputs once for both devices; a functor per device reads the feature
+// offsets, rebases each feature's row splits and copies the values that cannot be aliased.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kit_src/tf/kernels/device_tags.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace sok {
+namespace functor {
+
+template <typename Device>
+struct KeyedFeatures {
+  // bounds[f] = row_splits[f * batch], f in [0, num_features], in host memory (the GPU waits
+  // for these F + 1 values: they size the outputs).
+  ::tensorflow::Status Bounds(::tensorflow::OpKernelContext* ctx,
+                              const ::tensorflow::Tensor& row_splits, int64_t batch,
+                              int64_t num_features, std::vector<int64_t>* bounds);
+  // outputs[f] (int64 [batch + 1]) = feature f's row splits counted from its first value.
+  ::tensorflow::Status Rebase(::tensorflow::OpKernelContext* ctx,
+                              const ::tensorflow::Tensor& row_splits, int64_t batch,
+                              const std::vector<::tensorflow::Tensor*>& outputs);
+  ::tensorflow::Status Copy(::tensorflow::OpKernelContext* ctx, void* dst, const void* src,
+                            int64_t bytes);
+};
+
+}  // namespace functor
+}  // namespace sok

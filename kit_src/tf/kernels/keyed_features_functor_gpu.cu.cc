@@ -1,0 +1,72 @@
+// GPU functor of Sok>UnpackFeatures (keyed_features_functor.h): kit_src/core/embedding/
+// keyed_features_gpu.cu on TensorFlow's stream. The F + 1 feature offsets size the outputs,
+// so Bounds waits for them (one small copy to pinned memory).
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU  // before any Eigen header: the GPU device
+#include "kit_src/core/embedding/keyed_features_gpu.cuh"
+#include "kit_src/tf/kernels/gpu_op_util.h"
+#include "kit_src/tf/kernels/keyed_features_functor.h"
+
+namespace sok {
+namespace functor {
+namespace tf = ::tensorflow;
+
+template <>
+tf::Status KeyedFeatures<GpuDevice>::Bounds(tf::OpKernelContext* ctx,
+                                            const tf::Tensor& row_splits, int64_t batch,
+                                            int64_t num_features, std::vector<int64_t>* bounds) {
+  GpuCallMemory memory;
+  int64_t* device = nullptr;
+  int64_t* host = nullptr;
+  TF_RETURN_IF_ERROR(memory.Device(ctx, num_features + 1, &device));
+  TF_RETURN_IF_ERROR(memory.Pinned(ctx, num_features + 1, &host));
+  const cudaStream_t stream = GpuStream(ctx);
+  TF_RETURN_IF_ERROR(CudaToTf(
+      row_splits.dtype() == tf::DT_INT32
+          ? FeatureBoundsGpu(row_splits.flat<int32_t>().data(), batch, num_features, device,
+                             stream)
+          : FeatureBoundsGpu(row_splits.flat<int64_t>().data(), batch, num_features, device,
+                             stream),
+      "feature bounds"));
+  TF_RETURN_IF_ERROR(CudaToTf(cudaMemcpyAsync(host, device, (num_features + 1) * sizeof(int64_t),
+                                              cudaMemcpyDeviceToHost, stream),
+                              "feature bounds copy"));
+  TF_RETURN_IF_ERROR(CudaToTf(cudaStreamSynchronize(stream), "feature bounds wait"));
+  bounds->assign(host, host + num_features + 1);
+  return tf::Status();
+}
+
+template <>
+tf::Status KeyedFeatures<GpuDevice>::Rebase(tf::OpKernelContext* ctx,
+                                            const tf::Tensor& row_splits, int64_t batch,
+                                            const std::vector<tf::Tensor*>& outputs) {
+  const int64_t features = static_cast<int64_t>(outputs.size());
+  for (int64_t first = 0; first < features; first += kFeaturesPerLaunch) {
+    FeatureRowSplitsTargets targets;
+    targets.first_feature = first;
+    targets.count = static_cast<int>(std::min<int64_t>(kFeaturesPerLaunch, features - first));
+    for (int i = 0; i < targets.count; ++i) {
+      targets.out[i] = outputs[first + i]->flat<int64_t>().data();
+    }
+    TF_RETURN_IF_ERROR(CudaToTf(
+        row_splits.dtype() == tf::DT_INT32
+            ? RebaseFeatureRowSplitsGpu(row_splits.flat<int32_t>().data(), batch, targets,
+                                        GpuStream(ctx))
+            : RebaseFeatureRowSplitsGpu(row_splits.flat<int64_t>().data(), batch, targets,
+                                        GpuStream(ctx)),
+        "feature row splits"));
+  }
+  return tf::Status();
+}
+
+template <>
+tf::Status KeyedFeatures<GpuDevice>::Copy(tf::OpKernelContext* ctx, void* dst, const void* src,
+                                          int64_t bytes) {
+  if (bytes == 0) return tf::Status();
+  return CudaToTf(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, GpuStream(ctx)),
+                  "feature values copy");
+}
+
+}  // namespace functor
+}  // namespace sok
+#endif  // GOOGLE_CUDA

@@ -1,0 +1,106 @@
+// Sok>UnpackFeatures: a feature-major packed batch (one ragged tensor of F features) as one
+// ragged tensor a feature. Values are handed out as slices of the input where aligned (no copy).
+#include <cstdint>
+#include <cstring>
+
+#include "kit_src/core/embedding/keyed_features.h"
+#include "kit_src/tf/kernels/core_bridge.h"
+#include "kit_src/tf/kernels/keyed_features_functor.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace sok {
+namespace tf = ::tensorflow;
+
+namespace functor {
+
+template <>
+tf::Status KeyedFeatures<CpuDevice>::Bounds(tf::OpKernelContext*, const tf::Tensor& row_splits,
+                                            int64_t batch, int64_t num_features,
+                                            std::vector<int64_t>* bounds) {
+  bounds->resize(num_features + 1);
+  if (row_splits.dtype() == tf::DT_INT32) {
+    FeatureBounds(row_splits.flat<int32_t>().data(), batch, num_features, bounds->data());
+  } else {
+    FeatureBounds(row_splits.flat<int64_t>().data(), batch, num_features, bounds->data());
+  }
+  return tf::Status();
+}
+
+template <>
+tf::Status KeyedFeatures<CpuDevice>::Rebase(tf::OpKernelContext*, const tf::Tensor& row_splits,
+                                            int64_t batch,
+                                            const std::vector<tf::Tensor*>& outputs) {
+  for (size_t f = 0; f < outputs.size(); ++f) {
+    int64_t* out = outputs[f]->flat<int64_t>().data();
+    if (row_splits.dtype() == tf::DT_INT32) {
+      RebaseFeatureRowSplits(row_splits.flat<int32_t>().data(), batch, f, out);
+    } else {
+      RebaseFeatureRowSplits(row_splits.flat<int64_t>().data(), batch, f, out);
+    }
+  }
+  return tf::Status();
+}
+
+template <>
+tf::Status KeyedFeatures<CpuDevice>::Copy(tf::OpKernelContext*, void* dst, const void* src,
+                                          int64_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+  return tf::Status();
+}
+
+}  // namespace functor
+
+template <typename Device>
+class UnpackFeaturesOp : public tf::OpKernel {
+ public:
+  explicit UnpackFeaturesOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_features", &num_features_));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const tf::Tensor& values = ctx->input(0);
+    const tf::Tensor& row_splits = ctx->input(1);
+    OP_REQUIRES(ctx, values.dims() == 1 && row_splits.dims() == 1,
+                tf::errors::InvalidArgument("the packed batch's values and row_splits must be "
+                                            "vectors, got shapes ", values.shape().DebugString(),
+                                            " and ", row_splits.shape().DebugString()));
+    int64_t batch = 0;
+    SOK_OP_REQUIRES_OK(ctx, FeatureBatch(row_splits.NumElements() - 1, num_features_, &batch));
+    functor::KeyedFeatures<Device> device;
+    std::vector<int64_t> bounds;
+    OP_REQUIRES_OK(ctx, device.Bounds(ctx, row_splits, batch, num_features_, &bounds));
+    SOK_OP_REQUIRES_OK(ctx, CheckFeatureBounds(bounds, values.NumElements()));
+    const int64_t element = tf::DataTypeSize(values.dtype());
+    for (int64_t f = 0; f < num_features_; ++f) {
+      const int64_t count = bounds[f + 1] - bounds[f];
+      const auto address = reinterpret_cast<uintptr_t>(values.data()) + bounds[f] * element;
+      if (address % tf::Allocator::kAllocatorAlignment == 0) {
+        ctx->set_output(f, values.Slice(bounds[f], bounds[f + 1]));  // shares the buffer
+        continue;
+      }
+      tf::Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(f, tf::TensorShape({count}), &out));
+      OP_REQUIRES_OK(ctx, device.Copy(ctx, out->data(),
+                                      static_cast<const char*>(values.data()) + bounds[f] * element,
+                                      count * element));
+    }
+    std::vector<tf::Tensor*> splits(num_features_);
+    for (int64_t f = 0; f < num_features_; ++f) {
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(num_features_ + f, tf::TensorShape({batch + 1}),
+                                               &splits[f]));
+    }
+    OP_REQUIRES_OK(ctx, device.Rebase(ctx, row_splits, batch, splits));
+  }
+
+ private:
+  int64_t num_features_ = 1;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>UnpackFeatures").Device(tf::DEVICE_CPU),
+                        UnpackFeaturesOp<CpuDevice>);
+#if GOOGLE_CUDA
+REGISTER_KERNEL_BUILDER(Name("Sok>UnpackFeatures").Device(tf::DEVICE_GPU),
+                        UnpackFeaturesOp<GpuDevice>);
+#endif
+
+}  // namespace sok

@@ -1,0 +1,116 @@
+"""lookup_sparse of a feature-major packed batch (one RaggedTensor for every lookup, as
+TorchRec's KeyedJaggedTensor) against the list form and tf.nn.safe_embedding_lookup_sparse."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+from conftest import run_mode
+
+
+def packed_batch(rng, vocabs, batch, max_len=4, splits_dtype=tf.int64):
+    """(packed ids, packed weights, per-feature ragged ids, per-feature ragged weights)."""
+    lengths = [rng.integers(0, max_len + 1, size=batch) for _ in vocabs]
+    ids = [rng.integers(0, v, size=l.sum()) for v, l in zip(vocabs, lengths)]
+    weights = [rng.uniform(0.5, 2.0, size=l.sum()).astype(np.float32) for l in lengths]
+    all_lengths = np.concatenate(lengths)
+    packed = tf.RaggedTensor.from_row_lengths(np.concatenate(ids).astype(np.int64),
+                                              tf.constant(all_lengths, splits_dtype))
+    packed_w = tf.RaggedTensor.from_row_lengths(np.concatenate(weights),
+                                                tf.constant(all_lengths, splits_dtype))
+    per_ids = [tf.RaggedTensor.from_row_lengths(i.astype(np.int64), l) for i, l in zip(ids, lengths)]
+    per_w = [tf.RaggedTensor.from_row_lengths(w, l) for w, l in zip(weights, lengths)]
+    return packed, packed_w, per_ids, per_w
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("splits_dtype", [tf.int32, tf.int64])
+def test_packed_batch_matches_safe_embedding_lookup_sparse(mode, weighted, splits_dtype):
+    rng = np.random.default_rng(3)
+    vocabs, dim, batch = [30, 7, 50, 12, 9], 6, 11
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
+    tables = [sok.Variable(i) for i in inits]
+    tables[3] = sok.DynamicVariable(dimension=dim, initializer="zeros")
+    refs = [tf.Variable(i) for i in inits]
+    packed, packed_w, per_ids, per_w = packed_batch(rng, vocabs, batch,
+                                                    splits_dtype=splits_dtype)
+    combiners = ["sum", "mean", "sqrtn", "sum", "mean"]
+    cotangent = tf.constant(rng.normal(size=[batch, len(vocabs), dim]).astype(np.float32))
+
+    def step():
+        with tf.GradientTape(persistent=True) as tape:
+            out = sok.lookup_sparse(tables, packed, packed_w if weighted else None, combiners)
+            loss = tf.reduce_sum(out * cotangent)
+            refs_out = [tf.nn.safe_embedding_lookup_sparse(
+                r, i.to_sparse(), w.to_sparse() if weighted else None, combiner=c)
+                for r, i, w, c in zip(refs, per_ids, per_w, combiners)]
+            ref_loss = tf.reduce_sum(tf.stack(refs_out, 1) * cotangent)
+        static = [t for i, t in enumerate(tables) if i != 3]
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, static)]
+        ref_grads = [tf.convert_to_tensor(g) for i, g in
+                     enumerate(tape.gradient(ref_loss, refs)) if i != 3]
+        return out, tf.stack(refs_out, 1), grads, ref_grads
+
+    out, ref, grads, ref_grads = run_mode(mode, step)
+    assert out.shape == (batch, len(vocabs), dim)
+    ref = ref.numpy()
+    ref[:, 3] = 0.0  # the dynamic table's rows start at zeros
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-6)
+    for grad, ref_grad in zip(grads, ref_grads):
+        np.testing.assert_allclose(grad.numpy(), ref_grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_packed_batch_equals_list_form_and_trains_alike():
+    rng = np.random.default_rng(8)
+    vocabs, dim, batch = [40, 40, 25], 4, 16
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
+    packed_tables = [sok.Variable(i) for i in inits]
+    list_tables = [sok.Variable(i) for i in inits]
+    opt_a = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.1))
+    opt_b = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.1))
+    for _ in range(3):
+        packed, _, per_ids, _ = packed_batch(rng, vocabs, batch)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse(packed_tables, packed, combiners="sum") ** 2)
+        opt_a.apply_gradients(zip(tape.gradient(loss, packed_tables), packed_tables))
+        with tf.GradientTape() as tape:
+            outs = sok.lookup_sparse(list_tables, per_ids, combiners=["sum"] * 3)
+            loss = tf.reduce_sum(tf.stack(outs, 1) ** 2)
+        opt_b.apply_gradients(zip(tape.gradient(loss, list_tables), list_tables))
+    for a, b in zip(packed_tables, list_tables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_unpack_features_slices_and_rebases():
+    """Sok>UnpackFeatures against NumPy, unaligned feature starts (copied) included."""
+    from sparse_operation_kit._ops import raw_ops
+    lengths = np.array([1, 0, 3, 2, 2, 0, 1, 5, 0, 0, 4, 1])  # 3 features x batch 4
+    values = np.arange(lengths.sum(), dtype=np.int64) * 10
+    splits = np.concatenate([[0], np.cumsum(lengths)])
+    made_values, made_splits = raw_ops.sok_unpack_features(values=values, row_splits=splits,
+                                                           num_features=3)
+    for f in range(3):
+        first, last = splits[4 * f], splits[4 * f + 4]
+        np.testing.assert_array_equal(made_values[f].numpy(), values[first:last])
+        np.testing.assert_array_equal(made_splits[f].numpy(), splits[4 * f:4 * f + 5] - first)
+
+
+def test_packed_batch_bad_input():
+    tables = [sok.Variable(np.ones([5, 2], np.float32)) for _ in range(3)]
+    four_rows = tf.ragged.constant([[1], [2], [3], [4]], dtype=tf.int64)
+    with pytest.raises(ValueError, match="holds 4 rows, which do not split into 3 features"):
+        sok.lookup_sparse(tables, four_rows)
+    with pytest.raises(ValueError, match="share one dimension"):
+        sok.lookup_sparse(tables[:2] + [sok.Variable(np.ones([5, 3], np.float32))],
+                          tf.ragged.constant([[1], [2], [3]], dtype=tf.int64))
+    with pytest.raises(TypeError, match="ids must be int32 or int64"):
+        sok.lookup_sparse(tables, tf.ragged.constant([[1.0], [2.0], [3.0]]))
+    # rows unknown when traced: the op refuses at run time, naming the counts
+    fn = tf.function(lambda r: sok.lookup_sparse(tables, r, combiners="sum"),
+                     input_signature=[tf.RaggedTensorSpec([None, None], tf.int64, 1, tf.int64)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="4 rows, which do not split into 3"):
+        fn(four_rows)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="id 7 of table .* is out of range \\[0, 5\\)"):
+        sok.lookup_sparse(tables, tf.ragged.constant([[1], [7], [3]], dtype=tf.int64))
