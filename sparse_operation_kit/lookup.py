@@ -21,6 +21,7 @@ import weakref
 
 import tensorflow as tf
 from tensorflow.python.eager import record
+from tensorflow.python.framework import ops
 from tensorflow.python.ops import resource_variable_ops
 
 from sparse_operation_kit import communication
@@ -566,15 +567,38 @@ def _unpack_features(packed, num_features, tables, what, row_splits=None):
                          "then feature 1's)")
     on_gpu = any(_table_on_gpu(table) for table in tables)
     device = next(t.handle.device for t in tables if _table_on_gpu(t)) if on_gpu else "CPU:0"
+    unpack = (raw_ops.sok_unpack_features_from_host
+              if on_gpu and _in_host_memory(packed.values) else raw_ops.sok_unpack_features)
     with tf.device(device):
-        values, splits = raw_ops.sok_unpack_features(
-            values=packed.values, row_splits=packed.row_splits, num_features=num_features)
+        values, splits = unpack(values=packed.values, row_splits=packed.row_splits,
+                                num_features=num_features)
     if row_splits is not None:
         splits = row_splits
     return [tf.RaggedTensor.from_row_splits(v, r, validate=False) for v, r in zip(values, splits)]
 
 
+# Ops whose outputs are in host memory: an input pipeline's. A function's argument
+# (Placeholder) counts as one: batches reach a training step from tf.data in host memory.
+_HOST_PRODUCERS = ("IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue",
+                   "RaggedTensorFromVariant", "Placeholder", "ParseExample", "ParseExampleV2")
+
+
+def _in_host_memory(tensor):
+    """Whether a packed batch arrives in host memory: then it crosses to the GPU through
+    Sok>UnpackFeaturesFromHost (feature offsets read on the host, two copies from pinned
+    memory) instead of TensorFlow's copies from pageable memory."""
+    if isinstance(tensor, ops.EagerTensor):
+        return "CPU" in tensor.device.upper()
+    op = tensor.op
+    while op.type == "Identity" and op.inputs:
+        op = op.inputs[0].op
+    if op.device:
+        return "CPU" in op.device.upper()
+    return op.type in _HOST_PRODUCERS
+
+
 tf.no_gradient("Sok>UnpackFeatures")
+tf.no_gradient("Sok>UnpackFeaturesFromHost")
 
 
 def all2all_dense_embedding(param, indices):

@@ -82,14 +82,17 @@ def test_packed_batch_equals_list_form_and_trains_alike():
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
 
 
-def test_unpack_features_slices_and_rebases():
-    """Sok>UnpackFeatures against NumPy, unaligned feature starts (copied) included."""
+@pytest.mark.parametrize("op", ["sok_unpack_features", "sok_unpack_features_from_host"])
+@pytest.mark.parametrize("dtype,splits_dtype", [(np.int64, np.int64), (np.int32, np.int32),
+                                                (np.float32, np.int64)])
+def test_unpack_features_slices_and_rebases(op, dtype, splits_dtype):
+    """Sok>UnpackFeatures(FromHost) against NumPy, unaligned feature starts included."""
     from sparse_operation_kit._ops import raw_ops
     lengths = np.array([1, 0, 3, 2, 2, 0, 1, 5, 0, 0, 4, 1])  # 3 features x batch 4
-    values = np.arange(lengths.sum(), dtype=np.int64) * 10
-    splits = np.concatenate([[0], np.cumsum(lengths)])
-    made_values, made_splits = raw_ops.sok_unpack_features(values=values, row_splits=splits,
-                                                           num_features=3)
+    values = (np.arange(lengths.sum()) * 10).astype(dtype)
+    splits = np.concatenate([[0], np.cumsum(lengths)]).astype(splits_dtype)
+    made_values, made_splits = getattr(raw_ops, op)(values=values, row_splits=splits,
+                                                    num_features=3)
     for f in range(3):
         first, last = splits[4 * f], splits[4 * f + 4]
         np.testing.assert_array_equal(made_values[f].numpy(), values[first:last])
@@ -114,3 +117,28 @@ def test_packed_batch_bad_input():
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match="id 7 of table .* is out of range \\[0, 5\\)"):
         sok.lookup_sparse(tables, tf.ragged.constant([[1], [7], [3]], dtype=tf.int64))
+
+
+def test_packed_batches_from_a_dataset_inside_the_step():
+    """Batches read from a tf.data iterator inside a tf.function (host memory; on a GPU they
+    cross through Sok>UnpackFeaturesFromHost) and batches already on the tables' device give
+    the outputs of the list form."""
+    rng = np.random.default_rng(4)
+    vocabs, dim, batch = [20, 30], 3, 5
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
+    tables = [sok.Variable(i) for i in inits]
+    batches = [packed_batch(rng, vocabs, batch) for _ in range(3)]
+    with tf.device("CPU:0"):
+        stacked = tf.concat([b[0] for b in batches], 0)
+        per_batch = tf.RaggedTensor.from_uniform_row_length(stacked, batch * len(vocabs))
+    iterator = iter(tf.data.Dataset.from_tensor_slices(per_batch))
+
+    @tf.function
+    def from_iterator():
+        return sok.lookup_sparse(tables, next(iterator), combiners="mean")
+
+    by_argument = tf.function(lambda packed: sok.lookup_sparse(tables, packed, combiners="mean"))
+    for packed, _, per_ids, _ in batches:
+        expected = tf.stack(sok.lookup_sparse(tables, per_ids, combiners=["mean"] * 2), 1)
+        np.testing.assert_allclose(from_iterator().numpy(), expected.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(by_argument(packed).numpy(), expected.numpy(), rtol=1e-6)

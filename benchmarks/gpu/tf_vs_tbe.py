@@ -10,7 +10,9 @@ Feeds (never ids captured in the step function as constants):
   data_loop  the iterator read inside the step function, 10 steps a call (Keras'
              steps_per_execution)
 The dataset holds the batches as RaggedTensors [batch, None] a table (dense ids for G2's
-sequence lookups), cached and prefetched. Static tables (`sok.Variable`) everywhere, dynamic
+sequence lookups), cached and prefetched; T1 and T2 also run the packed form (`sok_packed_*`:
+one feature-major RaggedTensor [tables * batch, None] a batch, one [batch, tables, dim]
+output). Static tables (`sok.Variable`) everywhere, dynamic
 tables (`sok.DynamicVariable`) for G2 too; SGD, and Adam where TBE ran it (fused updates
 through `sok.OptimizerWrapper` of the legacy Keras optimizers, learning rate 0.01). T3 also
 runs plain TensorFlow (`tf.nn.embedding_lookup` of a `tf.Variable`, legacy SGD).
@@ -57,6 +59,24 @@ def as_features(spec, batch):
                  for ids, lengths in batch)
 
 
+def as_packed(batch):
+    """One batch as a single feature-major RaggedTensor [tables * batch, None]."""
+    return tf.RaggedTensor.from_row_lengths(
+        tf.constant(np.concatenate([ids for ids, _ in batch]), tf.int64),
+        tf.constant(np.concatenate([lengths for _, lengths in batch]), tf.int64))
+
+
+def packed_dataset_of(spec, batches):
+    """The batches as packed RaggedTensors in a cached, repeated, prefetched dataset."""
+    with tf.device("CPU:0"):
+        rows = tf.RaggedTensor.from_row_lengths(
+            tf.constant(np.concatenate([i for b in batches for i, _ in b]), tf.int64),
+            tf.constant(np.concatenate([l for b in batches for _, l in b]), tf.int64))
+        per_batch = tf.RaggedTensor.from_uniform_row_length(
+            rows, spec["batch"] * len(spec["vocabs"]))
+        return tf.data.Dataset.from_tensor_slices(per_batch).cache().repeat().prefetch(2)
+
+
 def dataset_of(spec, batches):
     """The batches as a cached, repeated, prefetched tf.data.Dataset (host memory)."""
     with tf.device("CPU:0"):
@@ -95,6 +115,18 @@ def sok_forward(spec, tables):
             outs = sok.lookup_sparse(tables, features, combiners=[spec["combiner"]] * len(tables))
         return tf.add_n([tf.reduce_sum(o) for o in outs])
     return forward
+
+
+def packed_steps(spec, tables, name):
+    """Forward and train steps of the packed form: one RaggedTensor in, [batch, tables, dim]
+    out."""
+    def forward(packed):
+        return tf.reduce_sum(sok.lookup_sparse(tables, packed, combiners=spec["combiner"]))
+    steps = {"fwd": forward}
+    for optimizer in optimizers_of(name):
+        steps[f"train_{optimizer}"] = trained(forward, tables,
+                                              sok.OptimizerWrapper(legacy(optimizer)))
+    return steps
 
 
 def trained(forward, tables, optimizer):
@@ -178,6 +210,10 @@ def measure(name, iters=20):
             steps[f"train_{optimizer}"] = trained(
                 forward, tables, sok.OptimizerWrapper(legacy(optimizer)))
         result.update(measure_side(f"sok_{kind}", spec, steps, batches_gpu, dataset, iters))
+        if kind == "static" and len(spec["vocabs"]) > 1 and spec["pooled"]:
+            result.update(measure_side("sok_packed", spec, packed_steps(spec, tables, name),
+                                       [as_packed(b) for b in batches],
+                                       packed_dataset_of(spec, batches), iters))
         del tables, steps, forward
     if name == "T3":  # plain TensorFlow, same ids
         table = tf.Variable(tf.random.stateless_uniform([spec["vocabs"][0], workloads.DIM],

@@ -5,10 +5,13 @@
 // feature's row splits counted from its first value.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "kit_src/core/parallel.h"
 #include "kit_src/core/status.h"
 
 namespace sok {
@@ -57,6 +60,64 @@ void RebaseFeatureRowSplits(const Tsplits* row_splits, int64_t batch, int64_t fe
   const Tsplits* first = row_splits + feature * batch;
   const int64_t base = first[0];
   for (int64_t i = 0; i <= batch; ++i) out[i] = static_cast<int64_t>(first[i]) - base;
+}
+
+// Where each feature lands in one buffer of values and one of row splits, every feature's
+// start aligned to `align` bytes (so each can be handed out as a slice of the buffer).
+struct FeatureLayout {
+  std::vector<int64_t> value_start;  // in elements
+  std::vector<int64_t> split_start;  // in int64s
+  int64_t value_total = 0, split_total = 0;
+};
+
+inline FeatureLayout AlignedFeatureLayout(const std::vector<int64_t>& bounds, int64_t batch,
+                                          int64_t element_bytes, int64_t align) {
+  const auto round_up = [](int64_t count, int64_t unit) { return (count + unit - 1) / unit * unit; };
+  const int64_t value_unit = std::max<int64_t>(1, align / element_bytes);
+  const int64_t split_unit = std::max<int64_t>(1, align / 8);
+  FeatureLayout layout;
+  for (size_t f = 0; f + 1 < bounds.size(); ++f) {
+    layout.value_start.push_back(layout.value_total);
+    layout.value_total += round_up(bounds[f + 1] - bounds[f], value_unit);
+    layout.split_start.push_back(layout.split_total);
+    layout.split_total += round_up(batch + 1, split_unit);
+  }
+  return layout;
+}
+
+// Copies a packed batch into `layout`: each feature's values, and its row splits counted from
+// its first value, in shards of about a megabyte run by `parallel_for`.
+template <typename Tsplits>
+void StageFeatures(const char* values, int64_t element_bytes, const Tsplits* row_splits,
+                   const std::vector<int64_t>& bounds, int64_t batch,
+                   const FeatureLayout& layout, char* staged_values, int64_t* staged_splits,
+                   const ParallelFor& parallel_for) {
+  struct Piece {
+    int64_t feature, begin, end;  // values [begin, end) of the feature, or its splits (end < 0)
+  };
+  constexpr int64_t kPieceBytes = 1 << 20;
+  std::vector<Piece> pieces;
+  const int64_t features = static_cast<int64_t>(layout.value_start.size());
+  for (int64_t f = 0; f < features; ++f) {
+    const int64_t step = std::max<int64_t>(1, kPieceBytes / element_bytes);
+    for (int64_t begin = bounds[f]; begin < bounds[f + 1]; begin += step) {
+      pieces.push_back({f, begin, std::min(begin + step, bounds[f + 1])});
+    }
+    pieces.push_back({f, 0, -1});
+  }
+  parallel_for(static_cast<int64_t>(pieces.size()), kPieceBytes, [&](int64_t first, int64_t last) {
+    for (int64_t p = first; p < last; ++p) {
+      const Piece& piece = pieces[p];
+      if (piece.end < 0) {
+        RebaseFeatureRowSplits(row_splits, batch, piece.feature,
+                               staged_splits + layout.split_start[piece.feature]);
+        continue;
+      }
+      const int64_t at = layout.value_start[piece.feature] + (piece.begin - bounds[piece.feature]);
+      std::memcpy(staged_values + at * element_bytes, values + piece.begin * element_bytes,
+                  (piece.end - piece.begin) * element_bytes);
+    }
+  });
 }
 
 }  // namespace sok

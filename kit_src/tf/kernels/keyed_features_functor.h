@@ -1,4 +1,4 @@
-// Sok>UnpackFeatures' device work: the OpKernel in keyed_features_kernels.cc checks the packed
+// Sok>UnpackFeatures' and Sok>UnpackFeaturesFromHost's device work: the OpKernel in keyed_features_kernels.cc checks the packed
 // batch and sizes the outputs once for both devices; a functor per device reads the feature
 // offsets, rebases each feature's row splits and copies the values that cannot be aliased.
 #pragma once
@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kit_src/core/embedding/keyed_features.h"
 #include "kit_src/tf/kernels/device_tags.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
@@ -26,6 +27,26 @@ struct KeyedFeatures {
   ::tensorflow::Status Copy(::tensorflow::OpKernelContext* ctx, void* dst, const void* src,
                             int64_t bytes);
 };
+
+// Sok>UnpackFeaturesFromHost's device work: the packed batch (host memory) copied into
+// `layout` in the device's memory (`values` and `splits`), through pinned memory on a GPU.
+template <typename Device>
+struct StageFeaturesFromHost {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx,
+                                  const ::tensorflow::Tensor& packed_values,
+                                  const ::tensorflow::Tensor& row_splits,
+                                  const std::vector<int64_t>& bounds, int64_t batch,
+                                  const FeatureLayout& layout, ::tensorflow::Tensor* values,
+                                  ::tensorflow::Tensor* splits);
+};
+
+// StageFeatures over either row-splits type, in the op's CPU thread pool.
+::tensorflow::Status StageFeaturesOnHost(::tensorflow::OpKernelContext* ctx,
+                                         const ::tensorflow::Tensor& packed_values,
+                                         const ::tensorflow::Tensor& row_splits,
+                                         const std::vector<int64_t>& bounds, int64_t batch,
+                                         const FeatureLayout& layout, char* values,
+                                         int64_t* splits);
 
 }  // namespace functor
 }  // namespace sok

@@ -3,6 +3,8 @@
 // so Bounds waits for them (one small copy to pinned memory).
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU  // before any Eigen header: the GPU device
+#include <memory>
+
 #include "kit_src/core/embedding/keyed_features_gpu.cuh"
 #include "kit_src/tf/kernels/gpu_op_util.h"
 #include "kit_src/tf/kernels/keyed_features_functor.h"
@@ -65,6 +67,29 @@ tf::Status KeyedFeatures<GpuDevice>::Copy(tf::OpKernelContext* ctx, void* dst, c
   if (bytes == 0) return tf::Status();
   return CudaToTf(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, GpuStream(ctx)),
                   "feature values copy");
+}
+
+template <>
+tf::Status StageFeaturesFromHost<GpuDevice>::operator()(
+    tf::OpKernelContext* ctx, const tf::Tensor& packed_values, const tf::Tensor& row_splits,
+    const std::vector<int64_t>& bounds, int64_t batch, const FeatureLayout& layout,
+    tf::Tensor* values, tf::Tensor* splits) {
+  auto memory = std::make_shared<GpuCallMemory>();
+  const int64_t value_bytes = values->TotalBytes(), split_bytes = splits->TotalBytes();
+  char* staged_values = nullptr;
+  int64_t* staged_splits = nullptr;
+  TF_RETURN_IF_ERROR(memory->Pinned(ctx, value_bytes, &staged_values));
+  TF_RETURN_IF_ERROR(memory->Pinned(ctx, layout.split_total, &staged_splits));
+  TF_RETURN_IF_ERROR(StageFeaturesOnHost(ctx, packed_values, row_splits, bounds, batch, layout,
+                                         staged_values, staged_splits));
+  const cudaStream_t stream = GpuStream(ctx);
+  TF_RETURN_IF_ERROR(CudaToTf(cudaMemcpyAsync(values->data(), staged_values, value_bytes,
+                                              cudaMemcpyHostToDevice, stream),
+                              "feature values upload"));
+  TF_RETURN_IF_ERROR(CudaToTf(cudaMemcpyAsync(splits->data(), staged_splits, split_bytes,
+                                              cudaMemcpyHostToDevice, stream),
+                              "feature row splits upload"));
+  return ReleaseAfterStream(ctx, std::move(memory));  // the pinned buffers outlive the copies
 }
 
 }  // namespace functor

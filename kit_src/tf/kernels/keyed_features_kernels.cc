@@ -1,5 +1,6 @@
 // Sok>UnpackFeatures: a feature-major packed batch (one ragged tensor of F features) as one
 // ragged tensor a feature. Values are handed out as slices of the input where aligned (no copy).
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -48,7 +49,47 @@ tf::Status KeyedFeatures<CpuDevice>::Copy(tf::OpKernelContext*, void* dst, const
   return tf::Status();
 }
 
+tf::Status StageFeaturesOnHost(tf::OpKernelContext* ctx, const tf::Tensor& packed_values,
+                               const tf::Tensor& row_splits, const std::vector<int64_t>& bounds,
+                               int64_t batch, const FeatureLayout& layout, char* values,
+                               int64_t* splits) {
+  const char* source = static_cast<const char*>(packed_values.data());
+  const int64_t element = tf::DataTypeSize(packed_values.dtype());
+  if (row_splits.dtype() == tf::DT_INT32) {
+    StageFeatures(source, element, row_splits.flat<int32_t>().data(), bounds, batch, layout,
+                  values, splits, CpuParallelFor(ctx));
+  } else {
+    StageFeatures(source, element, row_splits.flat<int64_t>().data(), bounds, batch, layout,
+                  values, splits, CpuParallelFor(ctx));
+  }
+  return tf::Status();
+}
+
+template <>
+tf::Status StageFeaturesFromHost<CpuDevice>::operator()(
+    tf::OpKernelContext* ctx, const tf::Tensor& packed_values, const tf::Tensor& row_splits,
+    const std::vector<int64_t>& bounds, int64_t batch, const FeatureLayout& layout,
+    tf::Tensor* values, tf::Tensor* splits) {
+  return StageFeaturesOnHost(ctx, packed_values, row_splits, bounds, batch, layout,
+                             static_cast<char*>(values->data()), splits->flat<int64_t>().data());
+}
+
 }  // namespace functor
+
+// The packed batch's shape and feature offsets, checked (row_splits in host memory).
+static tf::Status HostFeatureBounds(const tf::Tensor& values, const tf::Tensor& row_splits,
+                                    int64_t num_features, int64_t* batch,
+                                    std::vector<int64_t>* bounds) {
+  if (values.dims() != 1 || row_splits.dims() != 1) {
+    return tf::errors::InvalidArgument("the packed batch's values and row_splits must be "
+                                       "vectors, got shapes ", values.shape().DebugString(),
+                                       " and ", row_splits.shape().DebugString());
+  }
+  TF_RETURN_IF_ERROR(ToTfStatus(FeatureBatch(row_splits.NumElements() - 1, num_features, batch)));
+  TF_RETURN_IF_ERROR(functor::KeyedFeatures<CpuDevice>().Bounds(nullptr, row_splits, *batch,
+                                                                num_features, bounds));
+  return ToTfStatus(CheckFeatureBounds(*bounds, values.NumElements()));
+}
 
 template <typename Device>
 class UnpackFeaturesOp : public tf::OpKernel {
@@ -95,6 +136,56 @@ class UnpackFeaturesOp : public tf::OpKernel {
  private:
   int64_t num_features_ = 1;
 };
+
+// Sok>UnpackFeaturesFromHost: the same from a packed batch in host memory (as tf.data hands
+// it over): the feature offsets are read there (no wait for a GPU), and the values and
+// rebased row splits cross to the device as two copies from pinned memory, each feature
+// aligned in them and handed out as a slice.
+template <typename Device>
+class UnpackFeaturesFromHostOp : public tf::OpKernel {
+ public:
+  explicit UnpackFeaturesFromHostOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_features", &num_features_));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const tf::Tensor& packed = ctx->input(0);
+    const tf::Tensor& row_splits = ctx->input(1);
+    int64_t batch = 0;
+    std::vector<int64_t> bounds;
+    OP_REQUIRES_OK(ctx, HostFeatureBounds(packed, row_splits, num_features_, &batch, &bounds));
+    const FeatureLayout layout =
+        AlignedFeatureLayout(bounds, batch, tf::DataTypeSize(packed.dtype()),
+                             tf::Allocator::kAllocatorAlignment);
+    tf::Tensor values, splits;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(packed.dtype(),
+                                           tf::TensorShape({std::max<int64_t>(layout.value_total, 1)}),
+                                           &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tf::DT_INT64, tf::TensorShape({layout.split_total}),
+                                           &splits));
+    OP_REQUIRES_OK(ctx, functor::StageFeaturesFromHost<Device>()(ctx, packed, row_splits, bounds,
+                                                                 batch, layout, &values, &splits));
+    for (int64_t f = 0; f < num_features_; ++f) {
+      const int64_t start = layout.value_start[f];
+      ctx->set_output(f, values.Slice(start, start + bounds[f + 1] - bounds[f]));
+      const int64_t split = layout.split_start[f];
+      ctx->set_output(num_features_ + f, splits.Slice(split, split + batch + 1));
+    }
+  }
+
+ private:
+  int64_t num_features_ = 1;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>UnpackFeaturesFromHost").Device(tf::DEVICE_CPU),
+                        UnpackFeaturesFromHostOp<CpuDevice>);
+#if GOOGLE_CUDA
+REGISTER_KERNEL_BUILDER(Name("Sok>UnpackFeaturesFromHost")
+                            .Device(tf::DEVICE_GPU)
+                            .HostMemory("values")
+                            .HostMemory("row_splits"),
+                        UnpackFeaturesFromHostOp<GpuDevice>);
+#endif
 
 REGISTER_KERNEL_BUILDER(Name("Sok>UnpackFeatures").Device(tf::DEVICE_CPU),
                         UnpackFeaturesOp<CpuDevice>);

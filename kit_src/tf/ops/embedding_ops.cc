@@ -131,6 +131,25 @@ of their indices, which must be in order and inside dense_shape[0]; columns are 
 tf.nn.safe_embedding_lookup_sparse). One pass a tensor, for all the lookups of a call.
 )doc");
 
+// Outputs of a feature-major packed batch: values of unknown length, row splits [B + 1].
+static Status UnpackFeaturesShape(InferenceContext* c) {
+  int64_t features = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_features", &features));
+  ShapeHandle values, row_splits;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &values));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &row_splits));
+  DimensionHandle splits = c->UnknownDim();
+  const int64_t total = c->Value(c->Dim(row_splits, 0));
+  if (c->ValueKnown(c->Dim(row_splits, 0)) && total >= 1 && (total - 1) % features == 0) {
+    splits = c->MakeDim((total - 1) / features + 1);
+  }
+  for (int64_t f = 0; f < features; ++f) {
+    c->set_output(f, c->Vector(c->UnknownDim()));
+    c->set_output(features + f, c->Vector(splits));
+  }
+  return Status();
+}
+
 REGISTER_OP("Sok>UnpackFeatures")
     .Input("values: T")
     .Input("row_splits: Tsplits")
@@ -139,27 +158,25 @@ REGISTER_OP("Sok>UnpackFeatures")
     .Attr("num_features: int >= 1")
     .Attr("T: {int32, int64, float, half, bfloat16, double}")
     .Attr("Tsplits: {int32, int64}")
-    .SetShapeFn([](InferenceContext* c) -> Status {
-      int64_t features = 0;
-      TF_RETURN_IF_ERROR(c->GetAttr("num_features", &features));
-      ShapeHandle values, row_splits;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &values));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &row_splits));
-      DimensionHandle splits = c->UnknownDim();
-      const int64_t total = c->Value(c->Dim(row_splits, 0));
-      if (c->ValueKnown(c->Dim(row_splits, 0)) && total >= 1 && (total - 1) % features == 0) {
-        splits = c->MakeDim((total - 1) / features + 1);
-      }
-      for (int64_t f = 0; f < features; ++f) {
-        c->set_output(f, c->Vector(c->UnknownDim()));
-        c->set_output(features + f, c->Vector(splits));
-      }
-      return Status();
-    })
+    .SetShapeFn(UnpackFeaturesShape)
     .Doc(R"doc(
 A batch of num_features features in one ragged tensor, feature-major (feature 0's B samples,
 then feature 1's: rows F * B), as one ragged tensor a feature: its values (a slice of the input
 where aligned) and its row splits counted from its first value.
+)doc");
+
+REGISTER_OP("Sok>UnpackFeaturesFromHost")
+    .Input("values: T")
+    .Input("row_splits: Tsplits")
+    .Output("feature_values: num_features * T")
+    .Output("feature_row_splits: num_features * int64")
+    .Attr("num_features: int >= 1")
+    .Attr("T: {int32, int64, float, half, bfloat16, double}")
+    .Attr("Tsplits: {int32, int64}")
+    .SetShapeFn(UnpackFeaturesShape)
+    .Doc(R"doc(
+Sok>UnpackFeatures of a packed batch in host memory (as tf.data hands it over): its feature
+offsets are read there and the features cross to the device in two copies from pinned memory.
 )doc");
 
 REGISTER_OP("Sok>GatherSingleIds")
