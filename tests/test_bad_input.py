@@ -101,9 +101,12 @@ def test_table_of_wrong_dtype_or_rank():
         sok.lookup_sparse([np.ones([3, 2], np.float32)], [ragged([[1]])])
 
 
-def test_params_must_be_a_list():
-    with pytest.raises(TypeError, match="sp_ids must be a list"):
-        sok.lookup_sparse([tf.Variable(np.ones([3, 2], np.float32))], ragged([[1]]))
+def test_sp_ids_of_a_list_of_tables_must_be_a_list_or_a_packed_batch():
+    # One RaggedTensor is a packed batch (tests/test_packed_features.py); one SparseTensor is
+    # neither form.
+    with pytest.raises(TypeError, match="sp_ids must be a list, got SparseTensor"):
+        sok.lookup_sparse([tf.Variable(np.ones([3, 2], np.float32))],
+                          ragged([[1]]).to_sparse())
 
 
 def test_raw_op_rejects_bad_row_splits():
