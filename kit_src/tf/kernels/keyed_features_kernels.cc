@@ -76,18 +76,19 @@ tf::Status StageFeaturesFromHost<CpuDevice>::operator()(
 
 }  // namespace functor
 
-// The packed batch's shape and feature offsets, checked (row_splits in host memory).
-static tf::Status HostFeatureBounds(const tf::Tensor& values, const tf::Tensor& row_splits,
-                                    int64_t num_features, int64_t* batch,
-                                    std::vector<int64_t>* bounds) {
+// The packed batch's shape and feature offsets, checked; Device says where row_splits lives.
+template <typename Device>
+static tf::Status PackedFeatureBounds(tf::OpKernelContext* ctx, const tf::Tensor& values,
+                                      const tf::Tensor& row_splits, int64_t num_features,
+                                      int64_t* batch, std::vector<int64_t>* bounds) {
   if (values.dims() != 1 || row_splits.dims() != 1) {
     return tf::errors::InvalidArgument("the packed batch's values and row_splits must be "
                                        "vectors, got shapes ", values.shape().DebugString(),
                                        " and ", row_splits.shape().DebugString());
   }
   TF_RETURN_IF_ERROR(ToTfStatus(FeatureBatch(row_splits.NumElements() - 1, num_features, batch)));
-  TF_RETURN_IF_ERROR(functor::KeyedFeatures<CpuDevice>().Bounds(nullptr, row_splits, *batch,
-                                                                num_features, bounds));
+  TF_RETURN_IF_ERROR(functor::KeyedFeatures<Device>().Bounds(ctx, row_splits, *batch,
+                                                             num_features, bounds));
   return ToTfStatus(CheckFeatureBounds(*bounds, values.NumElements()));
 }
 
@@ -101,16 +102,11 @@ class UnpackFeaturesOp : public tf::OpKernel {
   void Compute(tf::OpKernelContext* ctx) override {
     const tf::Tensor& values = ctx->input(0);
     const tf::Tensor& row_splits = ctx->input(1);
-    OP_REQUIRES(ctx, values.dims() == 1 && row_splits.dims() == 1,
-                tf::errors::InvalidArgument("the packed batch's values and row_splits must be "
-                                            "vectors, got shapes ", values.shape().DebugString(),
-                                            " and ", row_splits.shape().DebugString()));
     int64_t batch = 0;
-    SOK_OP_REQUIRES_OK(ctx, FeatureBatch(row_splits.NumElements() - 1, num_features_, &batch));
-    functor::KeyedFeatures<Device> device;
     std::vector<int64_t> bounds;
-    OP_REQUIRES_OK(ctx, device.Bounds(ctx, row_splits, batch, num_features_, &bounds));
-    SOK_OP_REQUIRES_OK(ctx, CheckFeatureBounds(bounds, values.NumElements()));
+    OP_REQUIRES_OK(ctx, PackedFeatureBounds<Device>(ctx, values, row_splits, num_features_,
+                                                    &batch, &bounds));
+    functor::KeyedFeatures<Device> device;
     const int64_t element = tf::DataTypeSize(values.dtype());
     for (int64_t f = 0; f < num_features_; ++f) {
       const int64_t count = bounds[f + 1] - bounds[f];
@@ -153,7 +149,8 @@ class UnpackFeaturesFromHostOp : public tf::OpKernel {
     const tf::Tensor& row_splits = ctx->input(1);
     int64_t batch = 0;
     std::vector<int64_t> bounds;
-    OP_REQUIRES_OK(ctx, HostFeatureBounds(packed, row_splits, num_features_, &batch, &bounds));
+    OP_REQUIRES_OK(ctx, PackedFeatureBounds<CpuDevice>(ctx, packed, row_splits, num_features_,
+                                                       &batch, &bounds));  // host memory
     const FeatureLayout layout =
         AlignedFeatureLayout(bounds, batch, tf::DataTypeSize(packed.dtype()),
                              tf::Allocator::kAllocatorAlignment);
