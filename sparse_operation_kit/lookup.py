@@ -475,9 +475,10 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
         int64 ids, [local_batch, None]; or, with a list of tables, one RaggedTensor holding
         every lookup's batch, feature-major ([lookups * local_batch, None]: lookup 0's samples,
         then lookup 1's, as TorchRec's KeyedJaggedTensor), which crosses into TensorFlow as two
-        tensors; its output is then one [local_batch, lookups, dim] tensor. A SparseTensor's entries must be in row order
-        (`tf.sparse.reorder` sorts them; on the CPU rows out of order are refused); its
-        columns are not read, as in `tf.nn.safe_embedding_lookup_sparse`.
+        tensors; its output is then one [local_batch, lookups, dim] tensor. A SparseTensor's
+        entries must be in row order (`tf.sparse.reorder` sorts them; on the CPU rows out of
+        order are refused); its columns are not read, as in
+        `tf.nn.safe_embedding_lookup_sparse`.
       sp_weights: None, or a list like sp_ids of per-id weights (entries may be None), float32
         or float16 / bfloat16 / float64 (pooled in float32); with packed ids, one RaggedTensor
         laid out as they are.
@@ -625,15 +626,15 @@ def all2all_dense_embedding(param, indices):
                          f"got {type(indices).__name__}" +
                          (f" of {len(indices)}" if isinstance(indices, (list, tuple)) else ""))
     with tf.name_scope("sok_all2all_dense_embedding"):
-        flats, lookups = [], []
+        lookups = []
         for i, (table, ids) in enumerate(zip(params, indices)):
             _check_table(table, i)
-            flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.convert_to_tensor(ids)
+            flat = (ids.flat_values if isinstance(ids, tf.RaggedTensor)
+                    else tf.convert_to_tensor(ids))
             if flat.dtype not in _ID_DTYPES:
                 raise TypeError(f"indices[{i}] have dtype {flat.dtype.name}; ids must be int32 "
                                 "or int64")
             flat = tf.reshape(flat, [-1])
-            flats.append(flat)
             lookups.append(_Lookup(table, flat, _one_id_row_splits(flat), None, "sum", True))
         rows = [None] * len(lookups)
         for (dim, dynamic, dtype), members in _group_tables(lookups).items():

@@ -18,7 +18,8 @@ def packed_batch(rng, vocabs, batch, max_len=4, splits_dtype=tf.int64):
                                               tf.constant(all_lengths, splits_dtype))
     packed_w = tf.RaggedTensor.from_row_lengths(np.concatenate(weights),
                                                 tf.constant(all_lengths, splits_dtype))
-    per_ids = [tf.RaggedTensor.from_row_lengths(i.astype(np.int64), l) for i, l in zip(ids, lengths)]
+    per_ids = [tf.RaggedTensor.from_row_lengths(i.astype(np.int64), l)
+               for i, l in zip(ids, lengths)]
     per_w = [tf.RaggedTensor.from_row_lengths(w, l) for w, l in zip(weights, lengths)]
     return packed, packed_w, per_ids, per_w
 

@@ -268,7 +268,8 @@ def main():
         sys.exit("no GPU visible to TensorFlow")
     sok.init(comm_tool="single")
     details = tf.config.experimental.get_device_details(gpus[0]) if gpus else {}
-    payload = {"device": details.get("device_name", provenance.device()), "scale": workloads.SCALE, "dim": workloads.DIM,
+    payload = {"device": details.get("device_name", provenance.device()),
+               "scale": workloads.SCALE, "dim": workloads.DIM,
                "copy_gbps_assumed": workloads.COPY_GBPS, "loop": LOOP,
                "tbe_provenance": tbe.get("provenance")}
     kept = os.path.join(IDS_DIR, "tf_vs_tbe.json")  # workloads measured by earlier runs

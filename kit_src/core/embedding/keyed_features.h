@@ -72,7 +72,9 @@ struct FeatureLayout {
 
 inline FeatureLayout AlignedFeatureLayout(const std::vector<int64_t>& bounds, int64_t batch,
                                           int64_t element_bytes, int64_t align) {
-  const auto round_up = [](int64_t count, int64_t unit) { return (count + unit - 1) / unit * unit; };
+  const auto round_up = [](int64_t count, int64_t unit) {
+    return (count + unit - 1) / unit * unit;
+  };
   const int64_t value_unit = std::max<int64_t>(1, align / element_bytes);
   const int64_t split_unit = std::max<int64_t>(1, align / 8);
   FeatureLayout layout;

@@ -155,8 +155,8 @@ class UnpackFeaturesFromHostOp : public tf::OpKernel {
         AlignedFeatureLayout(bounds, batch, tf::DataTypeSize(packed.dtype()),
                              tf::Allocator::kAllocatorAlignment);
     tf::Tensor values, splits;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(packed.dtype(),
-                                           tf::TensorShape({std::max<int64_t>(layout.value_total, 1)}),
+    const int64_t value_count = std::max<int64_t>(layout.value_total, 1);
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(packed.dtype(), tf::TensorShape({value_count}),
                                            &values));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(tf::DT_INT64, tf::TensorShape({layout.split_total}),
                                            &splits));
