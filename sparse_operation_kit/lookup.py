@@ -312,6 +312,35 @@ def _single_id_group(lookups, dim):
     return outputs
 
 
+def _pools_from_tables(lookups, dynamic):
+    """Whether a group pools straight from its tables: one worker, static float32 tables,
+    all on a GPU, where the fused chain's dedup would wait for the device every step."""
+    return (not dynamic and communication.num_workers() == 1 and
+            all(_table_on_gpu(lookup.table) and lookup.table.dtype == tf.float32
+                for lookup in lookups))
+
+
+def _pool_from_tables(lookups, dim, stacked=False):
+    """Sok>PoolFromTables: each sample's weighted rows pooled straight from its table, with no
+    dedup, sort or exchange, so nothing waits for the device; the gradients are IndexedSlices
+    over the ids (Sok>SpreadPooledGrad), repeats summed by the update. With stacked, one
+    [batch, lookups, dim] output for all the lookups."""
+    tables = [lookup.table for lookup in lookups]
+    for table in {id(t): t for t in tables}.values():
+        resource_variable_ops.variable_accessed(table)
+    names = [t.name for t in tables]
+    empty = tf.zeros([0], tf.float32)
+    outputs, check = raw_ops.sok_pool_from_tables(
+        tables=[t.handle for t in tables], ids=[tf.cast(l.ids, tf.int64) for l in lookups],
+        row_splits=[lookup.row_splits for lookup in lookups],
+        weights=[empty if lookup.weights is None else lookup.weights for lookup in lookups],
+        num_outputs=1 if stacked else len(lookups), stacked=stacked,
+        combiners=[lookup.combiner for lookup in lookups], dim=dim, table_names=names)
+    raw_ops.sok_check_gathered_ids(check, table_names=names,
+                                   deferred=_id_check["mode"] == "deferred")
+    return outputs
+
+
 def _dynamic_direct_group(lookups, dim, training):
     """Dynamic tables on one worker: each lookup reads its table's rows at its ids
     (Sok>DynamicTableLookup, find-or-insert; repeated ids are found, not deduplicated first),
@@ -458,6 +487,8 @@ def _lookup_group(lookups, dim, dynamic, training, low_frequency_filter, compres
             return _single_id_group(lookups, dim)
         if not _on_gpu(lookups):
             return _either_id_path_group(lookups, dim)
+    if _pools_from_tables(lookups, dynamic):
+        return _pool_from_tables(lookups, dim)
     if dynamic and communication.num_workers() == 1 and not low_frequency_filter:
         return _dynamic_direct_group(lookups, dim, training)
     return _fused_group(lookups, dim, dynamic, training, low_frequency_filter, compress)
@@ -544,6 +575,11 @@ def _lookup_packed(params, packed_ids, packed_weights, combiners, use_low_freque
                             f"its ids, got {type(packed_weights).__name__}")
         weights = _unpack_features(packed_weights, num_features, params, "sp_weights",
                                    row_splits=[i.row_splits for i in ids])
+    communication._require_init()
+    lookups = _validate(params, ids, weights, combiners)
+    if _pools_from_tables(lookups, any(isinstance(p, DynamicVariable) for p in params)):
+        with tf.name_scope("sok_lookup_sparse"):  # the stacked output written by the kernel
+            return _pool_from_tables(lookups, int(params[0].shape[1]), stacked=True)[0]
     outputs = lookup_sparse(params, ids, weights, combiners, use_low_frequency_filter, training,
                             compress)
     return tf.stack(outputs, axis=1)
@@ -713,22 +749,18 @@ def _guards_ids_on_device(op):
     return on_gpu_device(op.inputs[0])
 
 
-@tf.RegisterGradient("Sok>GatherSingleIds")
-def _gather_single_ids_grad(op, *output_grads):
-    n = op.get_attr("N")
-    grads = _dense_output_grads(op, output_grads)[:n]
-    ids = [tf.cast(op.inputs[n + l], tf.int64) for l in range(n)]
-    # No update may use a step whose ids were out of range.
+def _id_gradients(op, n, ids, grads, check):
+    """IndexedSlices over each lookup's ids for tables op.inputs[:n], given the forward's id
+    check record. No update may use a step whose ids were out of range."""
     if _guards_ids_on_device(op) or _id_check["mode"] == "deferred":
         # The forward's Sok>CheckGatheredIds reports the error; here, on the device, every
         # gradient id of such a step becomes -1 (Sok>GuardIds, one op for all lookups), a
         # row that every sparse update skips (Sok>StaticApply, TF's GPU scatters) or refuses
         # before writing.
-        ids = [_checked(i) for i in raw_ops.sok_guard_ids(ids=ids, check=op.outputs[n])]
+        ids = [_checked(i) for i in raw_ops.sok_guard_ids(ids=ids, check=check)]
     else:  # the gradients wait for the check
-        check = raw_ops.sok_check_gathered_ids(op.outputs[n],
-                                               table_names=op.get_attr("table_names"))
-        with tf.control_dependencies([] if check is None else [check]):
+        verdict = raw_ops.sok_check_gathered_ids(check, table_names=op.get_attr("table_names"))
+        with tf.control_dependencies([] if verdict is None else [verdict]):
             grads = [tf.identity(g) for g in grads]
             ids = [_checked(tf.identity(i)) for i in ids]
     return [
@@ -736,7 +768,27 @@ def _gather_single_ids_grad(op, *output_grads):
                          dense_shape=tf.raw_ops.VariableShape(input=op.inputs[l],
                                                               out_type=tf.int64))
         for l in range(n)
-    ] + [None] * (2 * n)
+    ]
+
+
+@tf.RegisterGradient("Sok>GatherSingleIds")
+def _gather_single_ids_grad(op, *output_grads):
+    n = op.get_attr("N")
+    grads = _dense_output_grads(op, output_grads)[:n]
+    ids = [tf.cast(op.inputs[n + l], tf.int64) for l in range(n)]
+    return _id_gradients(op, n, ids, grads, op.outputs[n]) + [None] * (2 * n)
+
+
+@tf.RegisterGradient("Sok>PoolFromTables")
+def _pool_from_tables_grad(op, *output_grads):
+    n, num_outputs = op.get_attr("N"), op.get_attr("num_outputs")
+    ids = list(op.inputs[n:2 * n])
+    id_grads = raw_ops.sok_spread_pooled_grad(
+        output_grads=_dense_output_grads(op, output_grads)[:num_outputs], ids=ids,
+        row_splits=list(op.inputs[2 * n:3 * n]), weights=list(op.inputs[3 * n:4 * n]),
+        stacked=op.get_attr("stacked"), combiners=op.get_attr("combiners"),
+        dim=op.get_attr("dim"))
+    return _id_gradients(op, n, ids, id_grads, op.outputs[num_outputs]) + [None] * (3 * n)
 
 
 @tf.RegisterGradient("Sok>GatherShardRows")

@@ -987,8 +987,10 @@ def test_interaction_without_features_is_refused(device):
 @pytest.mark.parametrize("weighted", [False, True])
 def test_lookup_sparse_skips_the_combine_verdict_only_for_its_own_inputs(weighted):
     """Sok>CombineFromShards / CombineBackward get validate=False only when every input is one
-    lookup_sparse built itself (no user weights); the op-level checks stay on otherwise."""
-    table = sok.Variable(tf.ones([10, 4]))
+    lookup_sparse built itself (no user weights); the op-level checks stay on otherwise.
+    (A CPU table: on a GPU, one worker's static tables pool straight from the tables.)"""
+    with tf.device("CPU:0"):
+        table = sok.Variable(tf.ones([10, 4]))
     ids = tf.ragged.constant([[1, 2], [3]], dtype=tf.int64)
     weights = tf.ragged.constant([[1.0, 2.0], [3.0]]) if weighted else None
 

@@ -428,9 +428,9 @@ def test_one_id_per_sample_path_is_taken_statically_when_known():
     assert "Sok>GatherSingleIds" in op_types(one_id)
     assert "Sok>PartitionKeys" not in op_types(one_id)
     # One id each, but not known statically: on the CPU the choice is made per step (next
-    # test); on a GPU the fused chain runs.
+    # test); on a GPU the rows are pooled straight from the tables.
     if ON_GPU:
-        assert "Sok>PartitionKeys" in op_types(by_lengths)
+        assert "Sok>PoolFromTables" in op_types(by_lengths)
     else:
         assert {"If", "StatelessIf"} & op_types(by_lengths)
 

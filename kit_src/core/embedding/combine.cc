@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "kit_src/core/block_pool.h"
+#include "kit_src/core/embedding/key_partition.h"
 #include "kit_src/core/embedding/shard_rows.h"
 #include "kit_src/core/embedding/weighted_row_sum.h"
 #include "kit_src/core/prefetch.h"
@@ -171,10 +172,11 @@ struct SampleSpace {
   std::vector<int64_t> first, use_first;
 };
 
-template <typename T, typename Rows>
-Status CombineForward(const Rows& rows, int64_t num_rows, int64_t dim,
-                      const std::vector<PooledLookup<T>>& lookups,
-                      const ParallelFor& parallel_for) {
+// Pools every sample of every lookup; row_of_id(l, i) is the row of id i of lookup l, or
+// null when it names none (then false is returned and the outputs are unspecified).
+template <typename T, typename RowOfId>
+bool PoolSamples(const RowOfId& row_of_id_at, int64_t dim,
+                 const std::vector<PooledLookup<T>>& lookups, const ParallelFor& parallel_for) {
   // One parallel loop over the samples of all lookups: one synchronisation per call.
   const SampleSpace<T> space(lookups);
   const std::vector<int64_t>& first_sample = space.first;
@@ -185,7 +187,7 @@ Status CombineForward(const Rows& rows, int64_t num_rows, int64_t dim,
   parallel_for(space.samples(), cost, [&](int64_t begin, int64_t end) {
     // Rows are scattered over large tables, so pooling waits on memory. The rows' addresses
     // are resolved first (one pass over the ids), so that the pooling can request rows
-    // well ahead without waiting on the position -> key -> row indirection.
+    // well ahead without waiting on the id -> row indirection.
     ScratchVector<const T*> row_of_id;
     size_t l = std::upper_bound(first_sample.begin(), first_sample.end(), begin) -
                first_sample.begin() - 1;
@@ -197,25 +199,88 @@ Status CombineForward(const Rows& rows, int64_t num_rows, int64_t dim,
       const int64_t first_id = lookup.row_splits[first], last_id = lookup.row_splits[last];
       row_of_id.resize(last_id - first_id);
       for (int64_t i = first_id; i < last_id; ++i) {
-        const int32_t p = lookup.position[i];
-        if (p < 0 || p >= num_rows) {
+        const T* row = row_of_id_at(l, i);
+        if (row == nullptr) {
           ok = false;
           return;
         }
-        row_of_id[i - first_id] = rows(p);
+        row_of_id[i - first_id] = row;
       }
       for (int64_t k = 0; k < std::min(ahead, last_id - first_id); ++k) {
         PrefetchRow(row_of_id[k], dim);
       }
       for (int64_t s = first; s < last; ++s) {
         PoolSample(dim, lookup, s, row_of_id.data(), first_id, last_id, ahead, stream,
-                   lookup.output + s * dim);
+                   lookup.output + s * OutputStride(lookup, dim));
       }
     }
     StreamedStoresDone();
   });
-  if (!ok) return CheckPositions(num_rows, lookups);
+  return ok;
+}
+
+template <typename T, typename Rows>
+Status CombineForward(const Rows& rows, int64_t num_rows, int64_t dim,
+                      const std::vector<PooledLookup<T>>& lookups,
+                      const ParallelFor& parallel_for) {
+  const auto row_of_id = [&](size_t l, int64_t i) -> const T* {
+    const int32_t p = lookups[l].position[i];
+    return p < 0 || p >= num_rows ? nullptr : rows(p);
+  };
+  if (!PoolSamples(row_of_id, dim, lookups, parallel_for)) return CheckPositions(num_rows, lookups);
   return Status::Ok();
+}
+
+template <typename T>
+Status PoolFromTables(const std::vector<LookupTable<T>>& tables, int64_t dim,
+                      const std::vector<PooledLookup<T>>& lookups,
+                      const ParallelFor& parallel_for) {
+  for (size_t l = 0; l < lookups.size(); ++l) {
+    Status status = ValidateRowSplits(lookups[l].row_splits, lookups[l].batch, tables[l].count,
+                                      "lookup " + std::to_string(l));
+    if (!status.ok()) return status;
+  }
+  const auto row_of_id = [&](size_t l, int64_t i) -> const T* {
+    const int64_t id = tables[l].ids[i];
+    return id < 0 || id >= tables[l].rows ? nullptr : tables[l].data + id * dim;
+  };
+  if (PoolSamples(row_of_id, dim, lookups, parallel_for)) return Status::Ok();
+  for (const LookupTable<T>& table : tables) {  // the first bad id, for the message
+    for (int64_t i = 0; i < table.count; ++i) {
+      if (table.ids[i] < 0 || table.ids[i] >= table.rows) {
+        return IdOutOfRange(*table.name, table.ids[i], table.rows);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+template <typename T>
+void SpreadPooledGrad(int64_t dim, const std::vector<PooledLookup<T>>& lookups,
+                      const std::vector<T*>& id_grads, const ParallelFor& parallel_for) {
+  const SampleSpace<T> space(lookups);
+  const int64_t cost = dim * (1 + space.uses() / std::max<int64_t>(space.samples(), 1)) * 2;
+  parallel_for(space.samples(), cost, [&](int64_t begin, int64_t end) {
+    size_t l = std::upper_bound(space.first.begin(), space.first.end(), begin) -
+               space.first.begin() - 1;
+    for (int64_t g = begin; g < end; ++l) {
+      const PooledLookup<T>& lookup = lookups[l];
+      const int64_t last = std::min(end, space.first[l + 1]) - space.first[l];
+      for (int64_t s = g - space.first[l]; s < last; ++s) {
+        const int64_t first_id = lookup.row_splits[s], end_id = lookup.row_splits[s + 1];
+        const float denominator = Denominator(lookup.combiner, lookup.weights, first_id, end_id);
+        const T* grad = lookup.output_grad + s * OutputStride(lookup, dim);
+        for (int64_t i = first_id; i < end_id; ++i) {
+          const float scale = denominator == 0.0f
+                                  ? 0.0f
+                                  : (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
+          T* out = id_grads[l] + i * dim;
+          for (int64_t d = 0; d < dim; ++d) out[d] = static_cast<T>(scale) * grad[d];
+        }
+      }
+      g = space.first[l] + last;
+    }
+  });
 }
 
 // The uses of every row, grouped by row: the uses of row p are uses[first_use[p] ..
@@ -303,7 +368,7 @@ Status CombineBackward(int64_t num_rows, int64_t dim, const std::vector<PooledLo
   const SampleSpace<T> space(lookups);
   ScratchVector<const T*> sample_grad(space.samples());  // each sample's gradient row
   space.ForSamples(0, space.samples(), [&](const PooledLookup<T>& lookup, int64_t s, int64_t g) {
-    sample_grad[g] = lookup.output_grad + s * dim;
+    sample_grad[g] = lookup.output_grad + s * OutputStride(lookup, dim);
   });
   ScratchVector<int64_t> first_use;
   ScratchVector<Use> uses;
@@ -336,6 +401,11 @@ template Status CombineForward<float, DenseRows<const float>>(
 template Status CombineForward<float, PackedKeyRows<float>>(
     const PackedKeyRows<float>&, int64_t, int64_t, const std::vector<PooledLookup<float>>&,
     const ParallelFor&);
+template Status PoolFromTables<float>(const std::vector<LookupTable<float>>&, int64_t,
+                                      const std::vector<PooledLookup<float>>&,
+                                      const ParallelFor&);
+template void SpreadPooledGrad<float>(int64_t, const std::vector<PooledLookup<float>>&,
+                                      const std::vector<float*>&, const ParallelFor&);
 template Status CombineBackward<float, DenseRows<float>>(
     int64_t, int64_t, const std::vector<PooledLookup<float>>&, const DenseRows<float>&,
     const ParallelFor&);

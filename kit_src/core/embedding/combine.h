@@ -28,6 +28,25 @@ struct PooledLookup {
   Combiner combiner = Combiner::kMean;
   T* output = nullptr;                  // forward: [batch, dim] pooled vectors (written)
   const T* output_grad = nullptr;       // backward: [batch, dim] gradient of `output`
+  int64_t stride = 0;                   // elements from one sample's output row to the next's
+                                        // (0: dim; lookups interleaved in a [batch, N, dim]
+                                        // output: N * dim)
+};
+
+template <typename T>
+inline int64_t OutputStride(const PooledLookup<T>& lookup, int64_t dim) {
+  return lookup.stride > 0 ? lookup.stride : dim;
+}
+
+// A lookup's own table when pooling straight from the tables (one worker: no dedup, no
+// exchange): [rows, dim] row-major, and the lookup's `count` ids, each a row of it.
+template <typename T>
+struct LookupTable {
+  const T* data = nullptr;
+  int64_t rows = 0;
+  const int64_t* ids = nullptr;
+  int64_t count = 0;
+  const std::string* name = nullptr;  // for the out-of-range error
 };
 
 // Checks that row_splits starts at 0, never decreases and ends at nnz.
@@ -57,6 +76,21 @@ template <typename T, typename Rows>
 Status CombineForward(const Rows& rows, int64_t num_rows, int64_t dim,
                       const std::vector<PooledLookup<T>>& lookups,
                       const ParallelFor& parallel_for);
+
+// The same with each lookup's rows read straight from its table at its ids (tables[l] for
+// lookups[l], whose `position` is unused): row_splits are checked against the ids first; an
+// id outside its table fails with IdOutOfRange naming the table.
+template <typename T>
+Status PoolFromTables(const std::vector<LookupTable<T>>& tables, int64_t dim,
+                      const std::vector<PooledLookup<T>>& lookups,
+                      const ParallelFor& parallel_for);
+
+// PoolFromTables' gradient for each id's row: id_grads[l] row i ([count, dim], written) =
+// weights[i] / denominator * output_grad of the sample holding id i (0 where the forward
+// pooled to zeros). Repeated ids keep one row each: their sum is the table row's gradient.
+template <typename T>
+void SpreadPooledGrad(int64_t dim, const std::vector<PooledLookup<T>>& lookups,
+                      const std::vector<T*>& id_grads, const ParallelFor& parallel_for);
 
 // rows_grad(p) (overwritten, for every p in [0, num_rows)) = sum over the uses of row p of
 // their share of the output gradient. Uses are grouped by row first (a counting sort), so

@@ -38,9 +38,9 @@ SOK_CHECK_HOST_DEVICE inline unsigned long long EncodeBad(int64_t group, BadKind
   return (static_cast<unsigned long long>(group) << 44) |
          (static_cast<unsigned long long>(kind) << 40) | static_cast<unsigned long long>(item);
 }
-inline int64_t BadGroup(unsigned long long code) { return static_cast<int64_t>(code >> 44); }
-inline BadKind BadKindOf(unsigned long long code) { return static_cast<BadKind>((code >> 40) & 15); }
-inline int64_t BadItem(unsigned long long code) {
+SOK_CHECK_HOST_DEVICE inline int64_t BadGroup(unsigned long long code) { return static_cast<int64_t>(code >> 44); }
+SOK_CHECK_HOST_DEVICE inline BadKind BadKindOf(unsigned long long code) { return static_cast<BadKind>((code >> 40) & 15); }
+SOK_CHECK_HOST_DEVICE inline int64_t BadItem(unsigned long long code) {
   return static_cast<int64_t>(code & ((1ull << 40) - 1));
 }
 

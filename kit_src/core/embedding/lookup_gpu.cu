@@ -354,7 +354,25 @@ __device__ __forceinline__ const float* SourceRow(const GpuRowSource& source, in
   return row;
 }
 
-template <int kVec>
+// The row of id i of a lookup pooled straight from its table, or null (recorded) when the
+// id is outside the table.
+__device__ __forceinline__ const float* TableRow(const GpuPooledLookup& lookup, int64_t i,
+                                                 int64_t dim, int32_t l, LookupCheck* check) {
+  const int64_t id = lookup.ids[i];
+  if (id < 0 || id >= lookup.table.rows) {
+    RecordBad(check, EncodeBad(l, BadKind::kBadId, i));
+    return nullptr;
+  }
+  return lookup.table.data + id * dim;
+}
+
+__device__ __forceinline__ int64_t Stride(const GpuPooledLookup& lookup, int64_t dim) {
+  return lookup.stride > 0 ? lookup.stride : dim;
+}
+
+// kFromTables: each lookup's rows come from its own table at its ids (position, use_first
+// and source unused).
+template <int kVec, bool kFromTables>
 __global__ void PoolKernel(const GpuPooledLookup* lookups, int32_t num_lookups, int64_t samples,
                            const int64_t* use_first, const int32_t* position,
                            GpuRowSource source, int64_t num_rows, int64_t dim, int group,
@@ -367,20 +385,70 @@ __global__ void PoolKernel(const GpuPooledLookup* lookups, int32_t num_lookups, 
     const GpuPooledLookup& lookup = lookups[l];
     const int64_t s = g - lookup.first_sample;
     const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];
-    const int32_t* pos = position + use_first[l];
+    const int32_t* pos = kFromTables ? nullptr : position + use_first[l];
     const float denominator = Denominator(lookup, begin, end);
-    float* out = lookup.output + s * dim;
+    float* out = lookup.output + s * Stride(lookup, dim);
     for (int64_t d = lane * kVec; d < dim; d += group * kVec) {
       V acc = Vec<kVec>::Zero();
       if (denominator != 0.0f) {
         for (int64_t i = begin; i < end; ++i) {
-          const float* row = SourceRow(source, num_rows, pos[i], dim, l, i, check);
+          const float* row = kFromTables ? TableRow(lookup, i, dim, l, check)
+                                         : SourceRow(source, num_rows, pos[i], dim, l, i, check);
           if (row == nullptr) continue;
           const float scale = (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
           Vec<kVec>::Fma(acc, scale, __ldg(reinterpret_cast<const V*>(row + d)));
         }
       }
       *reinterpret_cast<V*>(out + d) = acc;
+    }
+  }
+}
+
+// Each lookup's row_splits against its ids: start at 0, end at ids_count.
+__global__ void CheckTableLookupHeaders(const GpuPooledLookup* lookups, int32_t num_lookups,
+                                        LookupCheck* check) {
+  for (int32_t l = GlobalThread(); l < num_lookups; l += GridThreads()) {
+    const GpuPooledLookup& lookup = lookups[l];
+    if (lookup.row_splits[0] != 0 || lookup.row_splits[lookup.batch] != lookup.ids_count) {
+      RecordBad(check, EncodeBad(l, BadKind::kRowSplitsEnds, 0));
+    }
+  }
+}
+
+__global__ void DescribeTableLookupError(const GpuPooledLookup* lookups, LookupCheck* check) {
+  if (check->first_bad == kNoError) return;
+  const GpuPooledLookup& lookup = lookups[BadGroup(check->first_bad)];
+  if (BadKindOf(check->first_bad) == BadKind::kBadId) {
+    check->value_a = lookup.ids[BadItem(check->first_bad)];
+    check->value_b = lookup.table.rows;
+  } else {
+    check->value_a = lookup.row_splits[0];
+    check->value_b = lookup.row_splits[lookup.batch];
+  }
+}
+
+template <int kVec>
+__global__ void SpreadPooledGradKernel(const GpuPooledLookup* lookups, int32_t num_lookups,
+                                       int64_t samples, int64_t dim, int group) {
+  using V = typename Vec<kVec>::type;
+  const int lane = threadIdx.x % group;
+  for (int64_t g = GlobalThread() / group; g < samples; g += GridThreads() / group) {
+    const int32_t l = FindSampleLookup(lookups, num_lookups, g);
+    const GpuPooledLookup& lookup = lookups[l];
+    const int64_t s = g - lookup.first_sample;
+    const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];
+    const float denominator = Denominator(lookup, begin, end);
+    const float* grad = lookup.output_grad + s * Stride(lookup, dim);
+    // Row splits the forward found bad must not write outside id_grads.
+    for (int64_t i = max(begin, int64_t{0}); i < min(end, lookup.ids_count); ++i) {
+      const float scale = denominator == 0.0f
+                              ? 0.0f
+                              : (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
+      float* out = lookup.id_grads + i * dim;
+      for (int64_t d = lane * kVec; d < dim; d += group * kVec) {
+        *reinterpret_cast<V*>(out + d) =
+            Vec<kVec>::Scale(scale, __ldg(reinterpret_cast<const V*>(grad + d)));
+      }
     }
   }
 }
@@ -408,7 +476,7 @@ __global__ void UseSharesKernel(const GpuPooledLookup* lookups, int32_t num_look
     const float denominator = Denominator(lookup, begin, end);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t use = use_first[l] + i;
-      use_row[use] = lookup.output_grad + s * dim;
+      use_row[use] = lookup.output_grad + s * Stride(lookup, dim);
       use_scale[use] = denominator == 0.0f
                            ? 0.0f
                            : (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
@@ -692,9 +760,38 @@ cudaError_t CombineForwardGpu(const GpuPooledLookup* lookups_device, int32_t num
   if (samples == 0) return cudaSuccess;
   return LaunchByVector(dim, [&](auto vec) {
     const int group = RowGroup(dim, vec.value);
-    PoolKernel<vec.value><<<GridFor(samples, group), kThreads, 0, stream>>>(
+    PoolKernel<vec.value, false><<<GridFor(samples, group), kThreads, 0, stream>>>(
         lookups_device, num_lookups, samples, use_first, position, source, num_rows, dim, group,
         check);
+  });
+}
+
+cudaError_t PoolFromTablesGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
+                              int64_t samples, int64_t dim, LookupCheck* check,
+                              cudaStream_t stream) {
+  CheckTableLookupHeaders<<<1, 32, 0, stream>>>(lookups_device, num_lookups, check);
+  if (samples > 0) {
+    CheckRowSplitsKernel<<<GridBlocks(samples, kThreads), kThreads, 0, stream>>>(
+        lookups_device, num_lookups, samples, check);
+    const cudaError_t status = LaunchByVector(dim, [&](auto vec) {
+      const int group = RowGroup(dim, vec.value);
+      PoolKernel<vec.value, true><<<GridFor(samples, group), kThreads, 0, stream>>>(
+          lookups_device, num_lookups, samples, nullptr, nullptr, GpuRowSource(), 0, dim, group,
+          check);
+    });
+    if (status != cudaSuccess) return status;
+  }
+  DescribeTableLookupError<<<1, 1, 0, stream>>>(lookups_device, check);
+  return cudaGetLastError();
+}
+
+cudaError_t SpreadPooledGradGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
+                                int64_t samples, int64_t dim, cudaStream_t stream) {
+  if (samples == 0) return cudaSuccess;
+  return LaunchByVector(dim, [&](auto vec) {
+    const int group = RowGroup(dim, vec.value);
+    SpreadPooledGradKernel<vec.value><<<GridFor(samples, group), kThreads, 0, stream>>>(
+        lookups_device, num_lookups, samples, dim, group);
   });
 }
 

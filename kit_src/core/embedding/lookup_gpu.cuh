@@ -182,6 +182,14 @@ struct GpuPooledLookup {
   int32_t combiner = 0;                 // Combiner: 0 sum, 1 mean, 2 sqrtn
   float* output = nullptr;              // forward: [batch, dim]
   const float* output_grad = nullptr;   // backward: [batch, dim]
+  int64_t stride = 0;                   // floats from one sample's output (gradient) row to
+                                        // the next's; 0: dim
+  // Pooling straight from the lookup's own table (PoolFromTablesGpu): its ids and table, and
+  // in the backward where each id's gradient row goes.
+  const int64_t* ids = nullptr;         // [ids_count]
+  int64_t ids_count = 0;
+  GpuShard table;
+  float* id_grads = nullptr;            // [ids_count, dim]
 };
 
 // Where the rows a position names live: a dense [num_rows, dim] matrix, or (keys non-null)
@@ -218,6 +226,21 @@ cudaError_t CombineBackwardGpu(const GpuPooledLookup* lookups_device, int32_t nu
                                int64_t positions, int64_t num_rows, int64_t dim,
                                const DeviceAllocate& allocate, float* rows_grad,
                                LookupCheck* check, cudaStream_t stream);
+
+// One worker, static tables: output[s] of each lookup = combine of the weighted rows of its
+// table at its ids, no dedup and no exchange. Checks first (row_splits start at 0, end at
+// ids_count and never decrease: kRowSplitsEnds / kRowSplitsDecrease, group = lookup); an id
+// outside its table pools as a zero row and is recorded (kBadId, item = the id's index); then
+// value_a / value_b are described (the id and its table's rows; row_splits[0] and
+// row_splits[batch]). Nothing waits: the caller reads `check` once the stream has passed.
+cudaError_t PoolFromTablesGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
+                              int64_t samples, int64_t dim, LookupCheck* check,
+                              cudaStream_t stream);
+
+// PoolFromTablesGpu's gradient for each id's row: id_grads row i = weight / denominator *
+// output_grad row of the sample holding id i (zeros where the forward pooled to zeros).
+cudaError_t SpreadPooledGradGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
+                                int64_t samples, int64_t dim, cudaStream_t stream);
 
 // Fills value_a / value_b of the record the combine checks left.
 cudaError_t DescribePooledError(const GpuPooledLookup* lookups_device, int32_t num_lookups,

@@ -14,14 +14,26 @@
 
 namespace sok {
 
-// The error a check record names: table of lookup BadGroup, id value_a, rows value_b.
+// The error a check record names: for lookup BadGroup, an id value_a outside the value_b rows
+// of its table, or (Sok>PoolFromTables) row splits [value_a, ..., value_b] that do not start at
+// 0 and end at its ids' count, or that decrease at sample BadItem.
 inline ::tensorflow::Status GatheredIdsStatus(const LookupCheck& check,
                                               const std::vector<std::string>& table_names) {
   if (check.first_bad == kNoError) return ::tensorflow::Status();
   const int64_t l = BadGroup(check.first_bad);
   const std::string name = l < static_cast<int64_t>(table_names.size())
                                ? table_names[l] : "lookup " + std::to_string(l);
-  return ToTfStatus(IdOutOfRange(name, check.value_a, check.value_b));
+  switch (BadKindOf(check.first_bad)) {
+    case BadKind::kRowSplitsEnds:
+      return ::tensorflow::errors::InvalidArgument(
+          "lookup ", l, ": row_splits must start at 0 and end at its number of ids, got [",
+          check.value_a, ", ..., ", check.value_b, "]");
+    case BadKind::kRowSplitsDecrease:
+      return ::tensorflow::errors::InvalidArgument("lookup ", l, ": row_splits decrease at sample ",
+                                                   BadItem(check.first_bad));
+    default:
+      return ToTfStatus(IdOutOfRange(name, check.value_a, check.value_b));
+  }
 }
 
 inline LookupCheck CleanCheck() { return LookupCheck{kNoError, 0, 0}; }

@@ -215,6 +215,90 @@ fails at once and leaves it clean): Sok>CheckGatheredIds reports it, so the op i
 without waiting for the GPU to pass its check.
 )doc");
 
+// Outputs of a pooled lookup straight from the tables: one [batch, dim] a lookup, or (stacked)
+// one [batch, N, dim] for all of them.
+static Status PooledOutputsShape(InferenceContext* c, int first_splits) {
+  int64_t n = 0, dim = 0;
+  bool stacked = false;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+  TF_RETURN_IF_ERROR(c->GetAttr("stacked", &stacked));
+  DimensionHandle stacked_batch = c->UnknownDim();
+  for (int64_t l = 0; l < n; ++l) {
+    ShapeHandle splits;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(first_splits + l), 1, &splits));
+    DimensionHandle batch;
+    TF_RETURN_IF_ERROR(c->Subtract(c->Dim(splits, 0), 1, &batch));
+    if (stacked) {
+      TF_RETURN_IF_ERROR(c->Merge(stacked_batch, batch, &stacked_batch));
+    } else {
+      c->set_output(l, c->Matrix(batch, dim));
+    }
+  }
+  if (stacked) c->set_output(0, c->MakeShape({stacked_batch, c->MakeDim(n), c->MakeDim(dim)}));
+  return Status();
+}
+
+REGISTER_OP("Sok>PoolFromTables")
+    .Input("tables: N * resource")
+    .Input("ids: N * int64")
+    .Input("row_splits: N * int64")
+    .Input("weights: N * float")
+    .Output("outputs: num_outputs * float")
+    .Output("check: int64")
+    .Attr("N: int >= 1")
+    .Attr("num_outputs: int >= 1")
+    .Attr("stacked: bool = false")
+    .Attr("combiners: list(string)")
+    .Attr("dim: int >= 1")
+    .Attr("table_names: list(string)")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      int64_t n = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      TF_RETURN_IF_ERROR(PooledOutputsShape(c, 2 * n));
+      c->set_output(c->num_outputs() - 1, c->Vector(3));
+      return Status();
+    })
+    .Doc(R"doc(
+One worker, static float32 tables: output l pools, for each sample of lookup l, the weighted
+rows of table l at its ids (row_splits l, weights l or an empty tensor for all ones,
+combiners l), with no dedup, no sort and no exchange, so nothing waits for the device. With
+stacked (num_outputs 1), one [batch, N, dim] output holds every lookup (all of one batch size),
+else num_outputs is N. The tables' gradients are IndexedSlices over the ids (Sok>SpreadPooledGrad).
+check is the GPU kernels' record of the first bad input (an id outside its table, row_splits
+that do not start at 0, end at the ids' count or that decrease), which Sok>CheckGatheredIds
+reports; the CPU kernel fails at once and leaves it clean.
+)doc");
+
+REGISTER_OP("Sok>SpreadPooledGrad")
+    .Input("output_grads: num_outputs * float")
+    .Input("ids: N * int64")
+    .Input("row_splits: N * int64")
+    .Input("weights: N * float")
+    .Output("id_grads: N * float")
+    .Attr("N: int >= 1")
+    .Attr("num_outputs: int >= 1")
+    .Attr("stacked: bool = false")
+    .Attr("combiners: list(string)")
+    .Attr("dim: int >= 1")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      int64_t n = 0, dim = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      const int first_ids = c->num_inputs() - 3 * static_cast<int>(n);
+      for (int64_t l = 0; l < n; ++l) {
+        ShapeHandle ids;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(first_ids + l), 1, &ids));
+        c->set_output(l, c->Matrix(c->Dim(ids, 0), dim));
+      }
+      return Status();
+    })
+    .Doc(R"doc(
+The gradient of Sok>PoolFromTables for each id's row: id_grads l row i is the output gradient
+of the sample holding id i, times its weight over the sample's denominator (zeros where the
+forward pooled to zeros). The ids are read for their count only.
+)doc");
+
 REGISTER_OP("Sok>CheckGatheredIds")
     .SetIsStateful()  // runs even though nothing reads it
     .Input("check: int64")

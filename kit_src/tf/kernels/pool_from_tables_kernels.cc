@@ -1,0 +1,236 @@
+// Sok>PoolFromTables and Sok>SpreadPooledGrad: pooled lookups straight from the tables on one
+// worker (no dedup, no exchange), one OpKernel each for both devices over
+// pool_from_tables_functor.h.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kit_src/tf/kernels/core_bridge.h"
+#include "kit_src/tf/kernels/embedding_validation.h"
+#include "kit_src/tf/kernels/gathered_ids_check.h"
+#include "kit_src/tf/kernels/pool_from_tables_functor.h"
+#include "kit_src/tf/kernels/pooled_output.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+
+namespace sok {
+namespace tf = ::tensorflow;
+
+namespace functor {
+
+template <>
+tf::Status PoolFromTables<CpuDevice>::operator()(tf::OpKernelContext* ctx,
+                                                 const std::vector<LookupTable<float>>& tables,
+                                                 const std::vector<PooledLookup<float>>& lookups,
+                                                 int64_t dim, LookupCheck* check) {
+  *check = CleanCheck();
+  return ToTfStatus(sok::PoolFromTables(tables, dim, lookups, CpuParallelFor(ctx)));
+}
+
+template <>
+tf::Status SpreadPooledGrad<CpuDevice>::operator()(tf::OpKernelContext* ctx,
+                                                   const std::vector<PooledLookup<float>>& lookups,
+                                                   const std::vector<int64_t>& id_counts,
+                                                   const std::vector<float*>& id_grads,
+                                                   int64_t dim) {
+  for (size_t l = 0; l < lookups.size(); ++l) {
+    TF_RETURN_IF_ERROR(ToTfStatus(ValidateRowSplits(lookups[l].row_splits, lookups[l].batch,
+                                                    id_counts[l],
+                                                    "lookup " + std::to_string(l))));
+  }
+  sok::SpreadPooledGrad(dim, lookups, id_grads, CpuParallelFor(ctx));
+  return tf::Status();
+}
+
+}  // namespace functor
+
+namespace {
+
+// The attrs both ops share: N lookups, their combiners, dim, and the output layout.
+struct PooledLayout {
+  int64_t n = 0, num_outputs = 0, dim = 0;
+  bool stacked = false;
+  std::vector<Combiner> combiners;
+
+  tf::Status Read(tf::OpKernelConstruction* ctx) {
+    TF_RETURN_IF_ERROR(ctx->GetAttr("N", &n));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("num_outputs", &num_outputs));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("stacked", &stacked));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("dim", &dim));
+    TF_RETURN_IF_ERROR(ReadCombiners(ctx, &combiners));
+    if (num_outputs != (stacked ? 1 : n)) {
+      return tf::errors::InvalidArgument("num_outputs must be ", stacked ? 1 : n, " with stacked=",
+                                         stacked, ", got ", num_outputs);
+    }
+    return tf::Status();
+  }
+
+  // The lookups' row splits, weights and combiners from inputs first_splits.. (N row splits,
+  // then N weights); id_counts[l] is lookup l's number of ids.
+  tf::Status Describe(tf::OpKernelContext* ctx, int first_splits,
+                      const std::vector<int64_t>& id_counts,
+                      std::vector<PooledLookup<float>>* lookups) const {
+    lookups->resize(n);
+    for (int64_t l = 0; l < n; ++l) {
+      const tf::Tensor& splits = ctx->input(first_splits + l);
+      const tf::Tensor& weights = ctx->input(first_splits + n + l);
+      if (!tf::TensorShapeUtils::IsVector(splits.shape()) || splits.NumElements() < 1) {
+        return tf::errors::InvalidArgument("row_splits of lookup ", l,
+                                           " must be a non-empty vector, got shape ",
+                                           splits.shape().DebugString());
+      }
+      if (weights.NumElements() > 0 && weights.NumElements() != id_counts[l]) {
+        return tf::errors::InvalidArgument("weights of lookup ", l, " have ",
+                                           weights.NumElements(), " values but its ids have ",
+                                           id_counts[l], "; weights must match the ids one to one");
+      }
+      PooledLookup<float>& lookup = (*lookups)[l];
+      lookup.row_splits = splits.flat<int64_t>().data();
+      lookup.batch = splits.NumElements() - 1;
+      lookup.weights = weights.NumElements() > 0 ? weights.flat<float>().data() : nullptr;
+      lookup.combiner = combiners[l];
+      if (stacked) {
+        if (lookup.batch != (*lookups)[0].batch) {
+          return tf::errors::InvalidArgument("a stacked output needs one batch size; lookup ", l,
+                                             " has ", lookup.batch, " samples, lookup 0 has ",
+                                             (*lookups)[0].batch);
+        }
+        lookup.stride = n * dim;
+      }
+    }
+    return tf::Status();
+  }
+
+  // Where lookup l's rows of output (gradient) `index` start: its own tensor, or its column
+  // of the stacked one.
+  int OutputIndex(int64_t l) const { return stacked ? 0 : static_cast<int>(l); }
+  int64_t OutputOffset(int64_t l) const { return stacked ? l * dim : 0; }
+};
+
+template <typename Device>
+tf::Status AllocateOutput(tf::OpKernelContext* ctx, int index, const tf::TensorShape& shape,
+                          tf::Tensor** out) {
+  if (std::is_same<Device, CpuDevice>::value) return AllocatePooledOutput(ctx, index, shape, out);
+  return ctx->allocate_output(index, shape, out);
+}
+
+}  // namespace
+
+template <typename Device>
+class PoolFromTablesOp : public tf::OpKernel {
+ public:
+  explicit PoolFromTablesOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, layout_.Read(ctx));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
+    OP_REQUIRES(ctx, static_cast<int64_t>(table_names_.size()) == layout_.n,
+                tf::errors::InvalidArgument("table_names needs one entry per lookup"));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const int64_t n = layout_.n, dim = layout_.dim;
+    // Lookups may share a table: each variable locked once, shared, as TF's own reads do.
+    std::vector<tf::core::RefCountPtr<tf::Var>> vars(n);
+    std::vector<std::unique_ptr<tf::tf_shared_lock>> locks;
+    std::vector<LookupTable<float>> tables(n);
+    std::vector<int64_t> id_counts(n);
+    for (int64_t l = 0; l < n; ++l) {
+      OP_REQUIRES_OK(ctx, tf::LookupResource(ctx, tf::HandleFromInput(ctx, l), &vars[l]));
+      bool seen = false;
+      for (int64_t k = 0; k < l; ++k) seen = seen || vars[k].get() == vars[l].get();
+      if (!seen) locks.push_back(std::make_unique<tf::tf_shared_lock>(*vars[l]->mu()));
+      const tf::Tensor& table = *vars[l]->tensor();
+      OP_REQUIRES(ctx, table.dtype() == tf::DT_FLOAT && table.dims() == 2 &&
+                           table.dim_size(1) == dim,
+                  tf::errors::InvalidArgument("table '", table_names_[l], "' must be float32 [rows, ",
+                                              dim, "], got ", tf::DataTypeString(table.dtype()),
+                                              " ", table.shape().DebugString()));
+      const tf::Tensor& ids = ctx->input(n + l);
+      OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(ids.shape()),
+                  tf::errors::InvalidArgument("ids of lookup ", l, " must be a vector, got shape ",
+                                              ids.shape().DebugString()));
+      id_counts[l] = ids.NumElements();
+      tables[l] = LookupTable<float>{table.flat<float>().data(), table.dim_size(0),
+                                     ids.flat<int64_t>().data(), ids.NumElements(),
+                                     &table_names_[l]};
+    }
+    std::vector<PooledLookup<float>> lookups;
+    OP_REQUIRES_OK(ctx, layout_.Describe(ctx, 2 * n, id_counts, &lookups));
+    std::vector<tf::Tensor*> outputs(layout_.num_outputs);
+    for (int o = 0; o < layout_.num_outputs; ++o) {
+      const tf::TensorShape shape = layout_.stacked
+                                        ? tf::TensorShape({lookups[0].batch, n, dim})
+                                        : tf::TensorShape({lookups[o].batch, dim});
+      OP_REQUIRES_OK(ctx, AllocateOutput<Device>(ctx, o, shape, &outputs[o]));
+    }
+    for (int64_t l = 0; l < n; ++l) {
+      lookups[l].output = outputs[layout_.OutputIndex(l)]->flat<float>().data() +
+                          layout_.OutputOffset(l);
+    }
+    tf::Tensor* check = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(layout_.num_outputs, tf::TensorShape({3}), &check));
+    OP_REQUIRES_OK(ctx, functor::PoolFromTables<Device>()(
+                            ctx, tables, lookups, dim,
+                            reinterpret_cast<LookupCheck*>(check->flat<int64_t>().data())));
+  }
+
+ private:
+  PooledLayout layout_;
+  std::vector<std::string> table_names_;
+};
+
+template <typename Device>
+class SpreadPooledGradOp : public tf::OpKernel {
+ public:
+  explicit SpreadPooledGradOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, layout_.Read(ctx));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const int64_t n = layout_.n, dim = layout_.dim;
+    const int first_ids = static_cast<int>(layout_.num_outputs);
+    std::vector<int64_t> id_counts(n);
+    for (int64_t l = 0; l < n; ++l) id_counts[l] = ctx->input(first_ids + l).NumElements();
+    std::vector<PooledLookup<float>> lookups;
+    OP_REQUIRES_OK(ctx, layout_.Describe(ctx, first_ids + n, id_counts, &lookups));
+    for (int o = 0; o < layout_.num_outputs; ++o) {
+      const tf::Tensor& grad = ctx->input(o);
+      const tf::TensorShape expected = layout_.stacked
+                                           ? tf::TensorShape({lookups[0].batch, n, dim})
+                                           : tf::TensorShape({lookups[o].batch, dim});
+      OP_REQUIRES(ctx, grad.shape() == expected,
+                  tf::errors::InvalidArgument("output gradient ", o, " must have shape ",
+                                              expected.DebugString(), ", got ",
+                                              grad.shape().DebugString()));
+    }
+    std::vector<float*> id_grads(n);
+    for (int64_t l = 0; l < n; ++l) {
+      lookups[l].output_grad = ctx->input(layout_.OutputIndex(l)).flat<float>().data() +
+                               layout_.OutputOffset(l);
+      tf::Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, AllocateOutput<Device>(ctx, static_cast<int>(l),
+                                                 tf::TensorShape({id_counts[l], dim}), &out));
+      id_grads[l] = out->flat<float>().data();
+    }
+    OP_REQUIRES_OK(ctx, functor::SpreadPooledGrad<Device>()(ctx, lookups, id_counts, id_grads,
+                                                            dim));
+  }
+
+ private:
+  PooledLayout layout_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>PoolFromTables").Device(tf::DEVICE_CPU),
+                        PoolFromTablesOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("Sok>SpreadPooledGrad").Device(tf::DEVICE_CPU),
+                        SpreadPooledGradOp<CpuDevice>);
+#if GOOGLE_CUDA
+REGISTER_KERNEL_BUILDER(Name("Sok>PoolFromTables").Device(tf::DEVICE_GPU),
+                        PoolFromTablesOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("Sok>SpreadPooledGrad").Device(tf::DEVICE_GPU),
+                        SpreadPooledGradOp<GpuDevice>);
+#endif
+
+}  // namespace sok

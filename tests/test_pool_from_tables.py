@@ -1,0 +1,238 @@
+"""Pooled lookups straight from the tables (Sok>PoolFromTables, Sok>SpreadPooledGrad): the
+path lookup_sparse takes on one worker for static float32 tables on a GPU, list and packed
+forms, against tf.nn.safe_embedding_lookup_sparse, NumPy and the fused chain. On the CPU
+machine the path is chosen by telling lookup_sparse the tables are on a GPU (the ops have CPU
+kernels); on the GPU machine the tables are there."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+from conftest import run_mode
+from sparse_operation_kit import lookup, raw_ops
+
+ON_GPU = bool(tf.config.list_physical_devices("GPU"))
+COMBINERS = ["sum", "mean", "sqrtn"]
+
+
+@pytest.fixture
+def pooled_path(monkeypatch):
+    """lookup_sparse takes the pool-from-tables path for static tables."""
+    if not ON_GPU:
+        monkeypatch.setattr(lookup, "_table_on_gpu", lambda table: True)
+
+
+def ragged(rng, vocab, batch, max_len=4):
+    """(ids, weights) RaggedTensors with empty samples, inner and last."""
+    lengths = rng.integers(0, max_len + 1, size=batch)
+    lengths[[1, -1]] = 0
+    ids = rng.integers(0, vocab, size=lengths.sum()).astype(np.int64)
+    weights = rng.uniform(0.5, 2.0, size=lengths.sum()).astype(np.float32)
+    return (tf.RaggedTensor.from_row_lengths(ids, lengths),
+            tf.RaggedTensor.from_row_lengths(weights, lengths))
+
+
+def op_types(fn, *args):
+    return {op.type for op in tf.function(fn).get_concrete_function(*args).graph.get_operations()}
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_list_form_matches_safe_embedding_lookup_sparse(pooled_path, combiner, weighted, mode):
+    rng = np.random.default_rng(COMBINERS.index(combiner) + 3 * weighted)
+    vocabs, dim, batch = [30, 9, 50], 8, 13
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
+    tables, refs = [sok.Variable(i) for i in inits], [tf.Variable(i) for i in inits]
+    # Lookup 3 reads table 0 again: its gradient gathers both lookups' ids.
+    batches = [ragged(rng, v, batch) for v in vocabs + [vocabs[0]]]
+    ids = [b[0] for b in batches]
+    weights = [b[1] for b in batches] if weighted else None
+    lookup_tables, lookup_refs = tables + [tables[0]], refs + [refs[0]]
+    cotangents = [tf.constant(rng.normal(size=[batch, dim]).astype(np.float32)) for _ in ids]
+
+    def step():
+        with tf.GradientTape(persistent=True) as tape:
+            outs = sok.lookup_sparse(lookup_tables, ids, weights, [combiner] * len(ids))
+            refs_out = [tf.nn.safe_embedding_lookup_sparse(
+                r, i.to_sparse(), None if weights is None else w.to_sparse(), combiner=combiner)
+                for r, i, w in zip(lookup_refs, ids, weights or ids)]
+            loss = sum(tf.reduce_sum(o * c) for o, c in zip(outs, cotangents))
+            ref_loss = sum(tf.reduce_sum(o * c) for o, c in zip(refs_out, cotangents))
+        return outs, refs_out, tape.gradient(loss, tables), tape.gradient(ref_loss, refs)
+
+    outs, refs_out, grads, ref_grads = run_mode(mode, step)
+    for out, ref in zip(outs, refs_out):
+        np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+    for grad, ref_grad in zip(grads, ref_grads):
+        assert isinstance(grad, tf.IndexedSlices)
+        np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
+                                   tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5, atol=1e-5)
+    types = op_types(lambda: sok.lookup_sparse(lookup_tables, ids, weights,
+                                               [combiner] * len(ids)))
+    assert "Sok>PoolFromTables" in types and "Sok>PartitionKeys" not in types
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_packed_form_writes_one_stacked_output(pooled_path, weighted):
+    rng = np.random.default_rng(11)
+    vocabs, dim, batch = [20, 35, 7, 12], 4, 9
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
+    tables, refs = [sok.Variable(i) for i in inits], [tf.Variable(i) for i in inits]
+    batches = [ragged(rng, v, batch) for v in vocabs]
+    row_lengths = tf.concat([b[0].row_lengths() for b in batches], 0)
+    packed = tf.RaggedTensor.from_row_lengths(tf.concat([b[0].values for b in batches], 0),
+                                              row_lengths)
+    packed_w = tf.RaggedTensor.from_row_lengths(tf.concat([b[1].values for b in batches], 0),
+                                                row_lengths)
+    combiners = ["sum", "mean", "sqrtn", "mean"]
+    cotangent = tf.constant(rng.normal(size=[batch, len(vocabs), dim]).astype(np.float32))
+
+    def forward():
+        return sok.lookup_sparse(tables, packed, packed_w if weighted else None, combiners)
+
+    with tf.GradientTape(persistent=True) as tape:
+        out = forward()
+        ref = tf.stack([tf.nn.safe_embedding_lookup_sparse(
+            r, i.to_sparse(), w.to_sparse() if weighted else None, combiner=c)
+            for r, (i, w), c in zip(refs, batches, combiners)], 1)
+        loss, ref_loss = tf.reduce_sum(out * cotangent), tf.reduce_sum(ref * cotangent)
+    assert out.shape == (batch, len(vocabs), dim)
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+    for grad, ref_grad in zip(tape.gradient(loss, tables), tape.gradient(ref_loss, refs)):
+        np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
+                                   tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5, atol=1e-5)
+    types = op_types(forward)
+    assert "Sok>PoolFromTables" in types and "Pack" not in types  # no tf.stack
+
+
+def test_trains_like_the_fused_chain(monkeypatch):
+    """Adam through OptimizerWrapper: the same tables and slots after several steps whether
+    the rows come straight from the tables (repeated ids summed by the update) or through the
+    fused chain's dedup."""
+    rng = np.random.default_rng(5)
+    vocabs, dim, batch = [40, 25], 4, 32
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
+    direct, fused = [sok.Variable(i) for i in inits], [sok.Variable(i) for i in inits]
+    opt_direct = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.05))
+    opt_fused = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.05))
+    gpu = {"on": True}
+    real_on_gpu = lookup._table_on_gpu
+    monkeypatch.setattr(lookup, "_table_on_gpu",
+                        lambda table: gpu["on"] if not ON_GPU else real_on_gpu(table))
+    monkeypatch.setattr(lookup, "_pools_from_tables",
+                        lambda lookups, dynamic, real=lookup._pools_from_tables:
+                        gpu["on"] and real(lookups, dynamic))
+    for _ in range(4):
+        batches = [ragged(rng, v, batch) for v in vocabs]
+        ids, weights = [b[0] for b in batches], [b[1] for b in batches]
+        for tables, opt, on in ((direct, opt_direct, True), (fused, opt_fused, False)):
+            gpu["on"] = on
+            with tf.GradientTape() as tape:
+                outs = sok.lookup_sparse(tables, ids, weights, ["sum", "mean"])
+                loss = tf.reduce_sum(tf.square(tf.stack(outs, 1)))
+            opt.apply_gradients(zip(tape.gradient(loss, tables), tables))
+    for a, b in zip(direct, fused):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+        for name in ("m", "v"):
+            np.testing.assert_allclose(opt_direct.get_slot(a, name).numpy(),
+                                       opt_fused.get_slot(b, name).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def numpy_pool(table, ids, splits, weights, combiner):
+    out = np.zeros([len(splits) - 1, table.shape[1]], np.float32)
+    for s in range(len(splits) - 1):
+        rows = slice(splits[s], splits[s + 1])
+        w = np.ones(splits[s + 1] - splits[s], np.float32) if weights is None else weights[rows]
+        denominator = {"sum": 1.0, "mean": w.sum(), "sqrtn": np.sqrt((w * w).sum())}[combiner]
+        if denominator != 0:
+            out[s] = (w[:, None] * table[ids[rows]]).sum(0) / denominator
+    return out
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_raw_ops_match_numpy(stacked):
+    rng = np.random.default_rng(21)
+    dim, batch = 5, 10
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in (15, 8)]
+    tables = [tf.Variable(i) for i in inits]
+    batches = [ragged(rng, len(i), batch) for i in inits]
+    weights = [batches[0][1].values, tf.zeros([0])]  # lookup 1 unweighted
+    # A sample whose weights sum to zero pools to zeros under mean.
+    weights[0] = tf.tensor_scatter_nd_update(weights[0], [[0], [1]], [1.0, -1.0]) \
+        if batches[0][0].row_lengths()[0] == 2 else weights[0]
+    combiners = ["mean", "sqrtn"]
+    outs, check = raw_ops.sok_pool_from_tables(
+        tables=[t.handle for t in tables], ids=[b[0].values for b in batches],
+        row_splits=[b[0].row_splits for b in batches], weights=weights,
+        num_outputs=1 if stacked else 2, stacked=stacked, combiners=combiners, dim=dim,
+        table_names=["a", "b"])
+    refs = [numpy_pool(i, b[0].values.numpy(), b[0].row_splits.numpy(),
+                       w.numpy() if w.shape[0] else None, c)
+            for i, b, w, c in zip(inits, batches, weights, combiners)]
+    got = [outs[0][:, 0], outs[0][:, 1]] if stacked else outs
+    for out, ref in zip(got, refs):
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-6)
+    assert check.numpy()[0] == -1  # a clean record: no error
+
+    grads = [rng.normal(size=[batch, dim]).astype(np.float32) for _ in range(2)]
+    id_grads = raw_ops.sok_spread_pooled_grad(
+        output_grads=[np.stack(grads, 1)] if stacked else grads,
+        ids=[b[0].values for b in batches], row_splits=[b[0].row_splits for b in batches],
+        weights=weights, stacked=stacked, combiners=combiners, dim=dim)
+    for l in range(2):  # each id's row: the pooled gradient's derivative by that row
+        splits = batches[l][0].row_splits.numpy()
+        w = weights[l].numpy() if weights[l].shape[0] else None
+        expected = np.zeros([splits[-1], dim], np.float32)
+        for s in range(batch):
+            one = np.zeros([len(splits) - 1, dim], np.float32)
+            one[s] = grads[l][s]
+            for i in range(splits[s], splits[s + 1]):
+                ww = np.ones(splits[-1], np.float32) if w is None else w
+                rows = slice(splits[s], splits[s + 1])
+                d = {"sum": 1.0, "mean": ww[rows].sum(),
+                     "sqrtn": np.sqrt((ww[rows] ** 2).sum())}[combiners[l]]
+                expected[i] = 0 if d == 0 else ww[i] / d * grads[l][s]
+        np.testing.assert_allclose(id_grads[l].numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_out_of_range_id_is_refused_and_updates_nothing(pooled_path):
+    table = sok.Variable(np.ones([10, 4], np.float32), name="users")
+    before = table.numpy()
+    opt = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(1.0))
+    ids = tf.RaggedTensor.from_row_lengths(tf.constant([1, 12, 3], tf.int64), [2, 1])
+
+    @tf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse([table], [ids], combiners=["sum"])[0])
+        opt.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 12 of table 'users"):
+        step(ids)
+    np.testing.assert_array_equal(table.numpy(), before)
+
+
+def test_bad_row_splits_weights_and_batches_are_refused():
+    table = tf.Variable(tf.ones([10, 4]))
+    ids = tf.constant([1, 2, 3], tf.int64)
+
+    def pool(row_splits, weights=None, stacked=False, n=1):
+        outs, check = raw_ops.sok_pool_from_tables(
+            tables=[table.handle] * n, ids=[ids] * n,
+            row_splits=row_splits if n > 1 else [row_splits],
+            weights=[tf.zeros([0]) if weights is None else weights] * n,
+            num_outputs=1 if stacked else n, stacked=stacked, combiners=["sum"] * n, dim=4,
+            table_names=["t"] * n)
+        raw_ops.sok_check_gathered_ids(check, table_names=["t"] * n)
+        return outs
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row_splits must start at 0"):
+        pool(tf.constant([0, 1, 2], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row_splits decrease"):
+        pool(tf.constant([0, 2, 1, 3], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="weights of lookup 0 have 2 values"):
+        pool(tf.constant([0, 3], tf.int64), weights=tf.ones([2]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one batch size"):
+        pool([tf.constant([0, 3], tf.int64), tf.constant([0, 1, 3], tf.int64)], stacked=True,
+             n=2)
