@@ -746,7 +746,19 @@ def _dense_output_grads(op, output_grads):
 def _guards_ids_on_device(op):
     """Whether op's gradients guard their ids on the device instead of waiting for the id
     check: on a GPU, where that wait would leave the GPU idle every step."""
-    return on_gpu_device(op.inputs[0])
+    return "GPU" in _placed_device(op.inputs[0]).upper()
+
+
+def _placed_device(tensor):
+    """The device of `tensor`, a table's handle; inside a tf.function the handle is a
+    capture without a device of its own, so the captured outer handle's is taken."""
+    while not tensor.device:
+        captures = getattr(tensor.graph, "captures", ())
+        outer = next((external for external, internal in captures if internal is tensor), None)
+        if outer is None:
+            return ""
+        tensor = outer
+    return tensor.device
 
 
 def _id_gradients(op, n, ids, grads, check):

@@ -26,6 +26,7 @@ import sys
 import numpy as np
 
 PROFILE_STEPS = 3
+NO_INPUT = 0  # the steps read their captured ids
 
 
 def profiler(start):
@@ -50,6 +51,9 @@ def workload(name):
         sok.init(comm_tool="single")
     rng = np.random.default_rng(12)
     optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.01))
+    if name.endswith("_adam"):  # the same workload trained with Adam
+        optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.01))
+        name = name[:-len("_adam")]
     if name in ("t1", "t1_one_id", "t1_sparse"):
         vocabs = [min(v, 4_000_000) for v in CRITEO_TB]
         tables = [sok.Variable(tf.random.stateless_uniform([v, DIM], [1, i], -0.05, 0.05))
@@ -65,12 +69,37 @@ def workload(name):
                                       s.dense_shape) for s in sparse]
         else:  # one id a sample stated in the type: Sok>GatherSingleIds
             inputs = [tf.RaggedTensor.from_tensor(i[:, None]) for i in ids]
+    elif name in ("t1_packed", "t2_packed"):  # one packed batch a step from a tf.data iterator
+        vocabs = [min(v, 4_000_000) for v in CRITEO_TB]
+        tables = [sok.Variable(tf.random.stateless_uniform([v, DIM], [1, i], -0.05, 0.05))
+                  for i, v in enumerate(vocabs)]
+        hotness = 1 if name == "t1_packed" else 10
+        combiner = "sum" if hotness == 1 else "mean"
+        batches = []
+        with tf.device("CPU:0"):
+            for _ in range(4):
+                lengths = [rng.integers(1, hotness + 1, size=BATCH) for _ in vocabs]
+                values = np.concatenate([zipf_ids(rng, v, l.sum()) for v, l in zip(vocabs, lengths)])
+                batches.append(tf.RaggedTensor.from_row_lengths(
+                    tf.constant(values, tf.int64), tf.constant(np.concatenate(lengths))))
+            dataset = tf.data.Dataset.from_tensors(batches[0])
+            for batch in batches[1:]:
+                dataset = dataset.concatenate(tf.data.Dataset.from_tensors(batch))
+            iterator = iter(dataset.repeat().prefetch(2))
+
+        def packed_step(_unused=None):
+            packed = next(iterator)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(sok.lookup_sparse(tables, packed, combiners=combiner))
+            optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
+            return loss
+        return packed_step
     elif name == "t3_tf":  # plain TensorFlow's T3, for comparison
         table = tf.Variable(tf.random.stateless_uniform([8 << 20, DIM], [3, 0], -0.05, 0.05))
         ids = tf.constant(rng.integers(0, 8 << 20, size=BATCH), tf.int64)
         tf_optimizer = tf.keras.optimizers.legacy.SGD(0.01)
 
-        def tf_step():
+        def tf_step(_unused=None):
             with tf.GradientTape() as tape:
                 loss = tf.reduce_sum(tf.nn.embedding_lookup(table, ids))
             tf_optimizer.apply_gradients([(tape.gradient(loss, table), table)])
@@ -106,7 +135,7 @@ def workload(name):
         sys.exit(f"unknown workload {name!r}: t1, t1_one_id, t1_sparse, t3, g1b, g1c, "
                  "g1b_static")
 
-    def step():
+    def step(_unused=None):  # tf_gpu.py's timers pass the step an input
         with tf.GradientTape() as tape:
             outputs = sok.lookup_sparse(tables, inputs, combiners=["sum"] * len(tables))
             loss = tf.add_n([tf.reduce_sum(o) for o in outputs])
@@ -122,13 +151,13 @@ def run(name):
     with tf.device("GPU:0"):
         step = workload(name)
         call, loop = tf.function(step), looped(step, 10)
-        call_ms = min(timed(call, 10) for _ in range(3))
-        loop_ms = min(timed(loop, 2) for _ in range(3)) / 10
+        call_ms = min(timed(call, NO_INPUT, 10) for _ in range(3))
+        loop_ms = min(timed(loop, NO_INPUT, 2) for _ in range(3)) / 10
         print(f"# {name}: call {call_ms:.3f} ms, loop {loop_ms:.3f} ms a step", file=sys.stderr,
               flush=True)
         profiler(True)
         for _ in range(PROFILE_STEPS):
-            result = call()
+            result = call(NO_INPUT)
         result.numpy()
         profiler(False)
 
@@ -143,10 +172,11 @@ def timeline(name, logdir="/tmp/sok_timeline"):
     shutil.rmtree(logdir, ignore_errors=True)
     with tf.device("GPU:0"):
         call = tf.function(workload(name))
-        wall_ms = min(timed(call, 10) for _ in range(3))
-        tf.profiler.experimental.start(logdir)
+        wall_ms = min(timed(call, NO_INPUT, 10) for _ in range(3))
+        tf.profiler.experimental.start(
+            logdir, tf.profiler.experimental.ProfilerOptions(host_tracer_level=3))
         for _ in range(PROFILE_STEPS):
-            result = call()
+            result = call(NO_INPUT)
         result.numpy()
         tf.profiler.experimental.stop()
     space = xplane_pb2.XSpace()
@@ -194,7 +224,7 @@ def print_timeline(name, space, wall_ms, min_gap_us=8.0):
           ", ".join(f"{op} {us:.0f}" for op, us in by_type.most_common(12)))
     # The second profiled step in order: host ops and GPU activities, from its first op.
     calls = [e for e in plane_events(planes["/host:CPU"], lambda n: n == "python")
-             if e[2] in ("step", "tf_step")]
+             if e[2] in ("step", "tf_step", "packed_step")]
     if len(calls) >= 3:
         t0, t1 = calls[1][0], calls[2][0]
         merged = sorted([(s, e, "host " + op[-70:]) for s, e, op in host if t0 <= s < t1] +
