@@ -100,6 +100,25 @@ def test_unpack_features_slices_and_rebases(op, dtype, splits_dtype):
         np.testing.assert_array_equal(made_splits[f].numpy(), splits[4 * f:4 * f + 5] - first)
 
 
+@pytest.mark.parametrize("op", ["sok_unpack_features", "sok_unpack_features_from_host"])
+def test_unpack_features_of_a_batch_staged_in_several_groups(op):
+    """A packed batch of several megabytes: on a GPU, Sok>UnpackFeaturesFromHost stages and
+    copies it a few features at a time (each group's copy overlapping the next's staging)."""
+    from sparse_operation_kit._ops import raw_ops
+    rng = np.random.default_rng(4)
+    features, batch = 7, 60_000
+    lengths = rng.integers(0, 5, size=features * batch)
+    values = rng.integers(0, 1 << 40, size=lengths.sum())
+    splits = np.concatenate([[0], np.cumsum(lengths)])
+    made_values, made_splits = getattr(raw_ops, op)(values=values, row_splits=splits,
+                                                    num_features=features)
+    for f in range(features):
+        first, last = splits[batch * f], splits[batch * (f + 1)]
+        np.testing.assert_array_equal(made_values[f].numpy(), values[first:last])
+        np.testing.assert_array_equal(made_splits[f].numpy(),
+                                      splits[batch * f:batch * (f + 1) + 1] - first)
+
+
 def test_packed_batch_bad_input():
     tables = [sok.Variable(np.ones([5, 2], np.float32)) for _ in range(3)]
     four_rows = tf.ragged.constant([[1], [2], [3], [4]], dtype=tf.int64)

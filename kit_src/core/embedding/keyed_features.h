@@ -64,6 +64,8 @@ void RebaseFeatureRowSplits(const Tsplits* row_splits, int64_t batch, int64_t fe
 
 // Where each feature lands in one buffer of values and one of row splits, every feature's
 // start aligned to `align` bytes (so each can be handed out as a slice of the buffer).
+// Features [f, g) occupy values [value_start[f], value_start[g]) (value_total for g = F),
+// and likewise row splits.
 struct FeatureLayout {
   std::vector<int64_t> value_start;  // in elements
   std::vector<int64_t> split_start;  // in int64s
@@ -87,20 +89,42 @@ inline FeatureLayout AlignedFeatureLayout(const std::vector<int64_t>& bounds, in
   return layout;
 }
 
-// Copies a packed batch into `layout`: each feature's values, and its row splits counted from
-// its first value, in shards of about a megabyte run by `parallel_for`.
+// Consecutive feature groups of about `group_bytes` staged bytes each (values and row splits):
+// group k is features [first[k], first[k + 1]).
+inline std::vector<int64_t> FeatureGroups(const FeatureLayout& layout, int64_t element_bytes,
+                                          int64_t group_bytes) {
+  const int64_t features = static_cast<int64_t>(layout.value_start.size());
+  std::vector<int64_t> first{0};
+  int64_t bytes = 0;
+  for (int64_t f = 0; f < features; ++f) {
+    const int64_t values_end = f + 1 < features ? layout.value_start[f + 1] : layout.value_total;
+    const int64_t splits_end = f + 1 < features ? layout.split_start[f + 1] : layout.split_total;
+    bytes += (values_end - layout.value_start[f]) * element_bytes +
+             (splits_end - layout.split_start[f]) * 8;
+    if (bytes >= group_bytes && f + 1 < features) {
+      first.push_back(f + 1);
+      bytes = 0;
+    }
+  }
+  first.push_back(features);
+  return first;
+}
+
+// Copies features [first_feature, end_feature) of a packed batch into `layout`: each
+// feature's values, and its row splits counted from its first value, in shards of about a
+// megabyte run by `parallel_for`.
 template <typename Tsplits>
 void StageFeatures(const char* values, int64_t element_bytes, const Tsplits* row_splits,
                    const std::vector<int64_t>& bounds, int64_t batch,
                    const FeatureLayout& layout, char* staged_values, int64_t* staged_splits,
-                   const ParallelFor& parallel_for) {
+                   const ParallelFor& parallel_for, int64_t first_feature,
+                   int64_t end_feature) {
   struct Piece {
     int64_t feature, begin, end;  // values [begin, end) of the feature, or its splits (end < 0)
   };
   constexpr int64_t kPieceBytes = 1 << 20;
   std::vector<Piece> pieces;
-  const int64_t features = static_cast<int64_t>(layout.value_start.size());
-  for (int64_t f = 0; f < features; ++f) {
+  for (int64_t f = first_feature; f < end_feature; ++f) {
     const int64_t step = std::max<int64_t>(1, kPieceBytes / element_bytes);
     for (int64_t begin = bounds[f]; begin < bounds[f + 1]; begin += step) {
       pieces.push_back({f, begin, std::min(begin + step, bounds[f + 1])});

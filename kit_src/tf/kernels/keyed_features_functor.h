@@ -40,13 +40,15 @@ struct StageFeaturesFromHost {
                                   ::tensorflow::Tensor* splits);
 };
 
-// StageFeatures over either row-splits type, in the op's CPU thread pool.
+// StageFeatures of features [first_feature, end_feature) over either row-splits type, in the
+// op's CPU thread pool.
 ::tensorflow::Status StageFeaturesOnHost(::tensorflow::OpKernelContext* ctx,
                                          const ::tensorflow::Tensor& packed_values,
                                          const ::tensorflow::Tensor& row_splits,
                                          const std::vector<int64_t>& bounds, int64_t batch,
                                          const FeatureLayout& layout, char* values,
-                                         int64_t* splits);
+                                         int64_t* splits, int64_t first_feature,
+                                         int64_t end_feature);
 
 }  // namespace functor
 }  // namespace sok

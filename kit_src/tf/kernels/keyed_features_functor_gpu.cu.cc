@@ -13,6 +13,9 @@ namespace sok {
 namespace functor {
 namespace tf = ::tensorflow;
 
+// Bytes of a packed batch staged in pinned memory before their copy to the GPU starts.
+constexpr int64_t kStagedGroupBytes = int64_t{4} << 20;
+
 template <>
 tf::Status KeyedFeatures<GpuDevice>::Bounds(tf::OpKernelContext* ctx,
                                             const tf::Tensor& row_splits, int64_t batch,
@@ -80,15 +83,40 @@ tf::Status StageFeaturesFromHost<GpuDevice>::operator()(
   int64_t* staged_splits = nullptr;
   TF_RETURN_IF_ERROR(memory->Pinned(ctx, value_bytes, &staged_values));
   TF_RETURN_IF_ERROR(memory->Pinned(ctx, layout.split_total, &staged_splits));
-  TF_RETURN_IF_ERROR(StageFeaturesOnHost(ctx, packed_values, row_splits, bounds, batch, layout,
-                                         staged_values, staged_splits));
+  // Staged and copied a group of features at a time: each group's copy runs while the CPU
+  // threads stage the next.
   const cudaStream_t stream = GpuStream(ctx);
-  TF_RETURN_IF_ERROR(CudaToTf(cudaMemcpyAsync(values->data(), staged_values, value_bytes,
-                                              cudaMemcpyHostToDevice, stream),
-                              "feature values upload"));
-  TF_RETURN_IF_ERROR(CudaToTf(cudaMemcpyAsync(splits->data(), staged_splits, split_bytes,
-                                              cudaMemcpyHostToDevice, stream),
-                              "feature row splits upload"));
+  const int64_t element = tf::DataTypeSize(packed_values.dtype());
+  const std::vector<int64_t> groups = FeatureGroups(layout, element, kStagedGroupBytes);
+  const int64_t features = static_cast<int64_t>(layout.value_start.size());
+  const auto value_at = [&](int64_t f) {
+    return f < features ? layout.value_start[f] : layout.value_total;
+  };
+  const auto split_at = [&](int64_t f) {
+    return f < features ? layout.split_start[f] : layout.split_total;
+  };
+  for (size_t g = 0; g + 1 < groups.size(); ++g) {
+    const int64_t first = groups[g], end = groups[g + 1];
+    TF_RETURN_IF_ERROR(StageFeaturesOnHost(ctx, packed_values, row_splits, bounds, batch, layout,
+                                           staged_values, staged_splits, first, end));
+    const int64_t value_offset = value_at(first) * element;
+    const int64_t value_bytes_group =
+        std::min(value_at(end) * element, value_bytes) - value_offset;
+    if (value_bytes_group > 0) {
+      TF_RETURN_IF_ERROR(CudaToTf(
+          cudaMemcpyAsync(static_cast<char*>(values->data()) + value_offset,
+                          staged_values + value_offset, value_bytes_group,
+                          cudaMemcpyHostToDevice, stream),
+          "feature values upload"));
+    }
+    const int64_t split_offset = split_at(first) * 8;
+    TF_RETURN_IF_ERROR(CudaToTf(
+        cudaMemcpyAsync(static_cast<char*>(splits->data()) + split_offset,
+                        reinterpret_cast<char*>(staged_splits) + split_offset,
+                        std::min(split_at(end) * 8, split_bytes) - split_offset,
+                        cudaMemcpyHostToDevice, stream),
+        "feature row splits upload"));
+  }
   return ReleaseAfterStream(ctx, std::move(memory));  // the pinned buffers outlive the copies
 }
 

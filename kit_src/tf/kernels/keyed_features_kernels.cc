@@ -52,15 +52,15 @@ tf::Status KeyedFeatures<CpuDevice>::Copy(tf::OpKernelContext*, void* dst, const
 tf::Status StageFeaturesOnHost(tf::OpKernelContext* ctx, const tf::Tensor& packed_values,
                                const tf::Tensor& row_splits, const std::vector<int64_t>& bounds,
                                int64_t batch, const FeatureLayout& layout, char* values,
-                               int64_t* splits) {
+                               int64_t* splits, int64_t first_feature, int64_t end_feature) {
   const char* source = static_cast<const char*>(packed_values.data());
   const int64_t element = tf::DataTypeSize(packed_values.dtype());
   if (row_splits.dtype() == tf::DT_INT32) {
     StageFeatures(source, element, row_splits.flat<int32_t>().data(), bounds, batch, layout,
-                  values, splits, CpuParallelFor(ctx));
+                  values, splits, CpuParallelFor(ctx), first_feature, end_feature);
   } else {
     StageFeatures(source, element, row_splits.flat<int64_t>().data(), bounds, batch, layout,
-                  values, splits, CpuParallelFor(ctx));
+                  values, splits, CpuParallelFor(ctx), first_feature, end_feature);
   }
   return tf::Status();
 }
@@ -71,7 +71,8 @@ tf::Status StageFeaturesFromHost<CpuDevice>::operator()(
     const std::vector<int64_t>& bounds, int64_t batch, const FeatureLayout& layout,
     tf::Tensor* values, tf::Tensor* splits) {
   return StageFeaturesOnHost(ctx, packed_values, row_splits, bounds, batch, layout,
-                             static_cast<char*>(values->data()), splits->flat<int64_t>().data());
+                             static_cast<char*>(values->data()), splits->flat<int64_t>().data(),
+                             0, static_cast<int64_t>(layout.value_start.size()));
 }
 
 }  // namespace functor
