@@ -26,6 +26,7 @@ for the last); `ratio_*` is TBE's time over ours (above 1: faster than TBE), aga
 `device` feed for args_gpu and its `pinned` feed for the host feeds; `floor_*` is the bytes
 floor at 3.0 TB/s and `of_floor_*` each side's fraction of it.
 """
+import gc
 import json
 import os
 import sys
@@ -210,11 +211,16 @@ def measure(name, iters=20):
             steps[f"train_{optimizer}"] = trained(
                 forward, tables, sok.OptimizerWrapper(legacy(optimizer)))
         result.update(measure_side(f"sok_{kind}", spec, steps, batches_gpu, dataset, iters))
+        # The list form's optimizer slots go before the packed form makes its own (T1's
+        # tables with two sets of Adam slots do not fit an 80 GB GPU).
+        del steps, forward
+        gc.collect()
         if kind == "static" and len(spec["vocabs"]) > 1 and spec["pooled"]:
             result.update(measure_side("sok_packed", spec, packed_steps(spec, tables, name),
                                        [as_packed(b) for b in batches],
                                        packed_dataset_of(spec, batches), iters))
-        del tables, steps, forward
+        del tables
+        gc.collect()
     if name == "T3":  # plain TensorFlow, same ids
         table = tf.Variable(tf.random.stateless_uniform([spec["vocabs"][0], workloads.DIM],
                                                         [9, 0], -0.05, 0.05))
