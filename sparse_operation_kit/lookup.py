@@ -13,6 +13,9 @@ gradient of each table is a block of the rows' gradient, handed out without a co
 worker with static tables, unweighted ids and exactly one id per sample known at trace time
 (DLRM's categorical features as uniform ragged tensors), Sok>GatherSingleIds reads the rows
 straight from the tables instead, with no dedup, and the gradients are the outputs' own.
+On one worker with static float32 tables on a GPU, Sok>PoolFromTables pools each sample's
+rows straight from the tables whatever its ids (no dedup, sort or host wait); the gradients
+are IndexedSlices over the ids (Sok>SpreadPooledGrad).
 Static tables deduplicate through a bitmap, so each table's keys are sorted and the gather
 reads the shard in increasing row order; pooling then reads the compact gathered rows.
 """
