@@ -370,9 +370,7 @@ __device__ __forceinline__ int64_t Stride(const GpuPooledLookup& lookup, int64_t
   return lookup.stride > 0 ? lookup.stride : dim;
 }
 
-// kFromTables: each lookup's rows come from its own table at its ids (position, use_first
-// and source unused).
-template <int kVec, bool kFromTables>
+template <int kVec>
 __global__ void PoolKernel(const GpuPooledLookup* lookups, int32_t num_lookups, int64_t samples,
                            const int64_t* use_first, const int32_t* position,
                            GpuRowSource source, int64_t num_rows, int64_t dim, int group,
@@ -385,21 +383,96 @@ __global__ void PoolKernel(const GpuPooledLookup* lookups, int32_t num_lookups, 
     const GpuPooledLookup& lookup = lookups[l];
     const int64_t s = g - lookup.first_sample;
     const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];
-    const int32_t* pos = kFromTables ? nullptr : position + use_first[l];
+    const int32_t* pos = position + use_first[l];
     const float denominator = Denominator(lookup, begin, end);
     float* out = lookup.output + s * Stride(lookup, dim);
     for (int64_t d = lane * kVec; d < dim; d += group * kVec) {
       V acc = Vec<kVec>::Zero();
       if (denominator != 0.0f) {
         for (int64_t i = begin; i < end; ++i) {
-          const float* row = kFromTables ? TableRow(lookup, i, dim, l, check)
-                                         : SourceRow(source, num_rows, pos[i], dim, l, i, check);
+          const float* row = SourceRow(source, num_rows, pos[i], dim, l, i, check);
           if (row == nullptr) continue;
           const float scale = (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
           Vec<kVec>::Fma(acc, scale, __ldg(reinterpret_cast<const V*>(row + d)));
         }
       }
       *reinterpret_cast<V*>(out + d) = acc;
+    }
+  }
+}
+
+// Pooling straight from the tables. The lookups' descriptors are staged in shared memory (the
+// per-sample search over them is otherwise a chain of dependent global loads), and each lane
+// holds kChunks vectors of a row and reads kIdsAhead ids' rows before adding them, so that
+// several loads are in flight where a sample holds one id or few.
+constexpr int kMaxSharedLookups = 64;
+constexpr int kChunks = 4;
+constexpr int kIdsAhead = 4;
+
+// Lanes a sample for pooling from the tables: each lane takes up to kChunks vectors of a row.
+int TableRowGroup(int64_t dim, int vector) {
+  const int64_t width = (dim + vector - 1) / vector;
+  return RowLanes((width + kChunks - 1) / kChunks);
+}
+
+// The block's view of the lookups: shared memory when they fit (all threads must call it).
+__device__ __forceinline__ const GpuPooledLookup* StageLookups(const GpuPooledLookup* lookups,
+                                                               int32_t num_lookups,
+                                                               GpuPooledLookup* shared) {
+  if (num_lookups > kMaxSharedLookups) return lookups;
+  for (int32_t l = threadIdx.x; l < num_lookups; l += blockDim.x) shared[l] = lookups[l];
+  __syncthreads();
+  return shared;
+}
+
+template <int kVec>
+__global__ void __launch_bounds__(kThreads, 3) PoolFromTablesKernel(const GpuPooledLookup* global_lookups, int32_t num_lookups,
+                                     int64_t samples, int64_t dim, int group,
+                                     LookupCheck* check) {
+  __shared__ GpuPooledLookup shared[kMaxSharedLookups];
+  if (CheckFailed(check)) return;  // the same verdict for every thread: earlier kernels wrote it
+  const GpuPooledLookup* lookups = StageLookups(global_lookups, num_lookups, shared);
+  using V = typename Vec<kVec>::type;
+  const int lane = threadIdx.x % group;
+  const int64_t span = int64_t{group} * kVec * kChunks;  // a row's floats one pass covers
+  for (int64_t g = GlobalThread() / group; g < samples; g += GridThreads() / group) {
+    const int32_t l = FindSampleLookup(lookups, num_lookups, g);
+    const GpuPooledLookup& lookup = lookups[l];
+    const int64_t s = g - lookup.first_sample;
+    const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];
+    const float denominator = Denominator(lookup, begin, end);
+    float* out = lookup.output + s * Stride(lookup, dim);
+    for (int64_t first = 0; first < dim; first += span) {
+      V acc[kChunks];
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) acc[c] = Vec<kVec>::Zero();
+      for (int64_t i0 = denominator != 0.0f ? begin : end; i0 < end; i0 += kIdsAhead) {
+        const float* rows[kIdsAhead];
+        float scales[kIdsAhead];
+#pragma unroll
+        for (int u = 0; u < kIdsAhead; ++u) {
+          const int64_t i = i0 + u;
+          rows[u] = i < end ? TableRow(lookup, i, dim, l, check) : nullptr;
+          scales[u] = rows[u] == nullptr ? 0.0f
+                      : (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
+        }
+#pragma unroll
+        for (int u = 0; u < kIdsAhead; ++u) {
+          if (rows[u] == nullptr) continue;
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c) {
+            const int64_t d = first + (int64_t{c} * group + lane) * kVec;
+            if (d < dim) {
+              Vec<kVec>::Fma(acc[c], scales[u], __ldg(reinterpret_cast<const V*>(rows[u] + d)));
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const int64_t d = first + (int64_t{c} * group + lane) * kVec;
+        if (d < dim) *reinterpret_cast<V*>(out + d) = acc[c];
+      }
     }
   }
 }
@@ -428,26 +501,39 @@ __global__ void DescribeTableLookupError(const GpuPooledLookup* lookups, LookupC
 }
 
 template <int kVec>
-__global__ void SpreadPooledGradKernel(const GpuPooledLookup* lookups, int32_t num_lookups,
+__global__ void __launch_bounds__(kThreads, 4) SpreadPooledGradKernel(const GpuPooledLookup* global_lookups, int32_t num_lookups,
                                        int64_t samples, int64_t dim, int group) {
+  __shared__ GpuPooledLookup shared[kMaxSharedLookups];
+  const GpuPooledLookup* lookups = StageLookups(global_lookups, num_lookups, shared);
   using V = typename Vec<kVec>::type;
   const int lane = threadIdx.x % group;
+  const int64_t span = int64_t{group} * kVec * kChunks;
   for (int64_t g = GlobalThread() / group; g < samples; g += GridThreads() / group) {
     const int32_t l = FindSampleLookup(lookups, num_lookups, g);
     const GpuPooledLookup& lookup = lookups[l];
     const int64_t s = g - lookup.first_sample;
-    const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];
+    // Row splits the forward found bad must not write outside id_grads.
+    const int64_t begin = max(lookup.row_splits[s], int64_t{0});
+    const int64_t end = min(lookup.row_splits[s + 1], lookup.ids_count);
     const float denominator = Denominator(lookup, begin, end);
     const float* grad = lookup.output_grad + s * Stride(lookup, dim);
-    // Row splits the forward found bad must not write outside id_grads.
-    for (int64_t i = max(begin, int64_t{0}); i < min(end, lookup.ids_count); ++i) {
-      const float scale = denominator == 0.0f
-                              ? 0.0f
-                              : (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
-      float* out = lookup.id_grads + i * dim;
-      for (int64_t d = lane * kVec; d < dim; d += group * kVec) {
-        *reinterpret_cast<V*>(out + d) =
-            Vec<kVec>::Scale(scale, __ldg(reinterpret_cast<const V*>(grad + d)));
+    for (int64_t first = 0; first < dim; first += span) {
+      V chunk[kChunks];
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const int64_t d = first + (int64_t{c} * group + lane) * kVec;
+        chunk[c] = d < dim ? __ldg(reinterpret_cast<const V*>(grad + d)) : Vec<kVec>::Zero();
+      }
+      for (int64_t i = begin; i < end; ++i) {
+        const float scale = denominator == 0.0f
+                                ? 0.0f
+                                : (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
+        float* out = lookup.id_grads + i * dim;
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const int64_t d = first + (int64_t{c} * group + lane) * kVec;
+          if (d < dim) *reinterpret_cast<V*>(out + d) = Vec<kVec>::Scale(scale, chunk[c]);
+        }
       }
     }
   }
@@ -760,7 +846,7 @@ cudaError_t CombineForwardGpu(const GpuPooledLookup* lookups_device, int32_t num
   if (samples == 0) return cudaSuccess;
   return LaunchByVector(dim, [&](auto vec) {
     const int group = RowGroup(dim, vec.value);
-    PoolKernel<vec.value, false><<<GridFor(samples, group), kThreads, 0, stream>>>(
+    PoolKernel<vec.value><<<GridFor(samples, group), kThreads, 0, stream>>>(
         lookups_device, num_lookups, samples, use_first, position, source, num_rows, dim, group,
         check);
   });
@@ -774,10 +860,9 @@ cudaError_t PoolFromTablesGpu(const GpuPooledLookup* lookups_device, int32_t num
     CheckRowSplitsKernel<<<GridBlocks(samples, kThreads), kThreads, 0, stream>>>(
         lookups_device, num_lookups, samples, check);
     const cudaError_t status = LaunchByVector(dim, [&](auto vec) {
-      const int group = RowGroup(dim, vec.value);
-      PoolKernel<vec.value, true><<<GridFor(samples, group), kThreads, 0, stream>>>(
-          lookups_device, num_lookups, samples, nullptr, nullptr, GpuRowSource(), 0, dim, group,
-          check);
+      const int group = TableRowGroup(dim, vec.value);
+      PoolFromTablesKernel<vec.value><<<GridFor(samples, group), kThreads, 0, stream>>>(
+          lookups_device, num_lookups, samples, dim, group, check);
     });
     if (status != cudaSuccess) return status;
   }
@@ -789,7 +874,7 @@ cudaError_t SpreadPooledGradGpu(const GpuPooledLookup* lookups_device, int32_t n
                                 int64_t samples, int64_t dim, cudaStream_t stream) {
   if (samples == 0) return cudaSuccess;
   return LaunchByVector(dim, [&](auto vec) {
-    const int group = RowGroup(dim, vec.value);
+    const int group = TableRowGroup(dim, vec.value);
     SpreadPooledGradKernel<vec.value><<<GridFor(samples, group), kThreads, 0, stream>>>(
         lookups_device, num_lookups, samples, dim, group);
   });
