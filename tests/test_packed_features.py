@@ -119,6 +119,91 @@ def test_unpack_features_of_a_batch_staged_in_several_groups(op):
                                       splits[batch * f:batch * (f + 1) + 1] - first)
 
 
+def _feature_batch(feature_lengths, feature_values, splits_dtype=np.int64):
+    """A packed batch (values, row_splits) from each feature's sample lengths and values."""
+    lengths = np.concatenate(feature_lengths)
+    return (np.concatenate(feature_values),
+            np.concatenate([[0], np.cumsum(lengths)]).astype(splits_dtype))
+
+
+@pytest.mark.parametrize("splits_dtype", [np.int64, np.int32])
+def test_unpack_features_from_host_codings(splits_dtype):
+    """Each feature crosses as compactly as its contents allow (int64 ids within int32 as
+    int32, sample lengths under 256 as bytes) and as it is otherwise; every coding comes back
+    as NumPy slices it, int32's limits and ids that do not fit included."""
+    from sparse_operation_kit._ops import raw_ops
+    rng = np.random.default_rng(11)
+    batch = 6
+    limits = np.array([-2**31, 2**31 - 1, -1, 0, 7, 2**31 - 2], np.int64)
+    feature_lengths = [
+        np.ones(batch, np.int64),                      # fits: narrowed, byte lengths
+        np.array([0, 255, 1, 0, 2, 3]),                # 255 ids in a sample: still a byte
+        np.array([256, 0, 1, 2, 0, 1]),                # 256: int64 row splits
+        np.zeros(batch, np.int64),                     # an empty feature
+        np.array([1, 1, 2, 1, 1, 0]),                  # an id past int32: values as they are
+    ]
+    feature_values = [limits,
+                      rng.integers(-2**31, 2**31, size=261),
+                      rng.integers(0, 1000, size=260),
+                      np.zeros(0, np.int64),
+                      np.array([1, 2**31, 3, 4, -2**31 - 1, 5], np.int64)]
+    values, splits = _feature_batch(feature_lengths, feature_values, splits_dtype)
+    made_values, made_splits = raw_ops.sok_unpack_features_from_host(
+        values=values, row_splits=splits, num_features=len(feature_lengths))
+    for f, expected in enumerate(feature_values):
+        np.testing.assert_array_equal(made_values[f].numpy(), expected)
+        np.testing.assert_array_equal(made_splits[f].numpy(),
+                                      np.concatenate([[0], np.cumsum(feature_lengths[f])]))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16, np.int32])
+def test_unpack_features_from_host_keeps_other_dtypes_as_they_are(dtype):
+    """Only int64 ids are narrowed: float64 weights with integral values, half weights and
+    int32 ids cross bit for bit."""
+    from sparse_operation_kit._ops import raw_ops
+    feature_lengths = [np.array([2, 1]), np.array([1, 3])]
+    feature_values = [np.array([1.0, 2.5, -3.0], dtype), np.array([4.0, 5.0, 6.25, 2.0**10], dtype)]
+    if dtype == np.int32:
+        feature_values = [np.array([1, -2, 2**31 - 1], dtype), np.array([4, 5, 6, -2**31], dtype)]
+    values, splits = _feature_batch(feature_lengths, feature_values)
+    made_values, made_splits = raw_ops.sok_unpack_features_from_host(
+        values=values, row_splits=splits, num_features=2)
+    for f, expected in enumerate(feature_values):
+        np.testing.assert_array_equal(made_values[f].numpy(), expected)
+        assert made_values[f].dtype.as_numpy_dtype == dtype
+
+
+def test_unpack_features_from_host_keeps_decreasing_row_splits():
+    """Row splits that decrease inside a feature cannot be sent as lengths: they cross as they
+    are, so the lookup's check still names them."""
+    from sparse_operation_kit._ops import raw_ops
+    values = np.arange(6, dtype=np.int64)
+    splits = np.array([0, 2, 1, 3, 6], np.int64)  # 2 features x batch 2; feature 0 decreases
+    made_values, made_splits = raw_ops.sok_unpack_features_from_host(
+        values=values, row_splits=splits, num_features=2)
+    np.testing.assert_array_equal(made_splits[0].numpy(), [0, 2, 1])
+    np.testing.assert_array_equal(made_splits[1].numpy(), [0, 2, 5])
+    np.testing.assert_array_equal(made_values[1].numpy(), [1, 2, 3, 4, 5])
+
+
+@pytest.mark.parametrize("op", ["sok_unpack_features", "sok_unpack_features_from_host"])
+def test_unpack_features_of_a_batch_of_small_ids_in_several_groups(op):
+    """Several megabytes of ids within int32 (narrowed on the way to a GPU), multi-hot."""
+    from sparse_operation_kit._ops import raw_ops
+    rng = np.random.default_rng(5)
+    features, batch = 9, 50_000
+    lengths = rng.integers(0, 11, size=features * batch)
+    values = rng.integers(-5, 4_000_000, size=lengths.sum())
+    splits = np.concatenate([[0], np.cumsum(lengths)])
+    made_values, made_splits = getattr(raw_ops, op)(values=values, row_splits=splits,
+                                                    num_features=features)
+    for f in range(features):
+        first, last = splits[batch * f], splits[batch * (f + 1)]
+        np.testing.assert_array_equal(made_values[f].numpy(), values[first:last])
+        np.testing.assert_array_equal(made_splits[f].numpy(),
+                                      splits[batch * f:batch * (f + 1) + 1] - first)
+
+
 def test_packed_batch_bad_input():
     tables = [sok.Variable(np.ones([5, 2], np.float32)) for _ in range(3)]
     four_rows = tf.ragged.constant([[1], [2], [3], [4]], dtype=tf.int64)

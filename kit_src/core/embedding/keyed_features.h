@@ -110,40 +110,188 @@ inline std::vector<int64_t> FeatureGroups(const FeatureLayout& layout, int64_t e
   return first;
 }
 
-// Copies features [first_feature, end_feature) of a packed batch into `layout`: each
-// feature's values, and its row splits counted from its first value, in shards of about a
-// megabyte run by `parallel_for`.
-template <typename Tsplits>
-void StageFeatures(const char* values, int64_t element_bytes, const Tsplits* row_splits,
-                   const std::vector<int64_t>& bounds, int64_t batch,
-                   const FeatureLayout& layout, char* staged_values, int64_t* staged_splits,
-                   const ParallelFor& parallel_for, int64_t first_feature,
-                   int64_t end_feature) {
-  struct Piece {
-    int64_t feature, begin, end;  // values [begin, end) of the feature, or its splits (end < 0)
-  };
-  constexpr int64_t kPieceBytes = 1 << 20;
+// A packed batch crosses to a GPU in as few bytes as its contents allow, and the device widens
+// it back into its `FeatureLayout`. Per feature: int64 ids that all fit in int32 cross as
+// int32, and row splits whose samples each hold 0..255 values cross as one length byte a
+// sample; otherwise values cross as they are and row splits as int64 counted from the
+// feature's first value. (T1's batch, 26 features of one id a sample, crosses as 8.5 MB
+// instead of 27.) The CPU kernel takes the same path, so every machine checks the coding.
+enum class ValueCoding : int32_t { kRaw = 0, kInt32 = 1 };
+enum class SplitCoding : int32_t { kRebased = 0, kLengths8 = 1 };
+
+struct CompactFeature {
+  ValueCoding values = ValueCoding::kRaw;
+  SplitCoding splits = SplitCoding::kRebased;
+  int64_t values_at = 0, splits_at = 0;  // byte offsets in the group's staged bytes
+};
+
+// Features [first, first + features.size()) of a batch as staged: codings and offsets.
+struct CompactGroup {
+  int64_t first = 0;
+  std::vector<CompactFeature> features;
+  int64_t bytes = 0;
+};
+
+namespace compact_detail {
+
+constexpr int64_t kPieceBytes = 1 << 20;
+constexpr int64_t kStagedAlign = 16;
+
+// A shard of the staging work: values [begin, end) of a feature, or its row splits' entries
+// [begin, end) of [0, batch + 1).
+struct Piece {
+  int64_t feature, begin, end;
+  bool splits;
+};
+
+inline std::vector<Piece> Pieces(const std::vector<int64_t>& bounds, int64_t batch,
+                                 int64_t element_bytes, int64_t first, int64_t end) {
   std::vector<Piece> pieces;
-  for (int64_t f = first_feature; f < end_feature; ++f) {
-    const int64_t step = std::max<int64_t>(1, kPieceBytes / element_bytes);
-    for (int64_t begin = bounds[f]; begin < bounds[f + 1]; begin += step) {
-      pieces.push_back({f, begin, std::min(begin + step, bounds[f + 1])});
+  const int64_t value_step = std::max<int64_t>(1, kPieceBytes / element_bytes);
+  const int64_t split_step = kPieceBytes / 8;
+  for (int64_t f = first; f < end; ++f) {
+    for (int64_t begin = bounds[f]; begin < bounds[f + 1]; begin += value_step) {
+      pieces.push_back({f, begin, std::min(begin + value_step, bounds[f + 1]), false});
     }
-    pieces.push_back({f, 0, -1});
+    for (int64_t begin = 0; begin <= batch; begin += split_step) {
+      pieces.push_back({f, begin, std::min(begin + split_step, batch + 1), true});
+    }
   }
-  parallel_for(static_cast<int64_t>(pieces.size()), kPieceBytes, [&](int64_t first, int64_t last) {
-    for (int64_t p = first; p < last; ++p) {
-      const Piece& piece = pieces[p];
-      if (piece.end < 0) {
-        RebaseFeatureRowSplits(row_splits, batch, piece.feature,
-                               staged_splits + layout.split_start[piece.feature]);
-        continue;
-      }
-      const int64_t at = layout.value_start[piece.feature] + (piece.begin - bounds[piece.feature]);
-      std::memcpy(staged_values + at * element_bytes, values + piece.begin * element_bytes,
-                  (piece.end - piece.begin) * element_bytes);
+  return pieces;
+}
+
+inline int64_t Aligned(int64_t bytes) {
+  return (bytes + kStagedAlign - 1) / kStagedAlign * kStagedAlign;
+}
+
+// Whether a piece allows its feature's compact coding.
+template <typename Tsplits>
+bool PieceFitsCompact(const Piece& piece, const char* values, bool narrowable,
+                      const Tsplits* row_splits, int64_t batch) {
+  if (piece.splits) {
+    const Tsplits* first = row_splits + piece.feature * batch;
+    for (int64_t i = piece.begin; i < std::min(piece.end, batch); ++i) {
+      const int64_t length = static_cast<int64_t>(first[i + 1]) - static_cast<int64_t>(first[i]);
+      if (length < 0 || length > 255) return false;
+    }
+    return true;
+  }
+  if (!narrowable) return false;
+  const int64_t* ids = reinterpret_cast<const int64_t*>(values);
+  for (int64_t i = piece.begin; i < piece.end; ++i) {
+    if (ids[i] != static_cast<int32_t>(ids[i])) return false;
+  }
+  return true;
+}
+
+}  // namespace compact_detail
+
+// The codings features [first, end) allow and where each lands in the staged bytes; the batch
+// is read in shards run by `parallel_for`. `narrowable`: the values are int64 ids.
+template <typename Tsplits>
+CompactGroup PlanCompactGroup(const char* values, int64_t element_bytes, bool narrowable,
+                              const Tsplits* row_splits, const std::vector<int64_t>& bounds,
+                              int64_t batch, int64_t first, int64_t end,
+                              const ParallelFor& parallel_for) {
+  using namespace compact_detail;
+  const std::vector<Piece> pieces = Pieces(bounds, batch, element_bytes, first, end);
+  std::vector<char> fits(pieces.size(), 0);
+  parallel_for(static_cast<int64_t>(pieces.size()), kPieceBytes, [&](int64_t begin, int64_t last) {
+    for (int64_t p = begin; p < last; ++p) {
+      fits[p] = PieceFitsCompact(pieces[p], values, narrowable, row_splits, batch);
     }
   });
+  CompactGroup group;
+  group.first = first;
+  group.features.resize(end - first);
+  for (CompactFeature& feature : group.features) {
+    feature.values = narrowable ? ValueCoding::kInt32 : ValueCoding::kRaw;
+    feature.splits = SplitCoding::kLengths8;
+  }
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    if (fits[p]) continue;
+    CompactFeature& feature = group.features[pieces[p].feature - first];
+    if (pieces[p].splits) {
+      feature.splits = SplitCoding::kRebased;
+    } else {
+      feature.values = ValueCoding::kRaw;
+    }
+  }
+  for (int64_t f = first; f < end; ++f) {
+    CompactFeature& feature = group.features[f - first];
+    const int64_t value_bytes = feature.values == ValueCoding::kInt32 ? 4 : element_bytes;
+    feature.values_at = group.bytes;
+    group.bytes += Aligned((bounds[f + 1] - bounds[f]) * value_bytes);
+    feature.splits_at = group.bytes;
+    group.bytes +=
+        Aligned(feature.splits == SplitCoding::kLengths8 ? batch : (batch + 1) * 8);
+  }
+  return group;
+}
+
+// Writes `group`'s features into `staged` (group.bytes) as planned, in shards run by
+// `parallel_for`.
+template <typename Tsplits>
+void StageCompactGroup(const char* values, int64_t element_bytes, const Tsplits* row_splits,
+                       const std::vector<int64_t>& bounds, int64_t batch,
+                       const CompactGroup& group, char* staged,
+                       const ParallelFor& parallel_for) {
+  using namespace compact_detail;
+  const int64_t end = group.first + static_cast<int64_t>(group.features.size());
+  const std::vector<Piece> pieces = Pieces(bounds, batch, element_bytes, group.first, end);
+  parallel_for(static_cast<int64_t>(pieces.size()), kPieceBytes, [&](int64_t begin, int64_t last) {
+    for (int64_t p = begin; p < last; ++p) {
+      const Piece& piece = pieces[p];
+      const CompactFeature& feature = group.features[piece.feature - group.first];
+      if (piece.splits) {
+        const Tsplits* splits = row_splits + piece.feature * batch;
+        if (feature.splits == SplitCoding::kLengths8) {
+          auto* lengths = reinterpret_cast<uint8_t*>(staged + feature.splits_at);
+          for (int64_t i = piece.begin; i < std::min(piece.end, batch); ++i) {
+            lengths[i] = static_cast<uint8_t>(splits[i + 1] - splits[i]);
+          }
+        } else {
+          auto* out = reinterpret_cast<int64_t*>(staged + feature.splits_at);
+          const int64_t base = splits[0];
+          for (int64_t i = piece.begin; i < piece.end; ++i) {
+            out[i] = static_cast<int64_t>(splits[i]) - base;
+          }
+        }
+        continue;
+      }
+      const int64_t at = piece.begin - bounds[piece.feature];
+      if (feature.values == ValueCoding::kInt32) {
+        const auto* ids = reinterpret_cast<const int64_t*>(values);
+        auto* out = reinterpret_cast<int32_t*>(staged + feature.values_at) + at;
+        for (int64_t i = piece.begin; i < piece.end; ++i) out[i - piece.begin] = ids[i];
+      } else {
+        std::memcpy(staged + feature.values_at + at * element_bytes,
+                    values + piece.begin * element_bytes,
+                    (piece.end - piece.begin) * element_bytes);
+      }
+    }
+  });
+}
+
+// The host's widening of one staged feature (`count` values) into its values and int64 row
+// splits [batch + 1]; the GPU's is ExpandCompactFeaturesGpu.
+inline void ExpandCompactFeature(const char* staged, const CompactFeature& feature, int64_t count,
+                                 int64_t element_bytes, int64_t batch, char* values,
+                                 int64_t* splits) {
+  if (feature.values == ValueCoding::kInt32) {
+    const auto* ids = reinterpret_cast<const int32_t*>(staged + feature.values_at);
+    auto* out = reinterpret_cast<int64_t*>(values);
+    for (int64_t i = 0; i < count; ++i) out[i] = ids[i];
+  } else if (count > 0) {
+    std::memcpy(values, staged + feature.values_at, count * element_bytes);
+  }
+  if (feature.splits == SplitCoding::kLengths8) {
+    const auto* lengths = reinterpret_cast<const uint8_t*>(staged + feature.splits_at);
+    splits[0] = 0;
+    for (int64_t i = 0; i < batch; ++i) splits[i + 1] = splits[i] + lengths[i];
+  } else {
+    std::memcpy(splits, staged + feature.splits_at, (batch + 1) * sizeof(int64_t));
+  }
 }
 
 }  // namespace sok

@@ -1,6 +1,9 @@
 #include "kit_src/core/embedding/keyed_features_gpu.cuh"
 
 #include <algorithm>
+#include <cub/block/block_scan.cuh>
+
+#include "kit_src/core/embedding/keyed_features.h"
 
 namespace sok {
 namespace {
@@ -25,7 +28,80 @@ __global__ void RebaseKernel(const Tsplits* row_splits, int64_t batch,
   }
 }
 
+template <typename T>
+__device__ void CopyValues(const CompactFeatureTarget& target, int64_t begin, int64_t step) {
+  const T* from = reinterpret_cast<const T*>(target.staged_values);
+  T* to = reinterpret_cast<T*>(target.values);
+  for (int64_t i = begin; i < target.count; i += step) to[i] = from[i];
+}
+
+// blockIdx.y: the feature; its values widened (int32 ids to int64) or copied.
+__global__ void ExpandValuesKernel(CompactFeatureTargets targets, int64_t element_bytes) {
+  const CompactFeatureTarget& target = targets.feature[blockIdx.y];
+  const int64_t begin = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  if (target.value_coding == static_cast<int32_t>(ValueCoding::kInt32)) {
+    const int32_t* from = reinterpret_cast<const int32_t*>(target.staged_values);
+    int64_t* to = reinterpret_cast<int64_t*>(target.values);
+    for (int64_t i = begin; i < target.count; i += step) to[i] = from[i];
+  } else if (element_bytes == 8) {
+    CopyValues<int64_t>(target, begin, step);
+  } else if (element_bytes == 4) {
+    CopyValues<int32_t>(target, begin, step);
+  } else {
+    CopyValues<uint16_t>(target, begin, step);
+  }
+}
+
+constexpr int kScanThreads = 256;
+constexpr int kScanItems = 8;
+
+// blockIdx.x: the feature; its row splits as the running sum of its length bytes, or copied.
+__global__ void __launch_bounds__(kScanThreads)
+    ExpandSplitsKernel(CompactFeatureTargets targets, int64_t batch) {
+  const CompactFeatureTarget& target = targets.feature[blockIdx.x];
+  if (target.split_coding != static_cast<int32_t>(SplitCoding::kLengths8)) {
+    const int64_t* from = reinterpret_cast<const int64_t*>(target.staged_splits);
+    for (int64_t i = threadIdx.x; i <= batch; i += blockDim.x) target.splits[i] = from[i];
+    return;
+  }
+  using Scan = cub::BlockScan<int64_t, kScanThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  const uint8_t* lengths = reinterpret_cast<const uint8_t*>(target.staged_splits);
+  if (threadIdx.x == 0) target.splits[0] = 0;
+  int64_t running = 0;
+  for (int64_t tile = 0; tile < batch; tile += kScanThreads * kScanItems) {
+    int64_t items[kScanItems];
+    const int64_t first = tile + threadIdx.x * kScanItems;
+#pragma unroll
+    for (int k = 0; k < kScanItems; ++k) items[k] = first + k < batch ? lengths[first + k] : 0;
+    int64_t tile_total = 0;
+    Scan(scan).InclusiveSum(items, items, tile_total);
+#pragma unroll
+    for (int k = 0; k < kScanItems; ++k) {
+      if (first + k < batch) target.splits[first + k + 1] = running + items[k];
+    }
+    running += tile_total;
+    __syncthreads();  // the scan's shared memory is reused by the next tile
+  }
+}
+
 }  // namespace
+
+cudaError_t ExpandCompactFeaturesGpu(const CompactFeatureTargets& targets, int64_t batch,
+                                     int64_t element_bytes, cudaStream_t stream) {
+  if (targets.count == 0) return cudaSuccess;
+  int64_t most = 0;
+  for (int i = 0; i < targets.count; ++i) most = std::max(most, targets.feature[i].count);
+  const int threads = 256;
+  if (most > 0) {
+    const int blocks = static_cast<int>(std::min<int64_t>((most + threads - 1) / threads, 512));
+    ExpandValuesKernel<<<dim3(blocks, targets.count), threads, 0, stream>>>(targets,
+                                                                            element_bytes);
+  }
+  ExpandSplitsKernel<<<targets.count, kScanThreads, 0, stream>>>(targets, batch);
+  return cudaGetLastError();
+}
 
 template <typename Tsplits>
 cudaError_t FeatureBoundsGpu(const Tsplits* row_splits, int64_t batch, int64_t num_features,

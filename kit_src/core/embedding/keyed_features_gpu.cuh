@@ -1,5 +1,6 @@
-// GPU halves of keyed_features.h: the F + 1 feature offsets gathered on the device, and every
-// feature's rebased row splits in one launch (kFeaturesPerLaunch features a launch).
+// GPU halves of keyed_features.h: the F + 1 feature offsets gathered on the device, every
+// feature's rebased row splits in one launch, and a compactly staged batch widened back
+// (kFeaturesPerLaunch features a launch).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,6 +16,26 @@ struct FeatureRowSplitsTargets {
   int64_t first_feature = 0;
   int count = 0;
 };
+
+// One feature of a compactly staged batch (keyed_features.h, CompactFeature) on the device:
+// its staged values and row splits, and where they widen to.
+struct CompactFeatureTarget {
+  const char* staged_values = nullptr;
+  const char* staged_splits = nullptr;
+  char* values = nullptr;    // `count` values of the batch's element type
+  int64_t* splits = nullptr;  // [batch + 1]
+  int64_t count = 0;
+  int32_t value_coding = 0, split_coding = 0;  // ValueCoding, SplitCoding
+};
+
+struct CompactFeatureTargets {
+  CompactFeatureTarget feature[kFeaturesPerLaunch];
+  int count = 0;
+};
+
+// ExpandCompactFeature (keyed_features.h) of every target: two launches.
+cudaError_t ExpandCompactFeaturesGpu(const CompactFeatureTargets& targets, int64_t batch,
+                                     int64_t element_bytes, cudaStream_t stream);
 
 template <typename Tsplits>
 cudaError_t FeatureBoundsGpu(const Tsplits* row_splits, int64_t batch, int64_t num_features,

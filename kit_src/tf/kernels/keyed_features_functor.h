@@ -28,8 +28,9 @@ struct KeyedFeatures {
                             int64_t bytes);
 };
 
-// Sok>UnpackFeaturesFromHost's device work: the packed batch (host memory) copied into
-// `layout` in the device's memory (`values` and `splits`), through pinned memory on a GPU.
+// Sok>UnpackFeaturesFromHost's device work: the packed batch (host memory) into `layout` in
+// the device's memory (`values` and `splits`), staged compactly (keyed_features.h) and
+// widened back; through pinned memory on a GPU.
 template <typename Device>
 struct StageFeaturesFromHost {
   ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx,
@@ -40,15 +41,18 @@ struct StageFeaturesFromHost {
                                   ::tensorflow::Tensor* splits);
 };
 
-// StageFeatures of features [first_feature, end_feature) over either row-splits type, in the
-// op's CPU thread pool.
-::tensorflow::Status StageFeaturesOnHost(::tensorflow::OpKernelContext* ctx,
-                                         const ::tensorflow::Tensor& packed_values,
-                                         const ::tensorflow::Tensor& row_splits,
-                                         const std::vector<int64_t>& bounds, int64_t batch,
-                                         const FeatureLayout& layout, char* values,
-                                         int64_t* splits, int64_t first_feature,
-                                         int64_t end_feature);
+// PlanCompactGroup / StageCompactGroup (keyed_features.h) of features [first, end) over either
+// row-splits type, in the op's CPU thread pool.
+CompactGroup PlanCompactGroupOnHost(::tensorflow::OpKernelContext* ctx,
+                                    const ::tensorflow::Tensor& packed_values,
+                                    const ::tensorflow::Tensor& row_splits,
+                                    const std::vector<int64_t>& bounds, int64_t batch,
+                                    int64_t first, int64_t end);
+void StageCompactGroupOnHost(::tensorflow::OpKernelContext* ctx,
+                             const ::tensorflow::Tensor& packed_values,
+                             const ::tensorflow::Tensor& row_splits,
+                             const std::vector<int64_t>& bounds, int64_t batch,
+                             const CompactGroup& group, char* staged);
 
 }  // namespace functor
 }  // namespace sok

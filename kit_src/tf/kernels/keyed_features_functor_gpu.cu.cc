@@ -3,6 +3,7 @@
 // so Bounds waits for them (one small copy to pinned memory).
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU  // before any Eigen header: the GPU device
+#include <algorithm>
 #include <memory>
 
 #include "kit_src/core/embedding/keyed_features_gpu.cuh"
@@ -72,52 +73,54 @@ tf::Status KeyedFeatures<GpuDevice>::Copy(tf::OpKernelContext* ctx, void* dst, c
                   "feature values copy");
 }
 
+// Each group of features is planned and staged compactly in pinned memory by the CPU threads
+// and copied while the next group is staged; once all have crossed, two launches widen every
+// feature into `values` and `splits`.
 template <>
 tf::Status StageFeaturesFromHost<GpuDevice>::operator()(
     tf::OpKernelContext* ctx, const tf::Tensor& packed_values, const tf::Tensor& row_splits,
     const std::vector<int64_t>& bounds, int64_t batch, const FeatureLayout& layout,
     tf::Tensor* values, tf::Tensor* splits) {
   auto memory = std::make_shared<GpuCallMemory>();
-  const int64_t value_bytes = values->TotalBytes(), split_bytes = splits->TotalBytes();
-  char* staged_values = nullptr;
-  int64_t* staged_splits = nullptr;
-  TF_RETURN_IF_ERROR(memory->Pinned(ctx, value_bytes, &staged_values));
-  TF_RETURN_IF_ERROR(memory->Pinned(ctx, layout.split_total, &staged_splits));
-  // Staged and copied a group of features at a time: each group's copy runs while the CPU
-  // threads stage the next.
   const cudaStream_t stream = GpuStream(ctx);
   const int64_t element = tf::DataTypeSize(packed_values.dtype());
   const std::vector<int64_t> groups = FeatureGroups(layout, element, kStagedGroupBytes);
-  const int64_t features = static_cast<int64_t>(layout.value_start.size());
-  const auto value_at = [&](int64_t f) {
-    return f < features ? layout.value_start[f] : layout.value_total;
-  };
-  const auto split_at = [&](int64_t f) {
-    return f < features ? layout.split_start[f] : layout.split_total;
-  };
+  std::vector<CompactFeatureTarget> targets;
   for (size_t g = 0; g + 1 < groups.size(); ++g) {
-    const int64_t first = groups[g], end = groups[g + 1];
-    TF_RETURN_IF_ERROR(StageFeaturesOnHost(ctx, packed_values, row_splits, bounds, batch, layout,
-                                           staged_values, staged_splits, first, end));
-    const int64_t value_offset = value_at(first) * element;
-    const int64_t value_bytes_group =
-        std::min(value_at(end) * element, value_bytes) - value_offset;
-    if (value_bytes_group > 0) {
+    const CompactGroup group = PlanCompactGroupOnHost(ctx, packed_values, row_splits, bounds,
+                                                      batch, groups[g], groups[g + 1]);
+    char* staged = nullptr;
+    char* device = nullptr;
+    TF_RETURN_IF_ERROR(memory->Pinned(ctx, group.bytes, &staged));
+    TF_RETURN_IF_ERROR(memory->Device(ctx, group.bytes, &device));
+    StageCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, group, staged);
+    if (group.bytes > 0) {
       TF_RETURN_IF_ERROR(CudaToTf(
-          cudaMemcpyAsync(static_cast<char*>(values->data()) + value_offset,
-                          staged_values + value_offset, value_bytes_group,
-                          cudaMemcpyHostToDevice, stream),
-          "feature values upload"));
+          cudaMemcpyAsync(device, staged, group.bytes, cudaMemcpyHostToDevice, stream),
+          "packed batch upload"));
     }
-    const int64_t split_offset = split_at(first) * 8;
-    TF_RETURN_IF_ERROR(CudaToTf(
-        cudaMemcpyAsync(static_cast<char*>(splits->data()) + split_offset,
-                        reinterpret_cast<char*>(staged_splits) + split_offset,
-                        std::min(split_at(end) * 8, split_bytes) - split_offset,
-                        cudaMemcpyHostToDevice, stream),
-        "feature row splits upload"));
+    for (size_t i = 0; i < group.features.size(); ++i) {
+      const int64_t f = group.first + static_cast<int64_t>(i);
+      const CompactFeature& feature = group.features[i];
+      CompactFeatureTarget target;
+      target.staged_values = device + feature.values_at;
+      target.staged_splits = device + feature.splits_at;
+      target.values = static_cast<char*>(values->data()) + layout.value_start[f] * element;
+      target.splits = splits->flat<int64_t>().data() + layout.split_start[f];
+      target.count = bounds[f + 1] - bounds[f];
+      target.value_coding = static_cast<int32_t>(feature.values);
+      target.split_coding = static_cast<int32_t>(feature.splits);
+      targets.push_back(target);
+    }
   }
-  return ReleaseAfterStream(ctx, std::move(memory));  // the pinned buffers outlive the copies
+  for (size_t first = 0; first < targets.size(); first += kFeaturesPerLaunch) {
+    CompactFeatureTargets launch;
+    launch.count = static_cast<int>(std::min<size_t>(kFeaturesPerLaunch, targets.size() - first));
+    std::copy(targets.begin() + first, targets.begin() + first + launch.count, launch.feature);
+    TF_RETURN_IF_ERROR(
+        CudaToTf(ExpandCompactFeaturesGpu(launch, batch, element, stream), "packed batch widen"));
+  }
+  return ReleaseAfterStream(ctx, std::move(memory));  // the staged buffers outlive their use
 }
 
 }  // namespace functor

@@ -49,30 +49,56 @@ tf::Status KeyedFeatures<CpuDevice>::Copy(tf::OpKernelContext*, void* dst, const
   return tf::Status();
 }
 
-tf::Status StageFeaturesOnHost(tf::OpKernelContext* ctx, const tf::Tensor& packed_values,
-                               const tf::Tensor& row_splits, const std::vector<int64_t>& bounds,
-                               int64_t batch, const FeatureLayout& layout, char* values,
-                               int64_t* splits, int64_t first_feature, int64_t end_feature) {
+CompactGroup PlanCompactGroupOnHost(tf::OpKernelContext* ctx, const tf::Tensor& packed_values,
+                                    const tf::Tensor& row_splits,
+                                    const std::vector<int64_t>& bounds, int64_t batch,
+                                    int64_t first, int64_t end) {
+  const char* source = static_cast<const char*>(packed_values.data());
+  const int64_t element = tf::DataTypeSize(packed_values.dtype());
+  const bool narrowable = packed_values.dtype() == tf::DT_INT64;
+  if (row_splits.dtype() == tf::DT_INT32) {
+    return PlanCompactGroup(source, element, narrowable, row_splits.flat<int32_t>().data(),
+                            bounds, batch, first, end, CpuParallelFor(ctx));
+  }
+  return PlanCompactGroup(source, element, narrowable, row_splits.flat<int64_t>().data(), bounds,
+                          batch, first, end, CpuParallelFor(ctx));
+}
+
+void StageCompactGroupOnHost(tf::OpKernelContext* ctx, const tf::Tensor& packed_values,
+                             const tf::Tensor& row_splits, const std::vector<int64_t>& bounds,
+                             int64_t batch, const CompactGroup& group, char* staged) {
   const char* source = static_cast<const char*>(packed_values.data());
   const int64_t element = tf::DataTypeSize(packed_values.dtype());
   if (row_splits.dtype() == tf::DT_INT32) {
-    StageFeatures(source, element, row_splits.flat<int32_t>().data(), bounds, batch, layout,
-                  values, splits, CpuParallelFor(ctx), first_feature, end_feature);
+    StageCompactGroup(source, element, row_splits.flat<int32_t>().data(), bounds, batch, group,
+                      staged, CpuParallelFor(ctx));
   } else {
-    StageFeatures(source, element, row_splits.flat<int64_t>().data(), bounds, batch, layout,
-                  values, splits, CpuParallelFor(ctx), first_feature, end_feature);
+    StageCompactGroup(source, element, row_splits.flat<int64_t>().data(), bounds, batch, group,
+                      staged, CpuParallelFor(ctx));
   }
-  return tf::Status();
 }
 
+// The CPU stages and widens back in host memory: the GPU's coding, checked on every machine.
 template <>
 tf::Status StageFeaturesFromHost<CpuDevice>::operator()(
     tf::OpKernelContext* ctx, const tf::Tensor& packed_values, const tf::Tensor& row_splits,
     const std::vector<int64_t>& bounds, int64_t batch, const FeatureLayout& layout,
     tf::Tensor* values, tf::Tensor* splits) {
-  return StageFeaturesOnHost(ctx, packed_values, row_splits, bounds, batch, layout,
-                             static_cast<char*>(values->data()), splits->flat<int64_t>().data(),
-                             0, static_cast<int64_t>(layout.value_start.size()));
+  const int64_t features = static_cast<int64_t>(layout.value_start.size());
+  const CompactGroup group =
+      PlanCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, 0, features);
+  tf::Tensor staged;
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(
+      tf::DT_INT8, tf::TensorShape({std::max<int64_t>(group.bytes, 1)}), &staged));
+  char* staged_bytes = reinterpret_cast<char*>(staged.flat<int8_t>().data());
+  StageCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, group, staged_bytes);
+  const int64_t element = tf::DataTypeSize(packed_values.dtype());
+  for (int64_t f = 0; f < features; ++f) {
+    ExpandCompactFeature(staged_bytes, group.features[f], bounds[f + 1] - bounds[f], element,
+                         batch, static_cast<char*>(values->data()) + layout.value_start[f] * element,
+                         splits->flat<int64_t>().data() + layout.split_start[f]);
+  }
+  return tf::Status();
 }
 
 }  // namespace functor

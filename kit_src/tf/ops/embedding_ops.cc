@@ -176,7 +176,8 @@ REGISTER_OP("Sok>UnpackFeaturesFromHost")
     .SetShapeFn(UnpackFeaturesShape)
     .Doc(R"doc(
 Sok>UnpackFeatures of a packed batch in host memory (as tf.data hands it over): its feature
-offsets are read there and the features cross to the device in two copies from pinned memory.
+offsets are read there and the features cross to the device through pinned memory, staged
+compactly (int64 ids that fit as int32, row lengths under 256 as one byte) and widened there.
 )doc");
 
 REGISTER_OP("Sok>GatherSingleIds")
