@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU: builds the op library with its GPU kernels against the installed TensorFlow and
 # prints its build report, then, by STAGES (default "tests suite bench"):
-#   tests  tests/test_devices.py, tests/test_dynamic_devices.py and tests/test_lookup_sparse.py
+#   tests  tests/test_devices.py, tests/test_dynamic_devices.py, tests/test_lookup_sparse.py,
+#          tests/test_packed_features.py and tests/test_pool_from_tables.py
 #          (every test on CPU and GPU)
 #   suite  the rest of the single-process suite, ops and tables placed by TensorFlow (the GPU)
 #   capi   the C ABI GPU tests (tests/gpu, needs PyTorch)
@@ -23,10 +24,10 @@ SOK_BUILD_CUDA=1 SOK_CUDA_ARCHS=${SOK_CUDA_ARCHS:-90} python3 scripts/build_plug
 python3 -m sparse_operation_kit.info 2>/dev/null | tee -a "$OUT/tf_gpu_build.log"
 
 if [[ $STAGES == *tests* ]]; then
-  echo "== tests/test_devices.py tests/test_dynamic_devices.py tests/test_lookup_sparse.py (CPU and GPU)" \
-    | tee "$OUT/tf_gpu_tests.log"
-  timeout 540 python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/test_devices.py \
-    tests/test_dynamic_devices.py tests/test_lookup_sparse.py 2>&1 \
+  GPU_TESTS="tests/test_devices.py tests/test_dynamic_devices.py tests/test_lookup_sparse.py
+    tests/test_packed_features.py tests/test_pool_from_tables.py"
+  echo "== "$GPU_TESTS" (CPU and GPU)" | tee "$OUT/tf_gpu_tests.log"
+  timeout 540 python3 -m pytest -q -rf --tb=short -p no:cacheprovider $GPU_TESTS 2>&1 \
     | grep -v "$NOISE" >> "$OUT/tf_gpu_tests.log"
   tail -3 "$OUT/tf_gpu_tests.log"
 fi
@@ -36,7 +37,8 @@ if [[ $STAGES == *suite* ]]; then
   echo "== the single-process suite, ops placed by TensorFlow (the GPU)" | tee "$OUT/tf_gpu_suite.log"
   timeout 540 python3 -m pytest -q -rf --tb=line -p no:cacheprovider tests --ignore=tests/gpu \
     --ignore=tests/test_devices.py --ignore=tests/test_dynamic_devices.py \
-    --ignore=tests/test_lookup_sparse.py --ignore=tests/test_multiworker.py 2>&1 \
+    --ignore=tests/test_lookup_sparse.py --ignore=tests/test_packed_features.py \
+    --ignore=tests/test_pool_from_tables.py --ignore=tests/test_multiworker.py 2>&1 \
     | grep -v "$NOISE" >> "$OUT/tf_gpu_suite.log"
   tail -3 "$OUT/tf_gpu_suite.log"
 fi
