@@ -134,7 +134,8 @@ struct CompactGroup {
 
 namespace compact_detail {
 
-constexpr int64_t kPieceBytes = 1 << 20;
+// Small enough that one group of a few megabytes keeps every CPU thread busy.
+constexpr int64_t kPieceBytes = 64 << 10;
 constexpr int64_t kStagedAlign = 16;
 
 // A shard of the staging work: values [begin, end) of a feature, or its row splits' entries
@@ -164,24 +165,25 @@ inline int64_t Aligned(int64_t bytes) {
   return (bytes + kStagedAlign - 1) / kStagedAlign * kStagedAlign;
 }
 
-// Whether a piece allows its feature's compact coding.
+// Whether a piece allows its feature's compact coding (branch-free loops: they vectorise).
 template <typename Tsplits>
 bool PieceFitsCompact(const Piece& piece, const char* values, bool narrowable,
                       const Tsplits* row_splits, int64_t batch) {
+  bool fits = true;
   if (piece.splits) {
     const Tsplits* first = row_splits + piece.feature * batch;
     for (int64_t i = piece.begin; i < std::min(piece.end, batch); ++i) {
       const int64_t length = static_cast<int64_t>(first[i + 1]) - static_cast<int64_t>(first[i]);
-      if (length < 0 || length > 255) return false;
+      fits &= static_cast<uint64_t>(length) <= 255;
     }
-    return true;
+    return fits;
   }
   if (!narrowable) return false;
   const int64_t* ids = reinterpret_cast<const int64_t*>(values);
   for (int64_t i = piece.begin; i < piece.end; ++i) {
-    if (ids[i] != static_cast<int32_t>(ids[i])) return false;
+    fits &= ids[i] == static_cast<int32_t>(ids[i]);
   }
-  return true;
+  return fits;
 }
 
 }  // namespace compact_detail
