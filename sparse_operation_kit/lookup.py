@@ -637,6 +637,7 @@ def _in_host_memory(tensor):
     return op.type in _HOST_PRODUCERS
 
 
+tf.no_gradient("Sok>PooledGradShares")
 tf.no_gradient("Sok>UnpackFeatures")
 tf.no_gradient("Sok>UnpackFeaturesFromHost")
 
@@ -804,6 +805,42 @@ def _pool_from_tables_grad(op, *output_grads):
         stacked=op.get_attr("stacked"), combiners=op.get_attr("combiners"),
         dim=op.get_attr("dim"))
     return _id_gradients(op, n, ids, id_grads, op.outputs[num_outputs]) + [None] * (3 * n)
+
+
+# Sok>PooledGradShares' outputs by graph and Sok>SpreadPooledGrad op name: one op for all the
+# lookups whose gradients the update reads.
+_POOLED_SHARES = weakref.WeakKeyDictionary()
+
+
+def pooled_gradient_shares(values):
+    """For an update that reads a pooled lookup's output gradient in place: when `values` are
+    one lookup's rows of Sok>SpreadPooledGrad (the gradient as lookup_sparse's pooling straight
+    from the tables left it, in a graph), (the output gradient as a [rows, dim] matrix, each
+    id's row of it, each id's scale) from Sok>PooledGradShares, one op for all the lookups;
+    else None. Once no update reads them, the per-id rows are never computed."""
+    if isinstance(values, ops.EagerTensor):
+        return None
+    op, guards = values.op, []
+    if op.type == "Identity" and op.inputs[0].op.type == "Sok>SpreadPooledGrad":
+        values, guards = op.inputs[0], op.control_inputs  # the host's id-check verdict
+        op = values.op
+    if op.type != "Sok>SpreadPooledGrad":
+        return None
+    n, num_outputs, dim = op.get_attr("N"), op.get_attr("num_outputs"), op.get_attr("dim")
+    cache = _POOLED_SHARES.setdefault(op.graph, {})
+    if op.name not in cache:
+        with tf.device(op.device), tf.name_scope("sok_pooled_grad_shares"):
+            cache[op.name] = raw_ops.sok_pooled_grad_shares(
+                ids=list(op.inputs[num_outputs:num_outputs + n]),
+                row_splits=list(op.inputs[num_outputs + n:num_outputs + 2 * n]),
+                weights=list(op.inputs[num_outputs + 2 * n:num_outputs + 3 * n]),
+                num_outputs=num_outputs, stacked=op.get_attr("stacked"),
+                combiners=op.get_attr("combiners"), dim=dim)
+    rows, scales = cache[op.name]
+    l = values.value_index
+    source = op.inputs[0 if op.get_attr("stacked") else l]
+    with tf.control_dependencies(guards):  # read after the verdict, as the rows were
+        return tf.reshape(source, [-1, dim]), tf.identity(rows[l]), scales[l]
 
 
 @tf.RegisterGradient("Sok>GatherShardRows")

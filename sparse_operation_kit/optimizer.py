@@ -16,7 +16,8 @@ import tensorflow as tf
 
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable
-from sparse_operation_kit.lookup import indices_are_checked, on_gpu_device
+from sparse_operation_kit.lookup import (indices_are_checked, on_gpu_device,
+                                         pooled_gradient_shares)
 from sparse_operation_kit.variables import Variable
 
 _SUPPORTED = ("SGD", "Adagrad", "Adam", "Adamax", "Adadelta", "RMSprop", "Ftrl", "Nadam")
@@ -498,10 +499,15 @@ class OptimizerWrapper:
         slots = [self._optimizer.get_slot(variable, name)
                  for name in _LAZY_STATIC_SLOTS[self._kind]]
         rule, hyper, _, _, nesterov = rule_of_step
+        # A pooled lookup's gradient is read from its output gradient in place: the per-id
+        # rows are never written.
+        shares = pooled_gradient_shares(grad.values)
+        values = tf.convert_to_tensor(grad.values, tf.float32) if shares is None else shares[0]
         return raw_ops.sok_static_apply(
             table=variable.handle, slots=[slot.handle for slot in slots],
-            indices=tf.cast(grad.indices, tf.int64),
-            grads=tf.convert_to_tensor(grad.values, tf.float32), hyper=hyper, rule=rule,
+            indices=tf.cast(grad.indices, tf.int64), grads=values,
+            grad_rows=[] if shares is None else [shares[1]],
+            grad_scales=[] if shares is None else [shares[2]], hyper=hyper, rule=rule,
             nesterov=nesterov, table_name=variable.name,
             validate=not indices_are_checked(grad.indices))
 

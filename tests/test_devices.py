@@ -17,6 +17,11 @@ COMBINERS = ["sum", "mean", "sqrtn"]
 PACKED_ROW_BITS = 48
 
 
+def raw_static_apply(**kwargs):
+    """Sok>StaticApply with each index's gradient row given (no grad_rows)."""
+    return raw_ops.sok_static_apply(grad_rows=[], grad_scales=[], **kwargs)
+
+
 def poison(device):
     """Leaves NaN in the memory TensorFlow's allocator hands out next on `device`."""
     if device == "GPU":
@@ -430,7 +435,7 @@ def static_apply(device, rule, init, slot_inits, indices, grads):
     with tf.device(f"{device}:0"):
         table = tf.Variable(init)
         slots = [tf.Variable(s) for s in slot_inits]
-    on(device, lambda: raw_ops.sok_static_apply(
+    on(device, lambda: raw_static_apply(
         table=table.handle, slots=[s.handle for s in slots], indices=indices, grads=grads,
         hyper=tf.constant(hyper, tf.float32), rule=rule, nesterov=rule == "sgd",
         table_name="t"))
@@ -473,7 +478,7 @@ def test_plain_sgd_with_duplicate_ids_matches_numpy(device, rows, dim):
     grads = rng.normal(size=[n, dim]).astype(np.float32)
     with tf.device(f"{device}:0"):
         table = tf.Variable(init)
-    on(device, lambda: raw_ops.sok_static_apply(
+    on(device, lambda: raw_static_apply(
         table=table.handle, slots=[], indices=tf.constant(ids, tf.int64),
         grads=tf.constant(grads), hyper=tf.constant([0.1, 0.0]), rule="sgd", table_name="t"))
     expected = init.copy()
@@ -481,7 +486,7 @@ def test_plain_sgd_with_duplicate_ids_matches_numpy(device, rows, dim):
     np.testing.assert_allclose(table.numpy(), expected, rtol=1e-5, atol=1e-4)
     before = table.numpy()
     with pytest.raises(tf.errors.InvalidArgumentError, match=rf"id {rows} of table 't'"):
-        on(device, lambda: raw_ops.sok_static_apply(
+        on(device, lambda: raw_static_apply(
             table=table.handle, slots=[], indices=tf.constant([0, rows, 1], tf.int64),
             grads=tf.ones([3, dim]), hyper=tf.constant([0.1, 0.0]), rule="sgd",
             table_name="t"))
@@ -774,7 +779,7 @@ def test_static_apply_bad_row_writes_nothing(device):
         slot = tf.Variable(np.ones_like(init))
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"id 4 of table 'emb' is out of range \[0, 4\)"):
-        on(device, lambda: raw_ops.sok_static_apply(
+        on(device, lambda: raw_static_apply(
             table=table.handle, slots=[slot.handle], indices=tf.constant([0, 4, 1], tf.int64),
             grads=tf.ones([3, 3]), hyper=tf.constant([0.1, 0.9]), rule="sgd", table_name="emb"))
     np.testing.assert_array_equal(table.numpy(), init)
@@ -791,13 +796,13 @@ def test_static_apply_refuses_a_rule_its_slots_cannot_hold(device):
         table = tf.Variable(init)
         slot = tf.Variable(np.ones_like(init))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"adam of table emb needs more"):
-        on(device, lambda: raw_ops.sok_static_apply(
+        on(device, lambda: raw_static_apply(
             table=table.handle, slots=[slot.handle], indices=tf.constant([0, 1], tf.int64),
             grads=tf.ones([2, 3]), hyper=tf.constant([0.1, 0.9, 0.999, 1e-7]), rule="adam",
             table_name="emb"))
 
     def momentum_without_slot():
-        raw_ops.sok_static_apply(
+        raw_static_apply(
             table=table.handle, slots=[], indices=tf.constant([0, 1], tf.int64),
             grads=tf.ones([2, 3]), hyper=tf.constant([0.1, 0.9]), rule="sgd", table_name="emb")
 
@@ -857,7 +862,7 @@ def test_static_apply_without_validation_never_writes_outside(device, dim):
         table = tf.Variable(init)
 
     def apply():
-        raw_ops.sok_static_apply(
+        raw_static_apply(
             table=table.handle, slots=[], indices=tf.constant([0, 4, 1, -3], tf.int64),
             grads=tf.ones([4, dim]), hyper=tf.constant([0.5, 0.0]), rule="sgd",
             table_name="emb", validate=False)
@@ -927,7 +932,7 @@ def test_static_apply_refuses_state_the_rule_lacks(device):
         table = tf.Variable(tf.zeros([4, 3]))
         slot = tf.Variable(tf.zeros([4, 3]))
     with pytest.raises(tf.errors.InvalidArgumentError):
-        on(device, lambda: raw_ops.sok_static_apply(
+        on(device, lambda: raw_static_apply(
             table=table.handle, slots=[slot.handle], indices=tf.constant([0], tf.int64),
             grads=tf.ones([1, 3]), hyper=tf.constant([0.1, 0.9, 0.99, 1e-7]), rule="adam",
             table_name="emb"))

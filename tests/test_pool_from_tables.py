@@ -236,3 +236,108 @@ def test_bad_row_splits_weights_and_batches_are_refused():
     with pytest.raises(tf.errors.InvalidArgumentError, match="one batch size"):
         pool([tf.constant([0, 3], tf.int64), tf.constant([0, 1, 3], tf.int64)], stacked=True,
              n=2)
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+@pytest.mark.parametrize("rule", ["sgd", "adam"])
+def test_update_reads_the_pooled_gradient_in_place(pooled_path, monkeypatch, rule, stacked):
+    """In a tf.function, OptimizerWrapper's update reads each id's gradient from the pooled
+    output's gradient (Sok>PooledGradShares, Sok>StaticApply with grad_rows) instead of
+    per-id rows: the same tables and slots as with the rows written, repeated ids, weights,
+    all combiners, list and packed forms."""
+    from sparse_operation_kit import optimizer as sok_optimizer
+    rng = np.random.default_rng(31 + stacked)
+    vocabs, dim, batch = [6, 11, 4], 8, 24
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
+    make = {"sgd": lambda: tf.keras.optimizers.legacy.SGD(0.1),
+            "adam": lambda: tf.keras.optimizers.legacy.Adam(0.05)}[rule]
+    combiners = ["sum", "mean", "sqrtn"]
+
+    def trainer(tables, opt):
+        @tf.function
+        def step(ids, weights):
+            with tf.GradientTape() as tape:
+                if stacked:
+                    out = sok.lookup_sparse(tables, ids, weights, combiners)
+                else:
+                    out = tf.stack(sok.lookup_sparse(tables, ids, weights, combiners), 1)
+                loss = tf.reduce_sum(out * tf.range(1.0, dim + 1.0))
+            opt.apply_gradients(zip(tape.gradient(loss, tables), tables))
+        return step
+
+    in_place = [sok.Variable(i) for i in inits]
+    rows = [sok.Variable(i) for i in inits]
+    opt_in_place, opt_rows = sok.OptimizerWrapper(make()), sok.OptimizerWrapper(make())
+    step_in_place = trainer(in_place, opt_in_place)
+    batches = []
+    for _ in range(3):
+        pairs = [ragged(rng, v, batch) for v in vocabs]
+        if stacked:  # feature-major: one RaggedTensor for all tables
+            pairs = [tuple(tf.concat([p[k] for p in pairs], 0) for k in range(2))]
+            batches.append((pairs[0][0], pairs[0][1]))
+        else:
+            batches.append(([p[0] for p in pairs], [p[1] for p in pairs]))
+    for ids, weights in batches:
+        step_in_place(ids, weights)
+    graph = step_in_place.get_concrete_function(*batches[0]).graph
+    types = {op.type for op in graph.get_operations()}
+    assert "Sok>PooledGradShares" in types
+    monkeypatch.setattr(sok_optimizer, "pooled_gradient_shares", lambda values: None)
+    step_rows = trainer(rows, opt_rows)
+    for ids, weights in batches:
+        step_rows(ids, weights)
+    graph = step_rows.get_concrete_function(*batches[0]).graph
+    assert "Sok>PooledGradShares" not in {op.type for op in graph.get_operations()}
+    for a, b in zip(in_place, rows):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+        for name in ({"sgd": [], "adam": ["m", "v"]}[rule]):
+            np.testing.assert_allclose(opt_in_place.get_slot(a, name).numpy(),
+                                       opt_rows.get_slot(b, name).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_pooled_grad_shares_and_gathered_update_match_numpy(stacked):
+    """Sok>PooledGradShares' rows and scales against NumPy, and Sok>StaticApply reading its
+    gradients through them against the update by per-id rows."""
+    rng = np.random.default_rng(41)
+    dim, batch = 4, 9
+    batches = [ragged(rng, v, batch) for v in (7, 5)]
+    weights = [batches[0][1].values, tf.zeros([0])]
+    combiners = ["mean", "sqrtn"]
+    rows, scales = raw_ops.sok_pooled_grad_shares(
+        ids=[b[0].values for b in batches], row_splits=[b[0].row_splits for b in batches],
+        weights=weights, num_outputs=1 if stacked else 2, stacked=stacked,
+        combiners=combiners, dim=dim)
+    for l in range(2):
+        splits = batches[l][0].row_splits.numpy()
+        w = weights[l].numpy() if weights[l].shape[0] else np.ones(splits[-1], np.float32)
+        sample = np.repeat(np.arange(batch), np.diff(splits))
+        np.testing.assert_array_equal(rows[l].numpy(), sample * 2 + l if stacked else sample)
+        for i in range(splits[-1]):
+            mine = w[splits[sample[i]]:splits[sample[i] + 1]]
+            d = mine.sum() if combiners[l] == "mean" else np.sqrt((mine ** 2).sum())
+            np.testing.assert_allclose(scales[l].numpy()[i], w[i] / d, rtol=1e-6)
+
+    grads = rng.normal(size=[batch * 2 if stacked else batch, dim]).astype(np.float32)
+    init = rng.normal(size=[7, dim]).astype(np.float32)
+    table = tf.Variable(init)
+    ids = batches[0][0].values
+    raw_ops.sok_static_apply(table=table.handle, slots=[], indices=ids, grads=grads,
+                             grad_rows=[rows[0]], grad_scales=[scales[0]],
+                             hyper=tf.constant([0.5, 0.0]), rule="sgd", table_name="t")
+    expected = init.copy()
+    np.add.at(expected, ids.numpy(),
+              -0.5 * scales[0].numpy()[:, None] * grads[rows[0].numpy()])
+    np.testing.assert_allclose(table.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_gathered_update_refuses_rows_outside_the_gradient():
+    table = tf.Variable(tf.ones([5, 2]))
+    with tf.device("CPU:0"), pytest.raises(tf.errors.InvalidArgumentError,
+                                           match=r"grad_rows\[1\] = 3 is outside the 3 rows"):
+        raw_ops.sok_static_apply(table=table.handle, slots=[],
+                                 indices=tf.constant([0, 1], tf.int64), grads=tf.ones([3, 2]),
+                                 grad_rows=[tf.constant([0, 3], tf.int64)],
+                                 grad_scales=[tf.ones([2])], hyper=tf.constant([0.5, 0.0]),
+                                 rule="sgd", table_name="t")
+    np.testing.assert_array_equal(table.numpy(), np.ones([5, 2]))

@@ -62,12 +62,13 @@ def main():
 
         def static_apply():
             raw_ops.sok_static_apply(table=static.handle, slots=[], indices=rows, grads=grads,
-                                     hyper=hyper, rule="sgd")
+                                     grad_rows=[], grad_scales=[], hyper=hyper, rule="sgd")
             return tf.constant(0.0)
 
         def small_static_apply():
             raw_ops.sok_static_apply(table=static.handle, slots=[], indices=rows[:4096],
-                                     grads=small_grads, hyper=hyper, rule="sgd")
+                                     grads=small_grads, grad_rows=[], grad_scales=[],
+                                     hyper=hyper, rule="sgd")
             return tf.constant(0.0)
 
         def wrapped_apply():

@@ -31,6 +31,12 @@ float Denominator(Combiner combiner, const float* weights, int64_t begin, int64_
   return combiner == Combiner::kMean ? total : std::sqrt(total);
 }
 
+// An id's share of its sample's output gradient: weight / denominator (0 where the forward
+// pooled the sample to zeros).
+float UseScale(const float* weights, float denominator, int64_t i) {
+  return denominator == 0.0f ? 0.0f : (weights ? weights[i] : 1.0f) / denominator;
+}
+
 Status BadPosition(int64_t position, int64_t num_rows) {
   return Status::InvalidArgument("row position " + std::to_string(position) +
                                  " is out of range [0, " + std::to_string(num_rows) + ")");
@@ -271,11 +277,35 @@ void SpreadPooledGrad(int64_t dim, const std::vector<PooledLookup<T>>& lookups,
         const float denominator = Denominator(lookup.combiner, lookup.weights, first_id, end_id);
         const T* grad = lookup.output_grad + s * OutputStride(lookup, dim);
         for (int64_t i = first_id; i < end_id; ++i) {
-          const float scale = denominator == 0.0f
-                                  ? 0.0f
-                                  : (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
+          const float scale = UseScale(lookup.weights, denominator, i);
           T* out = id_grads[l] + i * dim;
           for (int64_t d = 0; d < dim; ++d) out[d] = static_cast<T>(scale) * grad[d];
+        }
+      }
+      g = space.first[l] + last;
+    }
+  });
+}
+
+template <typename T>
+void PooledGradShares(const std::vector<PooledLookup<T>>& lookups,
+                      const std::vector<int64_t>& row_first, const std::vector<int64_t>& row_step,
+                      const std::vector<int64_t*>& use_rows,
+                      const std::vector<float*>& use_scales, const ParallelFor& parallel_for) {
+  const SampleSpace<T> space(lookups);
+  const int64_t cost = 4 * (1 + space.uses() / std::max<int64_t>(space.samples(), 1));
+  parallel_for(space.samples(), cost, [&](int64_t begin, int64_t end) {
+    size_t l = std::upper_bound(space.first.begin(), space.first.end(), begin) -
+               space.first.begin() - 1;
+    for (int64_t g = begin; g < end; ++l) {
+      const PooledLookup<T>& lookup = lookups[l];
+      const int64_t last = std::min(end, space.first[l + 1]) - space.first[l];
+      for (int64_t s = g - space.first[l]; s < last; ++s) {
+        const int64_t first_id = lookup.row_splits[s], end_id = lookup.row_splits[s + 1];
+        const float denominator = Denominator(lookup.combiner, lookup.weights, first_id, end_id);
+        for (int64_t i = first_id; i < end_id; ++i) {
+          use_rows[l][i] = row_first[l] + s * row_step[l];
+          use_scales[l][i] = UseScale(lookup.weights, denominator, i);
         }
       }
       g = space.first[l] + last;
@@ -403,6 +433,10 @@ template Status CombineForward<float, PackedKeyRows<float>>(
     const ParallelFor&);
 template Status PoolFromTables<float>(const std::vector<LookupTable<float>>&, int64_t,
                                       const std::vector<PooledLookup<float>>&,
+                                      const ParallelFor&);
+template void PooledGradShares<float>(const std::vector<PooledLookup<float>>&,
+                                      const std::vector<int64_t>&, const std::vector<int64_t>&,
+                                      const std::vector<int64_t*>&, const std::vector<float*>&,
                                       const ParallelFor&);
 template void SpreadPooledGrad<float>(int64_t, const std::vector<PooledLookup<float>>&,
                                       const std::vector<float*>&, const ParallelFor&);

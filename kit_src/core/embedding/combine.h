@@ -92,6 +92,15 @@ template <typename T>
 void SpreadPooledGrad(int64_t dim, const std::vector<PooledLookup<T>>& lookups,
                       const std::vector<T*>& id_grads, const ParallelFor& parallel_for);
 
+// SpreadPooledGrad's rows as shares, for an update that reads the output gradient itself:
+// id i of lookup l takes use_scales[l][i] times row use_rows[l][i] of its output gradient
+// viewed as a [rows, dim] matrix (row_first[l] + s * row_step[l] for its sample s).
+template <typename T>
+void PooledGradShares(const std::vector<PooledLookup<T>>& lookups,
+                      const std::vector<int64_t>& row_first, const std::vector<int64_t>& row_step,
+                      const std::vector<int64_t*>& use_rows,
+                      const std::vector<float*>& use_scales, const ParallelFor& parallel_for);
+
 // rows_grad(p) (overwritten, for every p in [0, num_rows)) = sum over the uses of row p of
 // their share of the output gradient. Uses are grouped by row first (a counting sort), so
 // each row is written by one thread, once, with no atomics.

@@ -539,6 +539,27 @@ __global__ void __launch_bounds__(kThreads, 4) SpreadPooledGradKernel(const GpuP
   }
 }
 
+// One thread a sample: its ids' gradient rows and scales.
+__global__ void PooledGradSharesKernel(const GpuPooledLookup* lookups, int32_t num_lookups,
+                                       int64_t samples) {
+  for (int64_t g = GlobalThread(); g < samples; g += GridThreads()) {
+    const int32_t l = FindSampleLookup(lookups, num_lookups, g);
+    const GpuPooledLookup& lookup = lookups[l];
+    const int64_t s = g - lookup.first_sample;
+    // Row splits the forward found bad must not write outside the shares.
+    const int64_t begin = max(lookup.row_splits[s], int64_t{0});
+    const int64_t end = min(lookup.row_splits[s + 1], lookup.ids_count);
+    const float denominator = Denominator(lookup, begin, end);
+    const int64_t row = lookup.share_row_first + s * lookup.share_row_step;
+    for (int64_t i = begin; i < end; ++i) {
+      lookup.use_rows[i] = row;
+      lookup.use_scales[i] = denominator == 0.0f
+                                 ? 0.0f
+                                 : (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
+    }
+  }
+}
+
 __device__ __forceinline__ void AtomicAddVec(float* to, float x) { atomicAdd(to, x); }
 __device__ __forceinline__ void AtomicAddVec(float* to, float4 x) {
   AtomicAddFloat4(reinterpret_cast<float4*>(to), x);
@@ -878,6 +899,14 @@ cudaError_t SpreadPooledGradGpu(const GpuPooledLookup* lookups_device, int32_t n
     SpreadPooledGradKernel<vec.value><<<GridFor(samples, group), kThreads, 0, stream>>>(
         lookups_device, num_lookups, samples, dim, group);
   });
+}
+
+cudaError_t PooledGradSharesGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
+                                int64_t samples, cudaStream_t stream) {
+  if (samples == 0) return cudaSuccess;
+  PooledGradSharesKernel<<<GridBlocks(samples, kThreads), kThreads, 0, stream>>>(
+      lookups_device, num_lookups, samples);
+  return cudaGetLastError();
 }
 
 cudaError_t CombineBackwardGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,

@@ -190,6 +190,12 @@ struct GpuPooledLookup {
   int64_t ids_count = 0;
   GpuShard table;
   float* id_grads = nullptr;            // [ids_count, dim]
+  // Or each id's share of the output gradient (PooledGradSharesGpu): the row of the gradient,
+  // viewed as a [rows, dim] matrix, that id i takes (share_row_first + s * share_row_step for
+  // its sample s), and its scale.
+  int64_t* use_rows = nullptr;          // [ids_count]
+  float* use_scales = nullptr;          // [ids_count]
+  int64_t share_row_first = 0, share_row_step = 1;
 };
 
 // Where the rows a position names live: a dense [num_rows, dim] matrix, or (keys non-null)
@@ -241,6 +247,10 @@ cudaError_t PoolFromTablesGpu(const GpuPooledLookup* lookups_device, int32_t num
 // output_grad row of the sample holding id i (zeros where the forward pooled to zeros).
 cudaError_t SpreadPooledGradGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
                                 int64_t samples, int64_t dim, cudaStream_t stream);
+
+// PooledGradShares (combine.h) on the device: use_rows / use_scales of every lookup.
+cudaError_t PooledGradSharesGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
+                                int64_t samples, cudaStream_t stream);
 
 // Fills value_a / value_b of the record the combine checks left.
 cudaError_t DescribePooledError(const GpuPooledLookup* lookups_device, int32_t num_lookups,

@@ -28,6 +28,24 @@ union SgdTileStorage {
   } sorted;
 };
 
+// Where a use's gradient row is: its own row of `grads`, or (rows set) scales[use] times row
+// rows[use] of a [source_rows, ...] matrix (zeros for a row outside it).
+struct GradRows {
+  const int64_t* rows = nullptr;
+  const float* scales = nullptr;
+  int64_t source_rows = 0;
+
+  __device__ __forceinline__ float4 Read(const float4* grads, int64_t use, int64_t width,
+                                         int64_t d) const {
+    if (rows == nullptr) return grads[use * width + d];
+    const int64_t row = rows[use];
+    if (row < 0 || row >= source_rows) return make_float4(0.f, 0.f, 0.f, 0.f);
+    const float s = scales[use];
+    const float4 g = grads[row * width + d];
+    return make_float4(s * g.x, s * g.y, s * g.z, s * g.w);
+  }
+};
+
 // Bits of the largest row: the tile sorts rows below 2^end_bit (end_bit <= 32).
 inline int SgdTileEndBit(int64_t rows) {
   int end_bit = 1;
@@ -52,11 +70,13 @@ __device__ __forceinline__ void SortTile(SgdTileStorage& tile, uint32_t key, int
 // One tile, called by every thread of a kSgdTileUses-thread block (it synchronises the
 // block): thread t holds use first + t, `row` its row (below 2^end_bit) or negative for none;
 // `lanes` is RowLanes(width) (cuda_scratch.cuh), so that groups split the tile evenly.
-// Rows are `width` float4s (dim / 4) at values + row * width, gradients at grads + use * width.
+// Rows are `width` float4s (dim / 4) at values + row * width, gradients at grads + use * width
+// (or where grad_rows says).
 // With lr = -1 it adds each row's summed gradients to `values` (the claimed update's sums).
 __device__ __forceinline__ void ApplySgdTile(SgdTileStorage& tile, int64_t row, int64_t first,
                                              const float4* __restrict__ grads, int64_t width,
-                                             float lr, float4* values, int end_bit, int lanes) {
+                                             float lr, float4* values, int end_bit, int lanes,
+                                             const GradRows& grad_rows = GradRows()) {
   SortTile(tile, row >= 0 ? static_cast<uint32_t>(row) : 0u,
            row >= 0 ? static_cast<int32_t>(threadIdx.x) : -1, end_bit);
   const int lane = threadIdx.x % lanes, share = lanes;  // kSgdTileUses / (threads / lanes)
@@ -69,7 +89,8 @@ __device__ __forceinline__ void ApplySgdTile(SgdTileStorage& tile, int64_t row, 
 #pragma unroll
       for (int u = 0; u < kSgdRowsInFlight; ++u) {
         const int32_t at = i0 + u < end ? tile.sorted.use[i0 + u] : -1;
-        g[u] = at >= 0 ? grads[(first + at) * width + d] : make_float4(0.f, 0.f, 0.f, 0.f);
+        g[u] = at >= 0 ? grad_rows.Read(grads, first + at, width, d)
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int u = 0; u < kSgdRowsInFlight; ++u) {

@@ -51,7 +51,15 @@ __global__ void HeadFlags(const int64_t* sorted_ids, int64_t n, int32_t* head) {
 // crosses a chunk: a hot id's thousands of uses are summed by many blocks in parallel).
 constexpr int64_t kUsesPerChunk = 32;
 
-__global__ void SumRuns(const int32_t* order, const int32_t* run_of, const float* grads,
+// Use k's gradient element d: its own row, or scales[k] * values row rows[k] (zeros outside).
+__device__ __forceinline__ float GradientAt(const SparseGradient& g, int64_t k, int64_t dim,
+                                           int64_t d) {
+  if (g.rows == nullptr) return g.values[k * dim + d];
+  const int64_t row = g.rows[k];
+  return row < 0 || row >= g.source_rows ? 0.0f : g.scales[k] * g.values[row * dim + d];
+}
+
+__global__ void SumRuns(const int32_t* order, const int32_t* run_of, SparseGradient grads,
                         int64_t n, int64_t dim, float* summed, const LookupCheck* check) {
   if (Failed(check)) return;
   const int64_t chunks = (n + kUsesPerChunk - 1) / kUsesPerChunk;
@@ -61,7 +69,7 @@ __global__ void SumRuns(const int32_t* order, const int32_t* run_of, const float
     for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
       float total = 0.0f;
       for (int64_t k = first; k < last; ++k) {
-        total += grads[order[k] * dim + d];
+        total += GradientAt(grads, order[k], dim, d);
         if (k + 1 == last || run_of[k + 1] != run_of[k]) {
           atomicAdd(&summed[run_of[k] * dim + d], total);
           total = 0.0f;
@@ -75,7 +83,7 @@ __global__ void SumRuns(const int32_t* order, const int32_t* run_of, const float
 // atomic add, with no sort and no summing of duplicate ids first (as TF's scatter_add); for
 // rows SortedTileSgd cannot take (not float4, or not 16-byte aligned).
 // hyper: [lr, momentum] in device memory; a momentum would need state: nothing is written.
-__global__ void ScatterSgd(const int64_t* ids, const float* grads, int64_t n, int64_t dim,
+__global__ void ScatterSgd(const int64_t* ids, SparseGradient grads, int64_t n, int64_t dim,
                            int64_t rows, const float* hyper, float* values,
                            const LookupCheck* check) {
   if (Failed(check) || hyper[1] != 0.0f) return;
@@ -84,7 +92,7 @@ __global__ void ScatterSgd(const int64_t* ids, const float* grads, int64_t n, in
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t k = e / dim, row = ids[k];
     if (row < 0 || row >= rows) continue;
-    atomicAdd(&values[row * dim + (e - k * dim)], -lr * grads[e]);
+    atomicAdd(&values[row * dim + (e - k * dim)], -lr * GradientAt(grads, k, dim, e - k * dim));
   }
 }
 
@@ -92,7 +100,7 @@ __global__ void ScatterSgd(const int64_t* ids, const float* grads, int64_t n, in
 __global__ void __launch_bounds__(kSgdTileUses)
     SortedTileSgd(const int64_t* __restrict__ ids, const float4* __restrict__ grads, int64_t n,
                   int64_t width, int64_t rows, int end_bit, const float* hyper, float4* values,
-                  int lanes, const LookupCheck* check) {
+                  int lanes, GradRows grad_rows, const LookupCheck* check) {
   __shared__ SgdTileStorage tile;
   if (Failed(check) || hyper[1] != 0.0f) return;
   for (int64_t first = blockIdx.x * int64_t{kSgdTileUses}; first < n;
@@ -100,7 +108,7 @@ __global__ void __launch_bounds__(kSgdTileUses)
     const int64_t k = first + threadIdx.x;
     const int64_t id = k < n ? ids[k] : -1;
     ApplySgdTile(tile, id < rows ? id : -1, first, grads, width, hyper[0], values, end_bit,
-                 lanes);
+                 lanes, grad_rows);
   }
 }
 
@@ -173,11 +181,10 @@ cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper_devi
       SortedTileSgd<<<GridBlocks(n, kSgdTileUses), kSgdTileUses, 0, stream>>>(
           gradient.ids, reinterpret_cast<const float4*>(gradient.values), n, width, table.rows,
           end_bit, hyper_device, reinterpret_cast<float4*>(table.values), RowLanes(width),
-          check);
+          GradRows{gradient.rows, gradient.scales, gradient.source_rows}, check);
     } else {
       ScatterSgd<<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(
-          gradient.ids, gradient.values, n, table.dim, table.rows, hyper_device, table.values,
-          check);
+          gradient.ids, gradient, n, table.dim, table.rows, hyper_device, table.values, check);
     }
     return cudaGetLastError();
   }
@@ -218,7 +225,7 @@ cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper_devi
   const int threads = static_cast<int>(std::min<int64_t>(256, (table.dim + 31) / 32 * 32));
   const int64_t chunks = (n + kUsesPerChunk - 1) / kUsesPerChunk;
   SumRuns<<<GridBlocks(chunks, 1), threads, 0, stream>>>(
-      order, run_of, gradient.values, n, table.dim, summed, check);
+      order, run_of, gradient, n, table.dim, summed, check);
   // The runs (distinct ids) are counted on the device: blocks stride over them. A block per
   // use instead would launch mostly empty blocks where ids repeat, at a cost that showed.
   const int apply_blocks = static_cast<int>(std::min<int64_t>(n, kApplyBlocks));

@@ -31,8 +31,13 @@ struct SparseApplyTable {
 
 struct SparseGradient {
   const int64_t* ids = nullptr;  // [n] rows, duplicates allowed
-  const float* values = nullptr; // [n, dim]
+  const float* values = nullptr; // [n, dim], or [source_rows, dim] with rows
   int64_t n = 0;
+  // Optional: use i's gradient is scales[i] * values row rows[i] (a pooled lookup's output
+  // gradient read in place); a row outside [0, source_rows) reads as zeros.
+  const int64_t* rows = nullptr;  // [n]
+  const float* scales = nullptr;  // [n]
+  int64_t source_rows = 0;
 };
 
 // hyper: host floats as Sok>DynamicApply takes them for `rule`. Returns cudaErrorInvalidValue,

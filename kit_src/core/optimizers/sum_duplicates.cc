@@ -4,20 +4,24 @@
 
 namespace sok {
 
-void SumDuplicates(const int64_t* keys, const float* grads, int64_t n, int64_t dim,
+void SumDuplicates(const int64_t* keys, const GradientUses& grads, int64_t n, int64_t dim,
                    std::vector<int64_t>* unique_keys, std::vector<float>* summed) {
   absl::flat_hash_map<int64_t, int64_t> index_of;
   index_of.reserve(n);
   summed->reserve(n * dim);
   for (int64_t i = 0; i < n; ++i) {
+    const float* row = grads.values + (grads.rows ? grads.rows[i] : i) * dim;
+    const float scale = grads.rows ? grads.scales[i] : 1.0f;
     auto inserted = index_of.try_emplace(keys[i], static_cast<int64_t>(unique_keys->size()));
+    float* out = nullptr;
     if (inserted.second) {
       unique_keys->push_back(keys[i]);
-      summed->insert(summed->end(), grads + i * dim, grads + (i + 1) * dim);
+      summed->resize(summed->size() + dim, 0.0f);
+      out = summed->data() + summed->size() - dim;
     } else {
-      float* out = summed->data() + inserted.first->second * dim;
-      for (int64_t d = 0; d < dim; ++d) out[d] += grads[i * dim + d];
+      out = summed->data() + inserted.first->second * dim;
     }
+    for (int64_t d = 0; d < dim; ++d) out[d] += scale * row[d];
   }
 }
 

@@ -332,8 +332,8 @@ class DynamicApplyOp : public tf::OpKernel {
     // Sum the gradients of duplicate keys so each row is updated once.
     std::vector<int64_t> unique_keys;
     std::vector<float> summed;
-    SumDuplicates(keys.flat<int64_t>().data(), grads.flat<float>().data(), n, dim, &unique_keys,
-                  &summed);
+    SumDuplicates(keys.flat<int64_t>().data(), GradientUses{grads.flat<float>().data()}, n, dim,
+                  &unique_keys, &summed);
     table.EnsureState(attrs_.state_dim, attrs_.state_initial_value);
     const float* g = summed.data();
     SOK_OP_REQUIRES_OK(ctx, VisitRule(attrs_.rule, hyper.flat<float>().data(), hyper.NumElements(),

@@ -1,4 +1,4 @@
-// Sok>PoolFromTables' and Sok>SpreadPooledGrad's device work: the OpKernels in
+// Sok>PoolFromTables', Sok>SpreadPooledGrad's and Sok>PooledGradShares' device work: the OpKernels in
 // pool_from_tables_kernels.cc check the inputs, lock the tables and allocate the outputs once
 // for both devices; a functor per device pools (kit_src/core/embedding/combine.h on the CPU,
 // lookup_gpu.cuh on the GPU).
@@ -32,6 +32,19 @@ struct SpreadPooledGrad {
                                   const std::vector<PooledLookup<float>>& lookups,
                                   const std::vector<int64_t>& id_counts,
                                   const std::vector<float*>& id_grads, int64_t dim);
+};
+
+template <typename Device>
+struct PooledGradShares {
+  // use_rows[l] / use_scales[l] ([ids of lookup l]) as combine.h's PooledGradShares; each
+  // lookup's share_row_first / share_row_step in row_first / row_step.
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx,
+                                  const std::vector<PooledLookup<float>>& lookups,
+                                  const std::vector<int64_t>& id_counts,
+                                  const std::vector<int64_t>& row_first,
+                                  const std::vector<int64_t>& row_step,
+                                  const std::vector<int64_t*>& use_rows,
+                                  const std::vector<float*>& use_scales);
 };
 
 }  // namespace functor

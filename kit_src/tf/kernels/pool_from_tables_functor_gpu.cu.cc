@@ -1,4 +1,4 @@
-// GPU functors of Sok>PoolFromTables and Sok>SpreadPooledGrad (pool_from_tables_functor.h):
+// GPU functors of Sok>PoolFromTables, Sok>SpreadPooledGrad and Sok>PooledGradShares (pool_from_tables_functor.h):
 // kit_src/core/embedding/lookup_gpu.cu on TensorFlow's stream. Nothing waits for the device:
 // bad input is left in the check record for Sok>CheckGatheredIds.
 #if GOOGLE_CUDA
@@ -85,6 +85,27 @@ tf::Status SpreadPooledGrad<GpuDevice>::operator()(tf::OpKernelContext* ctx,
   const int32_t n = static_cast<int32_t>(device.size());
   return Run(ctx, device, [&](const GpuPooledLookup* lookups_device) {
     return SpreadPooledGradGpu(lookups_device, n, samples, dim, GpuStream(ctx));
+  });
+}
+
+template <>
+tf::Status PooledGradShares<GpuDevice>::operator()(
+    tf::OpKernelContext* ctx, const std::vector<PooledLookup<float>>& lookups,
+    const std::vector<int64_t>& id_counts, const std::vector<int64_t>& row_first,
+    const std::vector<int64_t>& row_step, const std::vector<int64_t*>& use_rows,
+    const std::vector<float*>& use_scales) {
+  int64_t samples = 0;
+  std::vector<GpuPooledLookup> device = DeviceLookups(lookups, &samples);
+  for (size_t l = 0; l < lookups.size(); ++l) {
+    device[l].ids_count = id_counts[l];
+    device[l].use_rows = use_rows[l];
+    device[l].use_scales = use_scales[l];
+    device[l].share_row_first = row_first[l];
+    device[l].share_row_step = row_step[l];
+  }
+  const int32_t n = static_cast<int32_t>(device.size());
+  return Run(ctx, device, [&](const GpuPooledLookup* lookups_device) {
+    return PooledGradSharesGpu(lookups_device, n, samples, GpuStream(ctx));
   });
 }
 

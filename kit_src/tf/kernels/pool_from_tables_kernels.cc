@@ -45,6 +45,21 @@ tf::Status SpreadPooledGrad<CpuDevice>::operator()(tf::OpKernelContext* ctx,
   return tf::Status();
 }
 
+template <>
+tf::Status PooledGradShares<CpuDevice>::operator()(
+    tf::OpKernelContext* ctx, const std::vector<PooledLookup<float>>& lookups,
+    const std::vector<int64_t>& id_counts, const std::vector<int64_t>& row_first,
+    const std::vector<int64_t>& row_step, const std::vector<int64_t*>& use_rows,
+    const std::vector<float*>& use_scales) {
+  for (size_t l = 0; l < lookups.size(); ++l) {
+    TF_RETURN_IF_ERROR(ToTfStatus(ValidateRowSplits(lookups[l].row_splits, lookups[l].batch,
+                                                    id_counts[l],
+                                                    "lookup " + std::to_string(l))));
+  }
+  sok::PooledGradShares(lookups, row_first, row_step, use_rows, use_scales, CpuParallelFor(ctx));
+  return tf::Status();
+}
+
 }  // namespace functor
 
 namespace {
@@ -222,6 +237,48 @@ class SpreadPooledGradOp : public tf::OpKernel {
   PooledLayout layout_;
 };
 
+// Sok>PooledGradShares: each id's output-gradient row and scale, for Sok>StaticApply to read
+// the pooled gradient itself.
+template <typename Device>
+class PooledGradSharesOp : public tf::OpKernel {
+ public:
+  explicit PooledGradSharesOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, layout_.Read(ctx));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const int64_t n = layout_.n;
+    std::vector<int64_t> id_counts(n), row_first(n), row_step(n);
+    for (int64_t l = 0; l < n; ++l) id_counts[l] = ctx->input(l).NumElements();
+    std::vector<PooledLookup<float>> lookups;
+    OP_REQUIRES_OK(ctx, layout_.Describe(ctx, static_cast<int>(n), id_counts, &lookups));
+    std::vector<int64_t*> use_rows(n);
+    std::vector<float*> use_scales(n);
+    for (int64_t l = 0; l < n; ++l) {
+      row_first[l] = layout_.stacked ? l : 0;
+      row_step[l] = layout_.stacked ? n : 1;
+      tf::Tensor* rows = nullptr;
+      tf::Tensor* scales = nullptr;
+      const tf::TensorShape shape({id_counts[l]});
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(static_cast<int>(l), shape, &rows));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(static_cast<int>(n + l), shape, &scales));
+      use_rows[l] = rows->flat<int64_t>().data();
+      use_scales[l] = scales->flat<float>().data();
+    }
+    OP_REQUIRES_OK(ctx, functor::PooledGradShares<Device>()(ctx, lookups, id_counts, row_first,
+                                                            row_step, use_rows, use_scales));
+  }
+
+ private:
+  PooledLayout layout_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>PooledGradShares").Device(tf::DEVICE_CPU),
+                        PooledGradSharesOp<CpuDevice>);
+#if GOOGLE_CUDA
+REGISTER_KERNEL_BUILDER(Name("Sok>PooledGradShares").Device(tf::DEVICE_GPU),
+                        PooledGradSharesOp<GpuDevice>);
+#endif
 REGISTER_KERNEL_BUILDER(Name("Sok>PoolFromTables").Device(tf::DEVICE_CPU),
                         PoolFromTablesOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("Sok>SpreadPooledGrad").Device(tf::DEVICE_CPU),

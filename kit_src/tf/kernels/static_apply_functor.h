@@ -24,8 +24,13 @@ struct StaticApplyArgs {
   std::vector<float*> slots;     // each [rows, dim]: the rule's state, section after section
   int64_t rows = 0, dim = 0;
   const int64_t* indices = nullptr;  // [n]
-  const float* grads = nullptr;      // [n, dim]
+  const float* grads = nullptr;      // [n, dim], or [grad_source_rows, dim] with grad_rows
   int64_t n = 0;
+  // Optional: index i's gradient is grad_scales[i] * grads row grad_rows[i] (a pooled
+  // lookup's output gradient read in place).
+  const int64_t* grad_rows = nullptr;  // [n]
+  const float* grad_scales = nullptr;  // [n]
+  int64_t grad_source_rows = 0;
   bool validate = true;  // false: the GPU skips the check (and its wait for the stream)
 };
 

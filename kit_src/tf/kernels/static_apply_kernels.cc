@@ -32,9 +32,18 @@ void StaticApply<CpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticAp
   }
   const int64_t dim = args.dim;
   const int num_slots = static_cast<int>(args.slots.size());
+  for (int64_t i = 0; args.grad_rows && i < args.n; ++i) {
+    if (args.grad_rows[i] < 0 || args.grad_rows[i] >= args.grad_source_rows) {
+      finish(tf::errors::InvalidArgument("gradient of table ", args.table_name, ": grad_rows[",
+                                         i, "] = ", args.grad_rows[i], " is outside the ",
+                                         args.grad_source_rows, " rows of grads"));
+      return;
+    }
+  }
   std::vector<int64_t> unique_rows;
   std::vector<float> summed;
-  SumDuplicates(args.indices, args.grads, args.n, dim, &unique_rows, &summed);
+  SumDuplicates(args.indices, GradientUses{args.grads, args.grad_rows, args.grad_scales},
+                args.n, dim, &unique_rows, &summed);
   finish(ToTfStatus(VisitRule(args.rule, args.hyper, args.hyper_count, args.nesterov,
                               [&](const auto& rule) {
     CpuParallelFor(ctx)(unique_rows.size(), dim * 16, [&](int64_t begin, int64_t end) {
@@ -116,6 +125,9 @@ class StaticApplyOp : public tf::AsyncOpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("nesterov", &nesterov_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table_name_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("validate", &validate_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("M", &gathered_));
+    OP_REQUIRES(ctx, gathered_ <= 1,
+                tf::errors::InvalidArgument("grad_rows: at most one list, got ", gathered_));
     OP_REQUIRES(ctx, num_slots_ <= 3,
                 tf::errors::InvalidArgument("at most 3 optimizer slots, got ", num_slots_));
   }
@@ -123,7 +135,7 @@ class StaticApplyOp : public tf::AsyncOpKernel {
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
     const tf::Tensor& indices = ctx->input(num_slots_ + 1);
     const tf::Tensor& grads = ctx->input(num_slots_ + 2);
-    const tf::Tensor& hyper = ctx->input(num_slots_ + 3);
+    const tf::Tensor& hyper = ctx->input(num_slots_ + 3 + 2 * gathered_);
     OP_REQUIRES_ASYNC(ctx, RuleHyperCount(rule_) == hyper.NumElements(),
                       tf::errors::InvalidArgument(rule_, " takes ", RuleHyperCount(rule_),
                                                   " hyper-parameters, got ", hyper.NumElements()),
@@ -162,14 +174,29 @@ class StaticApplyOp : public tf::AsyncOpKernel {
     args.dim = table.dim_size(1);
     args.n = indices.NumElements();
     OP_REQUIRES_ASYNC(ctx, indices.dims() == 1 && grads.dims() == 2 &&
-                               grads.dim_size(0) == args.n && grads.dim_size(1) == args.dim,
+                               (gathered_ || grads.dim_size(0) == args.n) &&
+                               grads.dim_size(1) == args.dim,
                       tf::errors::InvalidArgument("gradient of table ", table_name_,
-                                                  ": indices [n] and values [n, ", args.dim,
+                                                  ": indices [n] and values [",
+                                                  gathered_ ? "rows" : "n", ", ", args.dim,
                                                   "] expected, got ", indices.shape().DebugString(),
                                                   " and ", grads.shape().DebugString()),
                       done);
     args.indices = indices.flat<int64_t>().data();
     args.grads = grads.flat<float>().data();
+    if (gathered_) {
+      const tf::Tensor& rows = ctx->input(num_slots_ + 3);
+      const tf::Tensor& scales = ctx->input(num_slots_ + 4);
+      OP_REQUIRES_ASYNC(ctx, rows.NumElements() == args.n && scales.NumElements() == args.n,
+                        tf::errors::InvalidArgument(
+                            "gradient of table ", table_name_, ": grad_rows and grad_scales need ",
+                            args.n, " values (one an index), got ", rows.NumElements(), " and ",
+                            scales.NumElements()),
+                        done);
+      args.grad_rows = rows.flat<int64_t>().data();
+      args.grad_scales = scales.flat<float>().data();
+      args.grad_source_rows = grads.dim_size(0);
+    }
     args.validate = validate_;
     // The rule must find its state in the slots given (it would read past them otherwise).
     // The CPU reads the values; on the GPU they stay in device memory (no step waits for
@@ -201,6 +228,7 @@ class StaticApplyOp : public tf::AsyncOpKernel {
   bool nesterov_ = false;
   std::string table_name_;
   bool validate_ = true;
+  int gathered_ = 0;  // M: grads read through grad_rows / grad_scales
 };
 
 REGISTER_KERNEL_BUILDER(Name("Sok>StaticApply").Device(tf::DEVICE_CPU),

@@ -40,7 +40,9 @@ void StaticApply<GpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticAp
   };
   const cudaError_t launched = SparseApplyGpuAsync(
       args.rule, args.hyper, args.hyper_count, args.nesterov, target,
-      SparseGradient{args.indices, args.grads, args.n}, allocate, check.device, GpuStream(ctx));
+      SparseGradient{args.indices, args.grads, args.n, args.grad_rows, args.grad_scales,
+                     args.grad_source_rows},
+      allocate, check.device, GpuStream(ctx));
   if (!allocation.ok()) return finish(allocation);
   status = CudaToTf(launched, "sparse apply");
   // Ids checked by the caller: done once enqueued, nothing waits for the stream.

@@ -300,6 +300,35 @@ of the sample holding id i, times its weight over the sample's denominator (zero
 forward pooled to zeros). The ids are read for their count only.
 )doc");
 
+REGISTER_OP("Sok>PooledGradShares")
+    .Input("ids: N * int64")
+    .Input("row_splits: N * int64")
+    .Input("weights: N * float")
+    .Output("use_rows: N * int64")
+    .Output("use_scales: N * float")
+    .Attr("N: int >= 1")
+    .Attr("num_outputs: int >= 1")
+    .Attr("stacked: bool = false")
+    .Attr("combiners: list(string)")
+    .Attr("dim: int >= 1")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      int64_t n = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      for (int64_t l = 0; l < n; ++l) {
+        ShapeHandle ids;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(l), 1, &ids));
+        c->set_output(l, ids);
+        c->set_output(n + l, ids);
+      }
+      return Status();
+    })
+    .Doc(R"doc(
+Sok>SpreadPooledGrad as shares, for an update that reads the output gradient itself
+(Sok>StaticApply with grad_rows): id i of lookup l takes use_scales[l][i] times row
+use_rows[l][i] of its output gradient viewed as a [rows, dim] matrix (its own [batch, dim]
+output's row s, or row s * N + l of the stacked [batch, N, dim] one, for its sample s).
+)doc");
+
 REGISTER_OP("Sok>CheckGatheredIds")
     .SetIsStateful()  // runs even though nothing reads it
     .Input("check: int64")
@@ -440,8 +469,11 @@ REGISTER_OP("Sok>StaticApply")
     .Input("slots: N * resource")
     .Input("indices: int64")
     .Input("grads: float")
+    .Input("grad_rows: M * int64")
+    .Input("grad_scales: M * float")
     .Input("hyper: float")
     .Attr("N: int >= 0")
+    .Attr("M: int >= 0 = 0")
     .Attr("rule: {'sgd', 'adagrad', 'adam', 'adamax', 'adadelta', 'rmsprop', 'ftrl', 'nadam'}")
     .Attr("nesterov: bool = false")
     .Attr("table_name: string = ''")
@@ -459,6 +491,9 @@ its slot) write nothing on the GPU, while the CPU reports them. A row index outs
 validate=false (indices that lookup_sparse's gradient built from ids it had checked): on the
 GPU the op does not wait for its stream to check them (the kernels skip a row outside the
 shard rather than write it); the CPU always checks.
+With M = 1, grads is a [rows, dim] matrix the gradients are read from: index i's gradient is
+grad_scales[i] times grads row grad_rows[i] (Sok>PooledGradShares), so a pooled lookup's
+per-id gradient rows are never written.
 )doc");
 
 }  // namespace sok
