@@ -807,8 +807,8 @@ def _pool_from_tables_grad(op, *output_grads):
     return _id_gradients(op, n, ids, id_grads, op.outputs[num_outputs]) + [None] * (3 * n)
 
 
-# Sok>PooledGradShares' outputs by graph and Sok>SpreadPooledGrad op name: one op for all the
-# lookups whose gradients the update reads.
+# The Sok>PooledGradShares op made for each Sok>SpreadPooledGrad op, by graph and name (names
+# only: a tensor would keep its graph, and the variables it captured, alive).
 _POOLED_SHARES = weakref.WeakKeyDictionary()
 
 
@@ -827,16 +827,18 @@ def pooled_gradient_shares(values):
     if op.type != "Sok>SpreadPooledGrad":
         return None
     n, num_outputs, dim = op.get_attr("N"), op.get_attr("num_outputs"), op.get_attr("dim")
-    cache = _POOLED_SHARES.setdefault(op.graph, {})
-    if op.name not in cache:
+    names = _POOLED_SHARES.setdefault(op.graph, {})
+    if op.name not in names:
         with tf.device(op.device), tf.name_scope("sok_pooled_grad_shares"):
-            cache[op.name] = raw_ops.sok_pooled_grad_shares(
+            shares = raw_ops.sok_pooled_grad_shares(
                 ids=list(op.inputs[num_outputs:num_outputs + n]),
                 row_splits=list(op.inputs[num_outputs + n:num_outputs + 2 * n]),
                 weights=list(op.inputs[num_outputs + 2 * n:num_outputs + 3 * n]),
                 num_outputs=num_outputs, stacked=op.get_attr("stacked"),
                 combiners=op.get_attr("combiners"), dim=dim)
-    rows, scales = cache[op.name]
+        names[op.name] = shares[0][0].op.name
+    outputs = op.graph.get_operation_by_name(names[op.name]).outputs
+    rows, scales = outputs[:n], outputs[n:]
     l = values.value_index
     source = op.inputs[0 if op.get_attr("stacked") else l]
     with tf.control_dependencies(guards):  # read after the verdict, as the rows were

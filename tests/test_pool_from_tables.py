@@ -331,13 +331,26 @@ def test_pooled_grad_shares_and_gathered_update_match_numpy(stacked):
     np.testing.assert_allclose(table.numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_gathered_update_refuses_rows_outside_the_gradient():
-    table = tf.Variable(tf.ones([5, 2]))
-    with tf.device("CPU:0"), pytest.raises(tf.errors.InvalidArgumentError,
-                                           match=r"grad_rows\[1\] = 3 is outside the 3 rows"):
-        raw_ops.sok_static_apply(table=table.handle, slots=[],
-                                 indices=tf.constant([0, 1], tf.int64), grads=tf.ones([3, 2]),
-                                 grad_rows=[tf.constant([0, 3], tf.int64)],
-                                 grad_scales=[tf.ones([2])], hyper=tf.constant([0.5, 0.0]),
-                                 rule="sgd", table_name="t")
-    np.testing.assert_array_equal(table.numpy(), np.ones([5, 2]))
+@pytest.mark.parametrize("device", ["CPU"] + (["GPU"] if ON_GPU else []))
+def test_gathered_update_with_rows_outside_the_gradient(device):
+    """The CPU refuses a gradient row outside grads before writing; the GPU reads it as zeros
+    (its rows come from Sok>PooledGradShares)."""
+    with tf.device(device):
+        table = tf.Variable(tf.ones([5, 2]))
+
+        def apply():
+            raw_ops.sok_static_apply(table=table.handle, slots=[],
+                                     indices=tf.constant([0, 1], tf.int64), grads=tf.ones([3, 2]),
+                                     grad_rows=[tf.constant([0, 3], tf.int64)],
+                                     grad_scales=[tf.ones([2])], hyper=tf.constant([0.5, 0.0]),
+                                     rule="sgd", table_name="t")
+        if device == "CPU":
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match=r"grad_rows\[1\] = 3 is outside the 3 rows"):
+                apply()
+            np.testing.assert_array_equal(table.numpy(), np.ones([5, 2]))
+        else:
+            apply()
+            expected = np.ones([5, 2], np.float32)
+            expected[0] -= 0.5
+            np.testing.assert_array_equal(table.numpy(), expected)
