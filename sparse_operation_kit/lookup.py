@@ -625,7 +625,7 @@ _HOST_PRODUCERS = ("IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue",
 
 def _in_host_memory(tensor):
     """Whether a packed batch arrives in host memory: then it crosses to the GPU through
-    Sok>UnpackFeaturesFromHost (feature offsets read on the host, two copies from pinned
+    Sok>UnpackFeaturesFromHost (feature offsets read on the host, staged compactly in pinned
     memory) instead of TensorFlow's copies from pageable memory."""
     if isinstance(tensor, ops.EagerTensor):
         return "CPU" in tensor.device.upper()

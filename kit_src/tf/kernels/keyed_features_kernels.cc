@@ -161,9 +161,9 @@ class UnpackFeaturesOp : public tf::OpKernel {
 };
 
 // Sok>UnpackFeaturesFromHost: the same from a packed batch in host memory (as tf.data hands
-// it over): the feature offsets are read there (no wait for a GPU), and the values and
-// rebased row splits cross to the device as two copies from pinned memory, each feature
-// aligned in them and handed out as a slice.
+// it over): the feature offsets are read there (no wait for a GPU), the values and rebased
+// row splits cross to the device compactly staged (StageFeaturesFromHost) and are widened
+// into two buffers, each feature aligned in them and handed out as a slice.
 template <typename Device>
 class UnpackFeaturesFromHostOp : public tf::OpKernel {
  public:
