@@ -18,6 +18,7 @@ from sparse_operation_kit.checkpoint import dump, load
 from sparse_operation_kit.interaction import dot_interaction
 from sparse_operation_kit.lookup import all2all_dense_embedding, lookup_sparse, set_id_check
 from sparse_operation_kit.optimizer import SGD, OptimizerWrapper
+from sparse_operation_kit.staging import StagedFeatures, stage_features
 from sparse_operation_kit.planner import (EmbeddingCollection, EmbeddingPlanner,
                                           EmbeddingTableConfig, generate_plan, read_plan,
                                           validate_plan, write_plan)
@@ -33,5 +34,6 @@ __all__ = [
     "filter_variables", "export", "assign", "sparse_read_and_evict", "sparse_read_and_erase", "OptimizerWrapper", "SGD",
     "dot_interaction", "layers", "dump", "load", "incremental_model_dump", "EmbeddingTableConfig", "EmbeddingPlanner",
     "EmbeddingCollection", "generate_plan", "validate_plan", "read_plan", "write_plan", "raw_ops", "tf_version", "set_id_check",
-    "DistributedEmbedding", "All2AllDenseEmbedding", "__version__",
+    "DistributedEmbedding", "All2AllDenseEmbedding", "StagedFeatures", "stage_features",
+    "__version__",
 ]

@@ -27,7 +27,7 @@ from tensorflow.python.eager import record
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import resource_variable_ops
 
-from sparse_operation_kit import communication
+from sparse_operation_kit import communication, staging
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 from sparse_operation_kit.variables import DISTRIBUTED, Variable
@@ -509,7 +509,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
         int64 ids, [local_batch, None]; or, with a list of tables, one RaggedTensor holding
         every lookup's batch, feature-major ([lookups * local_batch, None]: lookup 0's samples,
         then lookup 1's, as TorchRec's KeyedJaggedTensor), which crosses into TensorFlow as two
-        tensors; its output is then one [local_batch, lookups, dim] tensor. A SparseTensor's
+        tensors, or that batch staged by `sok.stage_features` in the input pipeline; its
+        output is then one [local_batch, lookups, dim] tensor. A SparseTensor's
         entries must be in row order (`tf.sparse.reorder` sorts them; on the CPU rows out of
         order are refused); its columns are not read, as in
         `tf.nn.safe_embedding_lookup_sparse`.
@@ -537,7 +538,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
       tf.errors.InvalidArgumentError when an id is outside its table or weights do not match.
     """
     single = not isinstance(params, (list, tuple))
-    if not single and isinstance(sp_ids, tf.RaggedTensor):
+    if not single and isinstance(sp_ids, (tf.RaggedTensor, staging.StagedFeatures)):
         return _lookup_packed(params, sp_ids, sp_weights, combiners, use_low_frequency_filter,
                               training, compress)
     if single:
@@ -570,7 +571,10 @@ def _lookup_packed(params, packed_ids, packed_weights, combiners, use_low_freque
                          f"{sorted((d, t.name) for d, t in kinds)}")
     if combiners is not None and not isinstance(combiners, (list, tuple)):
         combiners = [combiners] * num_features
-    ids = _unpack_features(packed_ids, num_features, params, "sp_ids")
+    if isinstance(packed_ids, staging.StagedFeatures):
+        ids = _unstage_features(packed_ids, params, packed_weights)
+    else:
+        ids = _unpack_features(packed_ids, num_features, params, "sp_ids")
     weights = None
     if packed_weights is not None:
         if not isinstance(packed_weights, tf.RaggedTensor):
@@ -614,6 +618,20 @@ def _unpack_features(packed, num_features, tables, what, row_splits=None):
                                 num_features=num_features)
     if row_splits is not None:
         splits = row_splits
+    return [tf.RaggedTensor.from_row_splits(v, r, validate=False) for v, r in zip(values, splits)]
+
+
+def _unstage_features(staged, tables, weights):
+    """A batch staged by `sok.stage_features` as one RaggedTensor a feature, on the tables'
+    device."""
+    if staged.num_features != len(tables):
+        raise ValueError(f"the staged batch holds {staged.num_features} features but "
+                         f"{len(tables)} tables were given")
+    if weights is not None:
+        raise ValueError("a staged batch takes no sp_weights; pass the packed RaggedTensor "
+                         "to weight its ids")
+    device = next((t.handle.device for t in tables if _table_on_gpu(t)), "CPU:0")
+    values, splits = staging.unstage_features(staged, device)
     return [tf.RaggedTensor.from_row_splits(v, r, validate=False) for v, r in zip(values, splits)]
 
 

@@ -18,7 +18,8 @@ STATIC_PATH_OPS = ["Sok>PartitionKeys", "Sok>GatherShardRows", "Sok>GatherSingle
                    "Sok>CombineBackward", "Sok>StaticApply", "Sok>DotInteraction",
                    "Sok>DotInteractionGrad", "Sok>Unfoldable", "Sok>CheckGatheredIds",
                    "Sok>GuardIds", "Sok>PoolFromTables", "Sok>SpreadPooledGrad",
-                   "Sok>PooledGradShares"]
+                   "Sok>PooledGradShares", "Sok>UnpackFeaturesFromHost",
+                   "Sok>UnpackStagedFeatures"]
 DYNAMIC_PATH_OPS = ["Sok>DynamicTableHandle", "Sok>DynamicTableCreate", "Sok>DynamicTableSize",
                     "Sok>DynamicTableLookup", "Sok>DynamicTableAssign", "Sok>DynamicTableImport",
                     "Sok>DynamicTableErase", "Sok>DynamicTableExport",

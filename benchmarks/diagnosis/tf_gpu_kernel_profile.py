@@ -1,5 +1,5 @@
 """Where a train step's GPU time goes (diagnosis, not a benchmark of record): one workload's
-step (T1 with ragged, one-id or SparseTensor ids, T3 or G1b / G1c of tf_gpu.py /
+step (T1 with ragged, one-id or SparseTensor ids, T1 / T2 packed or staged, T3 or G1b / G1c of tf_gpu.py /
 tf_gpu_dynamic.py, static G1b too) is timed as 10 steps in one tf.function, then
 PROFILE_STEPS more steps run between
 cuProfilerStart / cuProfilerStop so that `ncu --profile-from-start off --metrics
@@ -69,11 +69,12 @@ def workload(name):
                                       s.dense_shape) for s in sparse]
         else:  # one id a sample stated in the type: Sok>GatherSingleIds
             inputs = [tf.RaggedTensor.from_tensor(i[:, None]) for i in ids]
-    elif name in ("t1_packed", "t2_packed"):  # one packed batch a step from a tf.data iterator
+    elif name in ("t1_packed", "t2_packed", "t1_staged", "t2_staged"):
+        # one packed batch a step from a tf.data iterator (staged: by sok.stage_features)
         vocabs = [min(v, 4_000_000) for v in CRITEO_TB]
         tables = [sok.Variable(tf.random.stateless_uniform([v, DIM], [1, i], -0.05, 0.05))
                   for i, v in enumerate(vocabs)]
-        hotness = 1 if name == "t1_packed" else 10
+        hotness = 1 if name.startswith("t1") else 10
         combiner = "sum" if hotness == 1 else "mean"
         batches = []
         with tf.device("CPU:0"):
@@ -85,7 +86,10 @@ def workload(name):
             dataset = tf.data.Dataset.from_tensors(batches[0])
             for batch in batches[1:]:
                 dataset = dataset.concatenate(tf.data.Dataset.from_tensors(batch))
-            iterator = iter(dataset.repeat().prefetch(2))
+            dataset = dataset.repeat()
+            if name.endswith("staged"):
+                dataset = dataset.map(lambda ids: sok.stage_features(ids, len(vocabs)))
+            iterator = iter(dataset.prefetch(2))
 
         def packed_step(_unused=None):
             packed = next(iterator)

@@ -9,6 +9,10 @@ Feeds (never ids captured in the step function as constants):
   data       the iterator read inside the step function, one step a call
   data_loop  the iterator read inside the step function, 10 steps a call (Keras'
              steps_per_execution)
+  staged, staged_loop
+             the packed form only: as data and data_loop, the pipeline ending in
+             `sok.stage_features` (its CPU work on tf.data's threads, into pinned memory, as
+             PyTorch's DataLoader pins batches), then prefetch
 The dataset holds the batches as RaggedTensors [batch, None] a table (dense ids for G2's
 sequence lookups), cached and prefetched; T1 and T2 also run the packed form (`sok_packed_*`:
 one feature-major RaggedTensor [tables * batch, None] a batch, one [batch, tables, dim]
@@ -43,7 +47,7 @@ import provenance  # noqa: E402
 import tbe_workloads as workloads  # noqa: E402
 
 LOOP = 10
-FEEDS = ("args_gpu", "args", "data", "data_loop")
+FEEDS = ("args_gpu", "args", "data", "data_loop", "staged", "staged_loop")
 
 
 def log(*args):
@@ -67,15 +71,21 @@ def as_packed(batch):
         tf.constant(np.concatenate([lengths for _, lengths in batch]), tf.int64))
 
 
-def packed_dataset_of(spec, batches):
-    """The batches as packed RaggedTensors in a cached, repeated, prefetched dataset."""
+def packed_dataset_of(spec, batches, staged=False):
+    """The batches as packed RaggedTensors in a cached, repeated, prefetched dataset; with
+    `staged`, each batch staged by sok.stage_features after the cache (every step's batch is
+    staged anew)."""
     with tf.device("CPU:0"):
         rows = tf.RaggedTensor.from_row_lengths(
             tf.constant(np.concatenate([i for b in batches for i, _ in b]), tf.int64),
             tf.constant(np.concatenate([l for b in batches for _, l in b]), tf.int64))
         per_batch = tf.RaggedTensor.from_uniform_row_length(
             rows, spec["batch"] * len(spec["vocabs"]))
-        return tf.data.Dataset.from_tensor_slices(per_batch).cache().repeat().prefetch(2)
+        dataset = tf.data.Dataset.from_tensor_slices(per_batch).cache().repeat()
+        if staged:
+            features = len(spec["vocabs"])
+            dataset = dataset.map(lambda ids: sok.stage_features(ids, features))
+        return dataset.prefetch(2)
 
 
 def dataset_of(spec, batches):
@@ -140,9 +150,8 @@ def trained(forward, tables, optimizer):
     return step
 
 
-def feed_functions(step, batches_gpu, dataset):
-    """{feed: callable(k) running one call of `step` fed that way} and steps a call."""
-    by_argument = tf.function(step)
+def iterator_feeds(step, dataset):
+    """(one step a call, LOOP steps a call), each reading `dataset` inside the function."""
     iterator = iter(dataset)
 
     @tf.function
@@ -156,12 +165,22 @@ def feed_functions(step, batches_gpu, dataset):
             total += step(next(iterator))
         return total
 
-    return {
+    return (lambda k: from_iterator(), 1), (lambda k: from_iterator_looped(), LOOP), iterator
+
+
+def feed_functions(step, batches_gpu, dataset, staged_dataset=None):
+    """{feed: callable(k) running one call of `step` fed that way} and steps a call."""
+    by_argument = tf.function(step)
+    data, data_loop, iterator = iterator_feeds(step, dataset)
+    feeds = {
         "args_gpu": (lambda k: by_argument(batches_gpu[k % len(batches_gpu)]), 1),
         "args": (lambda k: by_argument(next(iterator)), 1),
-        "data": (lambda k: from_iterator(), 1),
-        "data_loop": (lambda k: from_iterator_looped(), LOOP),
+        "data": data,
+        "data_loop": data_loop,
     }
+    if staged_dataset is not None:
+        feeds["staged"], feeds["staged_loop"], _ = iterator_feeds(step, staged_dataset)
+    return feeds
 
 
 def timed(call, per_call, iters, warmup=3, rounds=3):
@@ -178,10 +197,11 @@ def timed(call, per_call, iters, warmup=3, rounds=3):
     return float(np.median(samples))
 
 
-def measure_side(prefix, spec, steps, batches_gpu, dataset, iters):
+def measure_side(prefix, spec, steps, batches_gpu, dataset, iters, staged_dataset=None):
     result = {}
     for what, step in steps.items():
-        for feed, (call, per_call) in feed_functions(step, batches_gpu, dataset).items():
+        feeds = feed_functions(step, batches_gpu, dataset, staged_dataset)
+        for feed, (call, per_call) in feeds.items():
             result[f"{prefix}_{what}_{feed}_ms"] = timed(call, per_call, iters)
     return result
 
@@ -218,7 +238,8 @@ def measure(name, iters=20):
         if kind == "static" and len(spec["vocabs"]) > 1 and spec["pooled"]:
             result.update(measure_side("sok_packed", spec, packed_steps(spec, tables, name),
                                        [as_packed(b) for b in batches],
-                                       packed_dataset_of(spec, batches), iters))
+                                       packed_dataset_of(spec, batches), iters,
+                                       packed_dataset_of(spec, batches, staged=True)))
         del tables
         gc.collect()
     if name == "T3":  # plain TensorFlow, same ids

@@ -275,6 +275,89 @@ void StageCompactGroup(const char* values, int64_t element_bytes, const Tsplits*
   });
 }
 
+// A batch staged ahead of its step (Sok>StageFeatures, in the input pipeline) travels as its
+// staged bytes and this plan, one int64 vector: [batch, F, then per feature: value count,
+// value coding, split coding, values_at, splits_at] (Sok>UnpackStagedFeatures reads it back).
+constexpr int64_t kStagedPlanHeader = 2;
+constexpr int64_t kStagedPlanPerFeature = 5;
+
+inline std::vector<int64_t> EncodeStagedPlan(const CompactGroup& group,
+                                             const std::vector<int64_t>& bounds, int64_t batch) {
+  std::vector<int64_t> plan{batch, static_cast<int64_t>(group.features.size())};
+  for (size_t i = 0; i < group.features.size(); ++i) {
+    const CompactFeature& feature = group.features[i];
+    const int64_t f = group.first + static_cast<int64_t>(i);
+    plan.insert(plan.end(), {bounds[f + 1] - bounds[f], static_cast<int64_t>(feature.values),
+                             static_cast<int64_t>(feature.splits), feature.values_at,
+                             feature.splits_at});
+  }
+  return plan;
+}
+
+// The plan of `staged_bytes` staged bytes of `num_features` features of `element_bytes` ids,
+// checked so that every feature's values and row splits lie inside the staged bytes; `bounds`
+// (F + 1) are the features' value offsets as the packed batch had them.
+inline Status DecodeStagedPlan(const int64_t* plan, int64_t plan_size, int64_t num_features,
+                               int64_t element_bytes, int64_t staged_bytes, CompactGroup* group,
+                               std::vector<int64_t>* bounds, int64_t* batch) {
+  const auto invalid = [](const std::string& what) {
+    return Status::InvalidArgument("the staged batch's plan " + what +
+                                   " (stage it with sok.stage_features)");
+  };
+  if (plan_size < kStagedPlanHeader) {
+    return invalid("has " + std::to_string(plan_size) + " entries, not 2 + 5 per feature");
+  }
+  if (plan[1] != num_features) {
+    return Status::InvalidArgument("the staged batch holds " + std::to_string(plan[1]) +
+                                   " features, but it is looked up in " +
+                                   std::to_string(num_features) + " tables");
+  }
+  if (plan_size != kStagedPlanHeader + kStagedPlanPerFeature * num_features) {
+    return invalid("has " + std::to_string(plan_size) + " entries, not 2 + 5 per feature");
+  }
+  *batch = plan[0];
+  if (*batch < 0 || *batch > staged_bytes) {
+    return invalid("gives a batch of " + std::to_string(*batch));
+  }
+  group->first = 0;
+  group->features.assign(num_features, CompactFeature());
+  group->bytes = staged_bytes;
+  bounds->assign(1, 0);
+  for (int64_t f = 0; f < num_features; ++f) {
+    const int64_t* entry = plan + kStagedPlanHeader + kStagedPlanPerFeature * f;
+    const int64_t count = entry[0];
+    CompactFeature& feature = (*group).features[f];
+    const bool int32_ids = entry[1] == static_cast<int64_t>(ValueCoding::kInt32);
+    if (!(entry[1] == static_cast<int64_t>(ValueCoding::kRaw) || (int32_ids && element_bytes == 8)) ||
+        (entry[2] != static_cast<int64_t>(SplitCoding::kRebased) &&
+         entry[2] != static_cast<int64_t>(SplitCoding::kLengths8))) {
+      return invalid("gives feature " + std::to_string(f) + " unknown codings " +
+                     std::to_string(entry[1]) + ", " + std::to_string(entry[2]));
+    }
+    feature.values = static_cast<ValueCoding>(entry[1]);
+    feature.splits = static_cast<SplitCoding>(entry[2]);
+    feature.values_at = entry[3];
+    feature.splits_at = entry[4];
+    const int64_t value_bytes = int32_ids ? 4 : element_bytes;
+    const int64_t split_bytes =
+        feature.splits == SplitCoding::kLengths8 ? *batch : (*batch + 1) * 8;
+    const bool inside = count >= 0 && count <= staged_bytes && feature.values_at >= 0 &&
+                        feature.splits_at >= 0 &&
+                        feature.values_at % compact_detail::kStagedAlign == 0 &&
+                        feature.splits_at % compact_detail::kStagedAlign == 0 &&
+                        feature.values_at <= staged_bytes - count * value_bytes &&
+                        feature.splits_at <= staged_bytes - split_bytes;
+    if (!inside) {
+      return invalid("places feature " + std::to_string(f) + " (" + std::to_string(count) +
+                     " values at byte " + std::to_string(feature.values_at) +
+                     ", row splits at byte " + std::to_string(feature.splits_at) +
+                     ") outside its " + std::to_string(staged_bytes) + " bytes");
+    }
+    bounds->push_back(bounds->back() + count);
+  }
+  return Status::Ok();
+}
+
 // The host's widening of one staged feature (`count` values) into its values and int64 row
 // splits [batch + 1]; the GPU's is ExpandCompactFeaturesGpu.
 inline void ExpandCompactFeature(const char* staged, const CompactFeature& feature, int64_t count,

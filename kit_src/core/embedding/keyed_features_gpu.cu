@@ -57,9 +57,12 @@ constexpr int kScanThreads = 256;
 constexpr int kScanItems = 8;
 
 // blockIdx.x: the feature; its row splits as the running sum of its length bytes, or copied.
+// Summed lengths are kept within the feature's values (a staged batch handed in from outside
+// could claim more), so no later kernel reads past them.
 __global__ void __launch_bounds__(kScanThreads)
     ExpandSplitsKernel(CompactFeatureTargets targets, int64_t batch) {
   const CompactFeatureTarget& target = targets.feature[blockIdx.x];
+  const int64_t count = target.count;
   if (target.split_coding != static_cast<int32_t>(SplitCoding::kLengths8)) {
     const int64_t* from = reinterpret_cast<const int64_t*>(target.staged_splits);
     for (int64_t i = threadIdx.x; i <= batch; i += blockDim.x) target.splits[i] = from[i];
@@ -79,7 +82,7 @@ __global__ void __launch_bounds__(kScanThreads)
     Scan(scan).InclusiveSum(items, items, tile_total);
 #pragma unroll
     for (int k = 0; k < kScanItems; ++k) {
-      if (first + k < batch) target.splits[first + k + 1] = running + items[k];
+      if (first + k < batch) target.splits[first + k + 1] = min(running + items[k], count);
     }
     running += tile_total;
     __syncthreads();  // the scan's shared memory is reused by the next tile

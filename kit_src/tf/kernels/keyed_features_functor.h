@@ -1,6 +1,8 @@
-// Sok>UnpackFeatures' and Sok>UnpackFeaturesFromHost's device work: the OpKernel in keyed_features_kernels.cc checks the packed
-// batch and sizes the outputs once for both devices; a functor per device reads the feature
-// offsets, rebases each feature's row splits and copies the values that cannot be aliased.
+// The device work of Sok>UnpackFeatures, Sok>UnpackFeaturesFromHost and
+// Sok>UnpackStagedFeatures: the OpKernels in keyed_features_kernels.cc check the packed batch
+// and size the outputs once for both devices; a functor per device reads the feature offsets,
+// rebases each feature's row splits, copies the values that cannot be aliased, or widens a
+// compactly staged batch.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +41,18 @@ struct StageFeaturesFromHost {
                                   const std::vector<int64_t>& bounds, int64_t batch,
                                   const FeatureLayout& layout, ::tensorflow::Tensor* values,
                                   ::tensorflow::Tensor* splits);
+};
+
+// Sok>UnpackStagedFeatures' device work: a batch staged by Sok>StageFeatures (`staged`, host
+// memory, pinned where a GPU is present; `group` its decoded plan, `bounds` its features' value
+// offsets) widened into `layout` in the device's memory; on a GPU, one copy of the staged bytes.
+template <typename Device>
+struct ExpandStagedFeatures {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx,
+                                  const ::tensorflow::Tensor& staged, const CompactGroup& group,
+                                  const std::vector<int64_t>& bounds, int64_t batch,
+                                  int64_t element_bytes, const FeatureLayout& layout,
+                                  ::tensorflow::Tensor* values, ::tensorflow::Tensor* splits);
 };
 
 // PlanCompactGroup / StageCompactGroup (keyed_features.h) of features [first, end) over either

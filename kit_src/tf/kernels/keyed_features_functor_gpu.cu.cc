@@ -1,12 +1,15 @@
-// GPU functor of Sok>UnpackFeatures (keyed_features_functor.h): kit_src/core/embedding/
-// keyed_features_gpu.cu on TensorFlow's stream. The F + 1 feature offsets size the outputs,
-// so Bounds waits for them (one small copy to pinned memory).
+// GPU functors of the packed-batch ops (keyed_features_functor.h): kit_src/core/embedding/
+// keyed_features_gpu.cu on TensorFlow's stream. For Sok>UnpackFeatures the F + 1 feature
+// offsets size the outputs, so Bounds waits for them (one small copy to pinned memory).
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU  // before any Eigen header: the GPU device
 #include <algorithm>
+#include <cstring>
 #include <memory>
 
+#include "kit_src/core/embedding/combine.h"
 #include "kit_src/core/embedding/keyed_features_gpu.cuh"
+#include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/gpu_op_util.h"
 #include "kit_src/tf/kernels/keyed_features_functor.h"
 
@@ -73,6 +76,50 @@ tf::Status KeyedFeatures<GpuDevice>::Copy(tf::OpKernelContext* ctx, void* dst, c
                   "feature values copy");
 }
 
+// Copies a group staged in pinned memory (`staged`) to the device and adds its features'
+// widening into `layout` (`values`, `splits`) to `targets`.
+static tf::Status UploadCompactGroup(tf::OpKernelContext* ctx, GpuCallMemory* memory,
+                                     const char* staged, const CompactGroup& group,
+                                     const std::vector<int64_t>& bounds, int64_t element,
+                                     const FeatureLayout& layout, tf::Tensor* values,
+                                     tf::Tensor* splits,
+                                     std::vector<CompactFeatureTarget>* targets) {
+  char* device = nullptr;
+  TF_RETURN_IF_ERROR(memory->Device(ctx, group.bytes, &device));
+  if (group.bytes > 0) {
+    TF_RETURN_IF_ERROR(CudaToTf(cudaMemcpyAsync(device, staged, group.bytes,
+                                                cudaMemcpyHostToDevice, GpuStream(ctx)),
+                                "packed batch upload"));
+  }
+  for (size_t i = 0; i < group.features.size(); ++i) {
+    const int64_t f = group.first + static_cast<int64_t>(i);
+    const CompactFeature& feature = group.features[i];
+    CompactFeatureTarget target;
+    target.staged_values = device + feature.values_at;
+    target.staged_splits = device + feature.splits_at;
+    target.values = static_cast<char*>(values->data()) + layout.value_start[f] * element;
+    target.splits = splits->flat<int64_t>().data() + layout.split_start[f];
+    target.count = bounds[f + 1] - bounds[f];
+    target.value_coding = static_cast<int32_t>(feature.values);
+    target.split_coding = static_cast<int32_t>(feature.splits);
+    targets->push_back(target);
+  }
+  return tf::Status();
+}
+
+static tf::Status ExpandTargets(tf::OpKernelContext* ctx,
+                                const std::vector<CompactFeatureTarget>& targets, int64_t batch,
+                                int64_t element) {
+  for (size_t first = 0; first < targets.size(); first += kFeaturesPerLaunch) {
+    CompactFeatureTargets launch;
+    launch.count = static_cast<int>(std::min<size_t>(kFeaturesPerLaunch, targets.size() - first));
+    std::copy(targets.begin() + first, targets.begin() + first + launch.count, launch.feature);
+    TF_RETURN_IF_ERROR(CudaToTf(ExpandCompactFeaturesGpu(launch, batch, element, GpuStream(ctx)),
+                                "packed batch widen"));
+  }
+  return tf::Status();
+}
+
 // Each group of features is planned and staged compactly in pinned memory by the CPU threads
 // and copied while the next group is staged; once all have crossed, two launches widen every
 // feature into `values` and `splits`.
@@ -82,7 +129,6 @@ tf::Status StageFeaturesFromHost<GpuDevice>::operator()(
     const std::vector<int64_t>& bounds, int64_t batch, const FeatureLayout& layout,
     tf::Tensor* values, tf::Tensor* splits) {
   auto memory = std::make_shared<GpuCallMemory>();
-  const cudaStream_t stream = GpuStream(ctx);
   const int64_t element = tf::DataTypeSize(packed_values.dtype());
   const std::vector<int64_t> groups = FeatureGroups(layout, element, kStagedGroupBytes);
   std::vector<CompactFeatureTarget> targets;
@@ -90,37 +136,54 @@ tf::Status StageFeaturesFromHost<GpuDevice>::operator()(
     const CompactGroup group = PlanCompactGroupOnHost(ctx, packed_values, row_splits, bounds,
                                                       batch, groups[g], groups[g + 1]);
     char* staged = nullptr;
-    char* device = nullptr;
     TF_RETURN_IF_ERROR(memory->Pinned(ctx, group.bytes, &staged));
-    TF_RETURN_IF_ERROR(memory->Device(ctx, group.bytes, &device));
     StageCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, group, staged);
-    if (group.bytes > 0) {
-      TF_RETURN_IF_ERROR(CudaToTf(
-          cudaMemcpyAsync(device, staged, group.bytes, cudaMemcpyHostToDevice, stream),
-          "packed batch upload"));
-    }
-    for (size_t i = 0; i < group.features.size(); ++i) {
-      const int64_t f = group.first + static_cast<int64_t>(i);
-      const CompactFeature& feature = group.features[i];
-      CompactFeatureTarget target;
-      target.staged_values = device + feature.values_at;
-      target.staged_splits = device + feature.splits_at;
-      target.values = static_cast<char*>(values->data()) + layout.value_start[f] * element;
-      target.splits = splits->flat<int64_t>().data() + layout.split_start[f];
-      target.count = bounds[f + 1] - bounds[f];
-      target.value_coding = static_cast<int32_t>(feature.values);
-      target.split_coding = static_cast<int32_t>(feature.splits);
-      targets.push_back(target);
-    }
+    TF_RETURN_IF_ERROR(UploadCompactGroup(ctx, memory.get(), staged, group, bounds, element,
+                                          layout, values, splits, &targets));
   }
-  for (size_t first = 0; first < targets.size(); first += kFeaturesPerLaunch) {
-    CompactFeatureTargets launch;
-    launch.count = static_cast<int>(std::min<size_t>(kFeaturesPerLaunch, targets.size() - first));
-    std::copy(targets.begin() + first, targets.begin() + first + launch.count, launch.feature);
-    TF_RETURN_IF_ERROR(
-        CudaToTf(ExpandCompactFeaturesGpu(launch, batch, element, stream), "packed batch widen"));
-  }
+  TF_RETURN_IF_ERROR(ExpandTargets(ctx, targets, batch, element));
   return ReleaseAfterStream(ctx, std::move(memory));  // the staged buffers outlive their use
+}
+
+static bool InPinnedMemory(const void* host) {
+  cudaPointerAttributes attributes;
+  if (cudaPointerGetAttributes(&attributes, host) != cudaSuccess) {
+    cudaGetLastError();  // pageable memory on older drivers: not an error to keep
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeHost;
+}
+
+// The staged bytes are copied as they are where the input pipeline left them in pinned memory
+// (Sok>StageFeatures asks for it), else through a pinned copy; the input is held until the
+// stream has read it.
+template <>
+tf::Status ExpandStagedFeatures<GpuDevice>::operator()(
+    tf::OpKernelContext* ctx, const tf::Tensor& staged, const CompactGroup& group,
+    const std::vector<int64_t>& bounds, int64_t batch, int64_t element_bytes,
+    const FeatureLayout& layout, tf::Tensor* values, tf::Tensor* splits) {
+  auto memory = std::make_shared<GpuCallMemory>();
+  const char* host = static_cast<const char*>(staged.data());
+  if (group.bytes > 0 && !InPinnedMemory(host)) {
+    char* pinned = nullptr;
+    TF_RETURN_IF_ERROR(memory->Pinned(ctx, group.bytes, &pinned));
+    std::memcpy(pinned, host, group.bytes);
+    host = pinned;
+  }
+  for (size_t f = 0; f < group.features.size(); ++f) {  // lengths are kept in range on the GPU
+    if (group.features[f].splits != SplitCoding::kRebased) continue;
+    TF_RETURN_IF_ERROR(ToTfStatus(ValidateRowSplits(
+        reinterpret_cast<const int64_t*>(host + group.features[f].splits_at), batch,
+        bounds[f + 1] - bounds[f], "feature " + std::to_string(f) + " of the staged batch")));
+  }
+  std::vector<CompactFeatureTarget> targets;
+  TF_RETURN_IF_ERROR(UploadCompactGroup(ctx, memory.get(), host, group, bounds, element_bytes,
+                                        layout, values, splits, &targets));
+  TF_RETURN_IF_ERROR(ExpandTargets(ctx, targets, batch, element_bytes));
+  TF_RETURN_IF_ERROR(CudaToTf(cudaGetLastError(), ctx->op_kernel().name().c_str()));
+  const tf::Tensor held = staged;
+  AfterStream(ctx, std::move(memory), [held]() {});
+  return tf::Status();
 }
 
 }  // namespace functor

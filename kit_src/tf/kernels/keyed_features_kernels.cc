@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kit_src/core/embedding/combine.h"
 #include "kit_src/core/embedding/keyed_features.h"
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/keyed_features_functor.h"
@@ -78,6 +79,26 @@ void StageCompactGroupOnHost(tf::OpKernelContext* ctx, const tf::Tensor& packed_
   }
 }
 
+// Every feature of a staged group widened in host memory into `layout`; with `check`, each
+// feature's row splits must then run from 0 to its values without decreasing.
+static tf::Status ExpandGroupOnHost(const char* staged, const CompactGroup& group,
+                                    const std::vector<int64_t>& bounds, int64_t batch,
+                                    int64_t element, const FeatureLayout& layout, bool check,
+                                    tf::Tensor* values, tf::Tensor* splits) {
+  for (size_t f = 0; f < group.features.size(); ++f) {
+    const int64_t count = bounds[f + 1] - bounds[f];
+    int64_t* feature_splits = splits->flat<int64_t>().data() + layout.split_start[f];
+    ExpandCompactFeature(staged, group.features[f], count, element, batch,
+                         static_cast<char*>(values->data()) + layout.value_start[f] * element,
+                         feature_splits);
+    if (check) {
+      TF_RETURN_IF_ERROR(ToTfStatus(ValidateRowSplits(
+          feature_splits, batch, count, "feature " + std::to_string(f) + " of the staged batch")));
+    }
+  }
+  return tf::Status();
+}
+
 // The CPU stages and widens back in host memory: the GPU's coding, checked on every machine.
 template <>
 tf::Status StageFeaturesFromHost<CpuDevice>::operator()(
@@ -92,13 +113,19 @@ tf::Status StageFeaturesFromHost<CpuDevice>::operator()(
       tf::DT_INT8, tf::TensorShape({std::max<int64_t>(group.bytes, 1)}), &staged));
   char* staged_bytes = reinterpret_cast<char*>(staged.flat<int8_t>().data());
   StageCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, group, staged_bytes);
-  const int64_t element = tf::DataTypeSize(packed_values.dtype());
-  for (int64_t f = 0; f < features; ++f) {
-    ExpandCompactFeature(staged_bytes, group.features[f], bounds[f + 1] - bounds[f], element,
-                         batch, static_cast<char*>(values->data()) + layout.value_start[f] * element,
-                         splits->flat<int64_t>().data() + layout.split_start[f]);
-  }
-  return tf::Status();
+  return ExpandGroupOnHost(staged_bytes, group, bounds, batch,
+                           tf::DataTypeSize(packed_values.dtype()), layout, /*check=*/false,
+                           values, splits);
+}
+
+// A staged batch may come from anywhere, so its row splits are checked as they widen.
+template <>
+tf::Status ExpandStagedFeatures<CpuDevice>::operator()(
+    tf::OpKernelContext*, const tf::Tensor& staged, const CompactGroup& group,
+    const std::vector<int64_t>& bounds, int64_t batch, int64_t element_bytes,
+    const FeatureLayout& layout, tf::Tensor* values, tf::Tensor* splits) {
+  return ExpandGroupOnHost(static_cast<const char*>(staged.data()), group, bounds, batch,
+                           element_bytes, layout, /*check=*/true, values, splits);
 }
 
 }  // namespace functor
@@ -160,6 +187,28 @@ class UnpackFeaturesOp : public tf::OpKernel {
   int64_t num_features_ = 1;
 };
 
+// The unpacked features, each a slice of the two buffers `layout` places them in.
+static void SetFeatureOutputs(tf::OpKernelContext* ctx, const tf::Tensor& values,
+                              const tf::Tensor& splits, const FeatureLayout& layout,
+                              const std::vector<int64_t>& bounds, int64_t batch) {
+  const int64_t features = static_cast<int64_t>(layout.value_start.size());
+  for (int64_t f = 0; f < features; ++f) {
+    const int64_t start = layout.value_start[f];
+    ctx->set_output(f, values.Slice(start, start + bounds[f + 1] - bounds[f]));
+    const int64_t split = layout.split_start[f];
+    ctx->set_output(features + f, splits.Slice(split, split + batch + 1));
+  }
+}
+
+// The two buffers of `layout` (values of `dtype`, int64 row splits) on the op's device.
+static tf::Status AllocateFeatureBuffers(tf::OpKernelContext* ctx, tf::DataType dtype,
+                                         const FeatureLayout& layout, tf::Tensor* values,
+                                         tf::Tensor* splits) {
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(
+      dtype, tf::TensorShape({std::max<int64_t>(layout.value_total, 1)}), values));
+  return ctx->allocate_temp(tf::DT_INT64, tf::TensorShape({layout.split_total}), splits);
+}
+
 // Sok>UnpackFeaturesFromHost: the same from a packed batch in host memory (as tf.data hands
 // it over): the feature offsets are read there (no wait for a GPU), the values and rebased
 // row splits cross to the device compactly staged (StageFeaturesFromHost) and are widened
@@ -182,24 +231,101 @@ class UnpackFeaturesFromHostOp : public tf::OpKernel {
         AlignedFeatureLayout(bounds, batch, tf::DataTypeSize(packed.dtype()),
                              tf::Allocator::kAllocatorAlignment);
     tf::Tensor values, splits;
-    const int64_t value_count = std::max<int64_t>(layout.value_total, 1);
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(packed.dtype(), tf::TensorShape({value_count}),
-                                           &values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tf::DT_INT64, tf::TensorShape({layout.split_total}),
-                                           &splits));
+    OP_REQUIRES_OK(ctx, AllocateFeatureBuffers(ctx, packed.dtype(), layout, &values, &splits));
     OP_REQUIRES_OK(ctx, functor::StageFeaturesFromHost<Device>()(ctx, packed, row_splits, bounds,
                                                                  batch, layout, &values, &splits));
-    for (int64_t f = 0; f < num_features_; ++f) {
-      const int64_t start = layout.value_start[f];
-      ctx->set_output(f, values.Slice(start, start + bounds[f + 1] - bounds[f]));
-      const int64_t split = layout.split_start[f];
-      ctx->set_output(num_features_ + f, splits.Slice(split, split + batch + 1));
-    }
+    SetFeatureOutputs(ctx, values, splits, layout, bounds, batch);
   }
 
  private:
   int64_t num_features_ = 1;
 };
+
+// Sok>StageFeatures: the CPU half of a packed batch's crossing, run by the input pipeline ahead
+// of its step: planned and staged as Sok>UnpackFeaturesFromHost stages it, into an output the
+// GPU can copy from directly (pinned memory where a GPU is present).
+class StageFeaturesOp : public tf::OpKernel {
+ public:
+  explicit StageFeaturesOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_features", &num_features_));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const tf::Tensor& packed = ctx->input(0);
+    const tf::Tensor& row_splits = ctx->input(1);
+    int64_t batch = 0;
+    std::vector<int64_t> bounds;
+    OP_REQUIRES_OK(ctx, PackedFeatureBounds<CpuDevice>(ctx, packed, row_splits, num_features_,
+                                                       &batch, &bounds));
+    const CompactGroup group = functor::PlanCompactGroupOnHost(ctx, packed, row_splits, bounds,
+                                                               batch, 0, num_features_);
+    tf::AllocatorAttributes pinned;
+    pinned.set_on_host(true);
+    pinned.set_gpu_compatible(true);
+    tf::Tensor* staged = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({group.bytes}), &staged, pinned));
+    functor::StageCompactGroupOnHost(ctx, packed, row_splits, bounds, batch, group,
+                                     reinterpret_cast<char*>(staged->flat<int8_t>().data()));
+    const std::vector<int64_t> plan = EncodeStagedPlan(group, bounds, batch);
+    tf::Tensor* plan_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            1, tf::TensorShape({static_cast<int64_t>(plan.size())}), &plan_out));
+    std::copy(plan.begin(), plan.end(), plan_out->flat<int64_t>().data());
+  }
+
+ private:
+  int64_t num_features_ = 1;
+};
+
+// Sok>UnpackStagedFeatures: a staged batch's plan read and checked on the host, its bytes
+// widened on the op's device into the buffers Sok>UnpackFeaturesFromHost hands out.
+template <typename Device>
+class UnpackStagedFeaturesOp : public tf::OpKernel {
+ public:
+  explicit UnpackStagedFeaturesOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_features", &num_features_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype_));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const tf::Tensor& staged = ctx->input(0);
+    const tf::Tensor& plan = ctx->input(1);
+    OP_REQUIRES(ctx, staged.dims() == 1 && plan.dims() == 1,
+                tf::errors::InvalidArgument("a staged batch's bytes and plan must be vectors, got "
+                                            "shapes ", staged.shape().DebugString(), " and ",
+                                            plan.shape().DebugString()));
+    const int64_t element = tf::DataTypeSize(dtype_);
+    CompactGroup group;
+    std::vector<int64_t> bounds;
+    int64_t batch = 0;
+    SOK_OP_REQUIRES_OK(ctx, DecodeStagedPlan(plan.flat<int64_t>().data(), plan.NumElements(),
+                                             num_features_, element, staged.NumElements(), &group,
+                                             &bounds, &batch));
+    const FeatureLayout layout =
+        AlignedFeatureLayout(bounds, batch, element, tf::Allocator::kAllocatorAlignment);
+    tf::Tensor values, splits;
+    OP_REQUIRES_OK(ctx, AllocateFeatureBuffers(ctx, dtype_, layout, &values, &splits));
+    OP_REQUIRES_OK(ctx, functor::ExpandStagedFeatures<Device>()(ctx, staged, group, bounds, batch,
+                                                                element, layout, &values,
+                                                                &splits));
+    SetFeatureOutputs(ctx, values, splits, layout, bounds, batch);
+  }
+
+ private:
+  int64_t num_features_ = 1;
+  tf::DataType dtype_ = tf::DT_INT64;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>StageFeatures").Device(tf::DEVICE_CPU), StageFeaturesOp);
+REGISTER_KERNEL_BUILDER(Name("Sok>UnpackStagedFeatures").Device(tf::DEVICE_CPU),
+                        UnpackStagedFeaturesOp<CpuDevice>);
+#if GOOGLE_CUDA
+REGISTER_KERNEL_BUILDER(Name("Sok>UnpackStagedFeatures")
+                            .Device(tf::DEVICE_GPU)
+                            .HostMemory("staged")
+                            .HostMemory("plan"),
+                        UnpackStagedFeaturesOp<GpuDevice>);
+#endif
 
 REGISTER_KERNEL_BUILDER(Name("Sok>UnpackFeaturesFromHost").Device(tf::DEVICE_CPU),
                         UnpackFeaturesFromHostOp<CpuDevice>);

@@ -180,6 +180,56 @@ offsets are read there and the features cross to the device through pinned memor
 compactly (int64 ids that fit as int32, row lengths under 256 as one byte) and widened there.
 )doc");
 
+static Status StageFeaturesShape(InferenceContext* c) {
+  int64_t features = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_features", &features));
+  ShapeHandle unused;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
+  c->set_output(0, c->Vector(c->UnknownDim()));
+  c->set_output(1, c->Vector(2 + 5 * features));
+  return Status();
+}
+
+REGISTER_OP("Sok>StageFeatures")
+    .Input("values: T")
+    .Input("row_splits: Tsplits")
+    .Output("staged: int8")
+    .Output("plan: int64")
+    .Attr("num_features: int >= 1")
+    .Attr("T: {int32, int64}")
+    .Attr("Tsplits: {int32, int64}")
+    .SetShapeFn(StageFeaturesShape)
+    .Doc(R"doc(
+A feature-major packed batch of ids staged for its crossing to a GPU, on the CPU (in the input
+pipeline, ahead of its step): its features' ids and row splits compactly coded (int64 ids that
+fit as int32, row lengths under 256 as one byte) in one buffer of pinned host memory where a
+GPU is present, and the plan that Sok>UnpackStagedFeatures reads them back by.
+)doc");
+
+static Status UnpackStagedFeaturesShape(InferenceContext* c) {
+  int64_t features = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_features", &features));
+  ShapeHandle unused;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
+  for (int64_t f = 0; f < 2 * features; ++f) c->set_output(f, c->Vector(c->UnknownDim()));
+  return Status();
+}
+
+REGISTER_OP("Sok>UnpackStagedFeatures")
+    .Input("staged: int8")
+    .Input("plan: int64")
+    .Output("feature_values: num_features * T")
+    .Output("feature_row_splits: num_features * int64")
+    .Attr("num_features: int >= 1")
+    .Attr("T: {int32, int64}")
+    .SetShapeFn(UnpackStagedFeaturesShape)
+    .Doc(R"doc(
+Sok>UnpackFeatures of a batch staged by Sok>StageFeatures: on a GPU, one copy of its staged
+bytes (no host work beyond reading the plan) widened there into one ragged tensor a feature.
+)doc");
+
 REGISTER_OP("Sok>GatherSingleIds")
     .Input("tables: N * resource")
     .Input("ids: N * Tindex")

@@ -1,0 +1,242 @@
+"""sok.stage_features: a packed batch staged by the input pipeline (Sok>StageFeatures) and read
+back by the lookup (Sok>UnpackStagedFeatures), against the packed RaggedTensor it was made
+from, NumPy and tf.nn.safe_embedding_lookup_sparse."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+from sparse_operation_kit._ops import raw_ops
+from conftest import run_mode
+
+# The read-back runs on every device here: the CPU widens in host memory, a GPU after one copy.
+DEVICES = ["CPU:0"] + (["GPU:0"] if tf.config.list_physical_devices("GPU") else [])
+
+
+def packed_ids(rng, vocabs, batch, max_len=4):
+    """(one packed RaggedTensor, its features as one RaggedTensor each)."""
+    lengths = [rng.integers(0, max_len + 1, size=batch) for _ in vocabs]
+    ids = [rng.integers(0, v, size=l.sum()).astype(np.int64) for v, l in zip(vocabs, lengths)]
+    packed = tf.RaggedTensor.from_row_lengths(np.concatenate(ids), np.concatenate(lengths))
+    return packed, [tf.RaggedTensor.from_row_lengths(i, l) for i, l in zip(ids, lengths)]
+
+
+def unstaged(values, splits, num_features, dtype=tf.int64, device="CPU:0"):
+    """The staged batch read back on `device`: (values, row splits) a feature, as NumPy."""
+    staged = sok.stage_features(tf.RaggedTensor.from_row_splits(values, splits), num_features)
+    with tf.device(device):
+        made_values, made_splits = raw_ops.sok_unpack_staged_features(
+            staged=staged.staged, plan=staged.plan, num_features=num_features, T=dtype)
+    return [v.numpy() for v in made_values], [s.numpy() for s in made_splits]
+
+
+def expected_features(values, splits, num_features):
+    batch = (len(splits) - 1) // num_features
+    for f in range(num_features):
+        first, last = splits[batch * f], splits[batch * (f + 1)]
+        yield values[first:last], splits[batch * f:batch * (f + 1) + 1] - first
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["small ids, short rows", "ids beyond int32",
+                                  "rows of 256 ids and more", "int32 ids", "int32 row splits"])
+def test_staged_batch_reads_back_as_its_features(case, device):
+    """Every coding (int64 ids narrowed or not, lengths as bytes or rebased splits) against
+    NumPy's slicing of the packed batch, empty samples and an empty feature included."""
+    rng = np.random.default_rng(11)
+    features, batch = 4, 300
+    lengths = rng.integers(0, 6, size=features * batch)
+    lengths[batch:2 * batch] = 0  # feature 1 holds no ids
+    if case == "rows of 256 ids and more":
+        lengths[2 * batch + 7] = 300
+    values = rng.integers(0, 1000, size=lengths.sum()).astype(np.int64)
+    if case == "ids beyond int32":
+        values[-1] = 1 << 40
+    dtype = tf.int32 if case == "int32 ids" else tf.int64
+    values = values.astype(dtype.as_numpy_dtype)
+    splits = np.concatenate([[0], np.cumsum(lengths)])
+    if case == "int32 row splits":
+        splits = splits.astype(np.int32)
+    made_values, made_splits = unstaged(values, splits, features, dtype, device)
+    for f, (want_values, want_splits) in enumerate(expected_features(values, splits, features)):
+        np.testing.assert_array_equal(made_values[f], want_values)
+        assert made_values[f].dtype == values.dtype
+        np.testing.assert_array_equal(made_splits[f], want_splits)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_staged_batch_of_several_megabytes(device):
+    """Features of small ids cross as int32 and lengths as bytes; one of large ids as it is."""
+    rng = np.random.default_rng(12)
+    features, batch = 6, 70_000
+    lengths = rng.integers(0, 4, size=features * batch)
+    values = rng.integers(-3, 1 << 20, size=lengths.sum())
+    last = np.concatenate([[0], np.cumsum(lengths)])[(features - 1) * batch]
+    values[last:] += 1 << 33
+    splits = np.concatenate([[0], np.cumsum(lengths)])
+    staged = sok.stage_features(tf.RaggedTensor.from_row_splits(values, splits), features)
+    narrow_ids = last * 4 + (len(values) - last) * 8
+    assert staged.staged.shape[0] <= narrow_ids + features * (batch + 2 * 16)
+    made_values, made_splits = unstaged(values, splits, features, device=device)
+    for f, (want_values, want_splits) in enumerate(expected_features(values, splits, features)):
+        np.testing.assert_array_equal(made_values[f], want_values)
+        np.testing.assert_array_equal(made_splits[f], want_splits)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_staged_lookup_matches_safe_embedding_lookup_sparse(mode):
+    """Outputs and gradients of a staged batch equal those of the packed RaggedTensor and
+    tf.nn.safe_embedding_lookup_sparse per table (a dynamic table among the static ones)."""
+    rng = np.random.default_rng(13)
+    vocabs, dim, batch = [30, 7, 50, 12], 5, 9
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
+    tables = [sok.Variable(i) for i in inits[:3]] + [
+        sok.DynamicVariable(dimension=dim, initializer="zeros")]
+    refs = [tf.Variable(i) for i in inits]
+    packed, per_ids = packed_ids(rng, vocabs, batch)
+    staged = sok.stage_features(packed, len(vocabs))
+    combiners = ["sum", "mean", "sqrtn", "mean"]
+    cotangent = tf.constant(rng.normal(size=[batch, len(vocabs), dim]).astype(np.float32))
+
+    def step():
+        with tf.GradientTape(persistent=True) as tape:
+            out = sok.lookup_sparse(tables, staged, combiners=combiners)
+            from_packed = sok.lookup_sparse(tables, packed, combiners=combiners)
+            loss = tf.reduce_sum(out * cotangent)
+            refs_out = tf.stack([tf.nn.safe_embedding_lookup_sparse(r, i.to_sparse(), None, c)
+                                 for r, i, c in zip(refs, per_ids, combiners)], 1)
+            ref_loss = tf.reduce_sum(refs_out * cotangent)
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, tables[:3])]
+        ref_grads = [tf.convert_to_tensor(g) for g in tape.gradient(ref_loss, refs[:3])]
+        return out, from_packed, refs_out, grads, ref_grads
+
+    out, from_packed, ref, grads, ref_grads = run_mode(mode, step)
+    np.testing.assert_array_equal(out.numpy(), from_packed.numpy())
+    ref = ref.numpy()
+    ref[:, 3] = 0.0  # the dynamic table's rows start at zeros
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-6)
+    for grad, ref_grad in zip(grads, ref_grads):
+        np.testing.assert_allclose(grad.numpy(), ref_grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_staged_batches_from_a_pipeline_train_as_the_packed_form(optimizer):
+    """Batches staged by a tf.data map and read inside the step (one step a call and a loop of
+    steps a call) train the tables exactly as the same packed RaggedTensors passed in."""
+    rng = np.random.default_rng(14)
+    vocabs, dim, batch, steps = [40, 25, 60], 4, 16, 6
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
+    batches = [packed_ids(rng, vocabs, batch)[0] for _ in range(steps)]
+    with tf.device("CPU:0"):
+        per_batch = tf.RaggedTensor.from_uniform_row_length(tf.concat(batches, 0),
+                                                            batch * len(vocabs))
+    dataset = (tf.data.Dataset.from_tensor_slices(per_batch)
+               .map(lambda ids: sok.stage_features(ids, len(vocabs))).prefetch(2))
+
+    def make():
+        tables = [sok.Variable(i) for i in inits]
+        make_optimizer = (tf.keras.optimizers.legacy.Adam if optimizer == "adam"
+                          else tf.keras.optimizers.legacy.SGD)
+        wrapped = sok.OptimizerWrapper(make_optimizer(0.05))
+
+        def step(ids):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(sok.lookup_sparse(tables, ids, combiners="mean") ** 2)
+            wrapped.apply_gradients(zip(tape.gradient(loss, tables), tables))
+            return loss
+        return tables, step
+
+    reference, by_argument = make()
+    by_argument = tf.function(by_argument)
+    for packed in batches:
+        by_argument(packed)
+    staged_tables, staged_step = make()
+    iterator = iter(dataset)
+
+    @tf.function
+    def one_step():
+        return staged_step(next(iterator))
+
+    @tf.function
+    def loop_of_steps():
+        for _ in tf.range(steps - 2):
+            staged_step(next(iterator))
+
+    one_step()
+    one_step()
+    loop_of_steps()
+    for a, b in zip(staged_tables, reference):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_stage_features_bad_input():
+    tables = [sok.Variable(np.ones([5, 2], np.float32)) for _ in range(3)]
+    three = tf.ragged.constant([[1], [2], [3]], dtype=tf.int64)
+    with pytest.raises(TypeError, match="one tf.RaggedTensor"):
+        sok.stage_features(tf.constant([[1], [2], [3]]), 3)
+    with pytest.raises(TypeError, match="ids must be int32 or int64"):
+        sok.stage_features(tf.ragged.constant([[1.0], [2.0], [3.0]]), 3)
+    with pytest.raises(ValueError, match="2-D RaggedTensor"):
+        sok.stage_features(tf.ragged.constant([[[1]], [[2]], [[3]]], dtype=tf.int64), 3)
+    for bad in (0, -2, 1.5, True, "3"):
+        with pytest.raises(ValueError, match="num_features must be a positive int"):
+            sok.stage_features(three, bad)
+    with pytest.raises(ValueError, match="holds 3 rows, which do not split into 2 features"):
+        sok.stage_features(three, 2)
+    stage = tf.function(lambda r: sok.stage_features(r, 2),
+                        input_signature=[tf.RaggedTensorSpec([None, None], tf.int64, 1, tf.int64)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="3 rows, which do not split into 2"):
+        stage(three)
+    staged = sok.stage_features(three, 3)
+    with pytest.raises(ValueError, match="holds 3 features but 2 tables were given"):
+        sok.lookup_sparse(tables[:2], staged)
+    with pytest.raises(ValueError, match="takes no sp_weights"):
+        sok.lookup_sparse(tables, staged, tf.ragged.constant([[1.0], [1.0], [1.0]]))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="id 7 of table .* is out of range \\[0, 5\\)"):
+        sok.lookup_sparse(tables, sok.stage_features(
+            tf.ragged.constant([[1], [7], [3]], dtype=tf.int64), 3))
+
+
+def _unstage_raw(staged, plan, num_features=2, dtype=tf.int64, device="CPU:0"):
+    with tf.device(device):
+        return raw_ops.sok_unpack_staged_features(staged=staged, plan=plan,
+                                                  num_features=num_features, T=dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unpack_staged_features_refuses_a_bad_plan(device):
+    """A staged batch made by hand, or for other tables, is refused before anything is read
+    outside its bytes; the tables' count and the bad entry are named."""
+    good = sok.stage_features(tf.ragged.constant([[1, 2], [3], [], [4]], dtype=tf.int64), 2)
+    staged, plan = good.staged, good.plan.numpy()
+    cases = {
+        "holds 2 features, but it is looked up in 3 tables": (plan, 3),
+        "has 11 entries, not 2 \\+ 5 per feature": (plan[:-1], 2),
+        "unknown codings 7, 1": (np.concatenate([plan[:3], [7], plan[4:]]), 2),
+        "places feature 1 .* outside its": (np.concatenate([plan[:-2], [1 << 20], plan[-1:]]),
+                                             2),
+        "places feature 0 \\(-1 values": (np.concatenate([plan[:2], [-1], plan[3:]]), 2),
+    }
+    for message, (bad_plan, features) in cases.items():
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            _unstage_raw(staged, bad_plan, features, device=device)
+    # int32 narrowing claimed for int32 ids is not a coding of theirs
+    with pytest.raises(tf.errors.InvalidArgumentError, match="unknown codings 1, 1"):
+        _unstage_raw(staged, plan, 2, tf.int32, device)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must be vectors"):
+        _unstage_raw(tf.reshape(staged, [1, -1]), plan, device=device)
+
+
+def test_unpack_staged_features_checks_row_splits_on_the_cpu():
+    """Lengths that do not add up to a feature's ids are refused by the CPU, naming the
+    feature (a GPU keeps them within the feature's ids instead of waiting to check)."""
+    good = sok.stage_features(tf.ragged.constant([[1, 2], [3], [], [4]], dtype=tf.int64), 2)
+    plan = good.plan.numpy()
+    lengths_at = plan[2 + 4]
+    forged = good.staged.numpy().copy()
+    forged[lengths_at] += 1
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="feature 0 of the staged batch: row_splits must start at 0 and end "
+                             "at the 3 ids"):
+        _unstage_raw(forged, plan)
