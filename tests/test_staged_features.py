@@ -240,3 +240,23 @@ def test_unpack_staged_features_checks_row_splits_on_the_cpu():
                        match="feature 0 of the staged batch: row_splits must start at 0 and end "
                              "at the 3 ids"):
         _unstage_raw(forged, plan)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unpack_staged_features_checks_row_splits_that_cross_as_they_are(device):
+    """A feature with a sample of 256 ids or more crosses its row splits as int64; splits
+    that no longer end at the feature's ids are refused on every device, naming the feature."""
+    lengths = np.array([1, 300, 2, 0])  # 2 features x batch 2; feature 0's splits as int64
+    packed = tf.RaggedTensor.from_row_lengths(np.arange(lengths.sum(), dtype=np.int64), lengths)
+    staged = sok.stage_features(packed, 2)
+    plan = staged.plan.numpy()
+    assert plan[2 + 2] == 0  # feature 0: row splits rebased, not lengths
+    forged = staged.staged.numpy().copy()
+    last_split = plan[2 + 4] + 2 * 8  # splits [0, 1, 301]: the last one's bytes
+    forged[last_split:last_split + 8] = np.frombuffer(np.int64(299).tobytes(), np.int8)
+    made_values, made_splits = _unstage_raw(staged.staged, plan, device=device)
+    np.testing.assert_array_equal(made_splits[0].numpy(), [0, 1, 301])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="feature 0 of the staged batch: row_splits must start at 0 and end "
+                             "at the 301 ids"):
+        _unstage_raw(forged, plan, device=device)
