@@ -146,20 +146,33 @@ static tf::Status PackedFeatureBounds(tf::OpKernelContext* ctx, const tf::Tensor
   return ToTfStatus(CheckFeatureBounds(*bounds, values.NumElements()));
 }
 
-template <typename Device>
-class UnpackFeaturesOp : public tf::OpKernel {
- public:
-  explicit UnpackFeaturesOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+// What the ops taking a packed batch (inputs values, row_splits) share: num_features, and the
+// batch's checked shape and feature offsets (row_splits read where `Device` says).
+class PackedBatchOp : public tf::OpKernel {
+ protected:
+  explicit PackedBatchOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_features", &num_features_));
   }
+  template <typename Device>
+  tf::Status ReadBatch(tf::OpKernelContext* ctx, int64_t* batch,
+                       std::vector<int64_t>* bounds) const {
+    return PackedFeatureBounds<Device>(ctx, ctx->input(0), ctx->input(1), num_features_, batch,
+                                       bounds);
+  }
+  int64_t num_features_ = 1;
+};
+
+template <typename Device>
+class UnpackFeaturesOp : public PackedBatchOp {
+ public:
+  explicit UnpackFeaturesOp(tf::OpKernelConstruction* ctx) : PackedBatchOp(ctx) {}
 
   void Compute(tf::OpKernelContext* ctx) override {
     const tf::Tensor& values = ctx->input(0);
     const tf::Tensor& row_splits = ctx->input(1);
     int64_t batch = 0;
     std::vector<int64_t> bounds;
-    OP_REQUIRES_OK(ctx, PackedFeatureBounds<Device>(ctx, values, row_splits, num_features_,
-                                                    &batch, &bounds));
+    OP_REQUIRES_OK(ctx, ReadBatch<Device>(ctx, &batch, &bounds));
     functor::KeyedFeatures<Device> device;
     const int64_t element = tf::DataTypeSize(values.dtype());
     for (int64_t f = 0; f < num_features_; ++f) {
@@ -182,9 +195,6 @@ class UnpackFeaturesOp : public tf::OpKernel {
     }
     OP_REQUIRES_OK(ctx, device.Rebase(ctx, row_splits, batch, splits));
   }
-
- private:
-  int64_t num_features_ = 1;
 };
 
 // The unpacked features, each a slice of the two buffers `layout` places them in.
@@ -214,19 +224,16 @@ static tf::Status AllocateFeatureBuffers(tf::OpKernelContext* ctx, tf::DataType 
 // row splits cross to the device compactly staged (StageFeaturesFromHost) and are widened
 // into two buffers, each feature aligned in them and handed out as a slice.
 template <typename Device>
-class UnpackFeaturesFromHostOp : public tf::OpKernel {
+class UnpackFeaturesFromHostOp : public PackedBatchOp {
  public:
-  explicit UnpackFeaturesFromHostOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_features", &num_features_));
-  }
+  explicit UnpackFeaturesFromHostOp(tf::OpKernelConstruction* ctx) : PackedBatchOp(ctx) {}
 
   void Compute(tf::OpKernelContext* ctx) override {
     const tf::Tensor& packed = ctx->input(0);
     const tf::Tensor& row_splits = ctx->input(1);
     int64_t batch = 0;
     std::vector<int64_t> bounds;
-    OP_REQUIRES_OK(ctx, PackedFeatureBounds<CpuDevice>(ctx, packed, row_splits, num_features_,
-                                                       &batch, &bounds));  // host memory
+    OP_REQUIRES_OK(ctx, ReadBatch<CpuDevice>(ctx, &batch, &bounds));  // host memory
     const FeatureLayout layout =
         AlignedFeatureLayout(bounds, batch, tf::DataTypeSize(packed.dtype()),
                              tf::Allocator::kAllocatorAlignment);
@@ -236,27 +243,21 @@ class UnpackFeaturesFromHostOp : public tf::OpKernel {
                                                                  batch, layout, &values, &splits));
     SetFeatureOutputs(ctx, values, splits, layout, bounds, batch);
   }
-
- private:
-  int64_t num_features_ = 1;
 };
 
 // Sok>StageFeatures: the CPU half of a packed batch's crossing, run by the input pipeline ahead
 // of its step: planned and staged as Sok>UnpackFeaturesFromHost stages it, into an output the
 // GPU can copy from directly (pinned memory where a GPU is present).
-class StageFeaturesOp : public tf::OpKernel {
+class StageFeaturesOp : public PackedBatchOp {
  public:
-  explicit StageFeaturesOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_features", &num_features_));
-  }
+  explicit StageFeaturesOp(tf::OpKernelConstruction* ctx) : PackedBatchOp(ctx) {}
 
   void Compute(tf::OpKernelContext* ctx) override {
     const tf::Tensor& packed = ctx->input(0);
     const tf::Tensor& row_splits = ctx->input(1);
     int64_t batch = 0;
     std::vector<int64_t> bounds;
-    OP_REQUIRES_OK(ctx, PackedFeatureBounds<CpuDevice>(ctx, packed, row_splits, num_features_,
-                                                       &batch, &bounds));
+    OP_REQUIRES_OK(ctx, ReadBatch<CpuDevice>(ctx, &batch, &bounds));
     const CompactGroup group = functor::PlanCompactGroupOnHost(ctx, packed, row_splits, bounds,
                                                                batch, 0, num_features_);
     tf::AllocatorAttributes pinned;
@@ -272,9 +273,6 @@ class StageFeaturesOp : public tf::OpKernel {
                             1, tf::TensorShape({static_cast<int64_t>(plan.size())}), &plan_out));
     std::copy(plan.begin(), plan.end(), plan_out->flat<int64_t>().data());
   }
-
- private:
-  int64_t num_features_ = 1;
 };
 
 // Sok>UnpackStagedFeatures: a staged batch's plan read and checked on the host, its bytes
