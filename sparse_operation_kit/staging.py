@@ -7,7 +7,8 @@ under 256 as one byte. Done inside the step, that CPU pass over the ids is on th
 steps train, into pinned memory (the counterpart of PyTorch's `DataLoader(pin_memory=True)`);
 `lookup_sparse` then copies the staged bytes with one DMA and widens them on the GPU.
 
-    dataset = dataset.map(lambda ids, labels: (sok.stage_features(ids, 26), labels))
+    dataset = dataset.map(lambda ids, labels: (sok.stage_features(ids, 26), labels),
+                          num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.prefetch(2)   # stage last: a later map or batch would copy the bytes
     ...
     out = sok.lookup_sparse(tables, staged)   # [batch, 26, dim], as for the packed RaggedTensor

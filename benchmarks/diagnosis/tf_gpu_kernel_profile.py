@@ -88,7 +88,8 @@ def workload(name):
                 dataset = dataset.concatenate(tf.data.Dataset.from_tensors(batch))
             dataset = dataset.repeat()
             if name.endswith("staged"):
-                dataset = dataset.map(lambda ids: sok.stage_features(ids, len(vocabs)))
+                dataset = dataset.map(lambda ids: sok.stage_features(ids, len(vocabs)),
+                                      num_parallel_calls=tf.data.AUTOTUNE)
             iterator = iter(dataset.prefetch(2))
 
         def packed_step(_unused=None):

@@ -84,7 +84,8 @@ def packed_dataset_of(spec, batches, staged=False):
         dataset = tf.data.Dataset.from_tensor_slices(per_batch).cache().repeat()
         if staged:
             features = len(spec["vocabs"])
-            dataset = dataset.map(lambda ids: sok.stage_features(ids, features))
+            dataset = dataset.map(lambda ids: sok.stage_features(ids, features),
+                                  num_parallel_calls=tf.data.AUTOTUNE)
         return dataset.prefetch(2)
 
 

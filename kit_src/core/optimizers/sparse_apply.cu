@@ -3,6 +3,9 @@
 #include <cub/cub.cuh>
 
 #include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
 
 #include "kit_src/core/cuda_scratch.cuh"
 #include "kit_src/core/optimizers/sorted_tile_sgd.cuh"
@@ -44,6 +47,45 @@ __global__ void HeadFlags(const int64_t* sorted_ids, int64_t n, int32_t* head) {
        k += int64_t{gridDim.x} * blockDim.x) {
     head[k] = k > 0 && sorted_ids[k] != sorted_ids[k - 1];
   }
+}
+
+// Each run's id (at the run's first use) and the number of runs, from the scanned head flags.
+__global__ void RunIds(const int64_t* sorted_ids, const int32_t* run_of, int64_t n,
+                       int64_t* run_id, int32_t* num_runs) {
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n;
+       k += int64_t{gridDim.x} * blockDim.x) {
+    if (k == 0 || run_of[k] != run_of[k - 1]) run_id[run_of[k]] = sorted_ids[k];
+    if (k == n - 1) *num_runs = run_of[k] + 1;
+  }
+}
+
+// CUB's temporary storage for the sort and the scan of n uses, asked of CUB once for each
+// power of two of n (it grows with n; asking costs host time on every call otherwise).
+size_t SortAndScanTempBytes(int64_t n, int end_bit, cudaStream_t stream) {
+  int bucket = 0;
+  while ((int64_t{1} << bucket) < n) ++bucket;
+  int device = 0;
+  cudaGetDevice(&device);
+  const uint64_t key = (uint64_t(device) << 16) | (uint64_t(end_bit) << 8) | uint64_t(bucket);
+  static std::mutex mu;
+  static std::unordered_map<uint64_t, size_t> known;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto found = known.find(key);
+    if (found != known.end()) return found->second;
+  }
+  const int items = static_cast<int>(std::min<int64_t>(int64_t{1} << bucket, INT32_MAX));
+  size_t sort_bytes = 0, scan_bytes = 0;
+  cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const int64_t*>(nullptr),
+                                  static_cast<int64_t*>(nullptr),
+                                  static_cast<const int32_t*>(nullptr),
+                                  static_cast<int32_t*>(nullptr), items, 0, end_bit, stream);
+  cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, static_cast<const int32_t*>(nullptr),
+                                static_cast<int32_t*>(nullptr), items, stream);
+  const size_t bytes = std::max(sort_bytes, scan_bytes);
+  std::lock_guard<std::mutex> lock(mu);
+  known[key] = bytes;
+  return bytes;
 }
 
 // Sums the gradients of equal ids: a block takes kUsesPerChunk consecutive sorted uses, one
@@ -190,37 +232,29 @@ cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper_devi
   }
 
   int64_t *sorted_ids = nullptr, *run_id = nullptr;
-  int32_t *positions = nullptr, *order = nullptr, *run_length = nullptr, *run_of = nullptr,
-          *num_runs = nullptr;
+  int32_t *positions = nullptr, *order = nullptr, *run_of = nullptr, *num_runs = nullptr;
   float* summed = nullptr;
+  char* temp = nullptr;
   auto get = [&](auto** out, size_t count) {
     *out = static_cast<std::remove_reference_t<decltype(**out)>*>(
         allocate(std::max<size_t>(count * sizeof(**out), 1)));
     return *out != nullptr;
   };
+  size_t temp_bytes = SortAndScanTempBytes(n, end_bit, stream);
   if (!(get(&sorted_ids, n) && get(&run_id, n) && get(&positions, n) && get(&order, n) &&
-        get(&run_length, n) && get(&run_of, n) && get(&num_runs, 1) &&
-        get(&summed, n * table.dim))) {
+        get(&run_of, n) && get(&num_runs, 1) && get(&summed, n * table.dim) &&
+        get(&temp, temp_bytes))) {
     return cudaErrorMemoryAllocation;
   }
   Iota<<<GridBlocks(n, 256), 256, 0, stream>>>(positions, n);
   const int items = static_cast<int>(n);
-  size_t sort_bytes = 0, encode_bytes = 0, scan_bytes = 0;
-  cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, gradient.ids, sorted_ids, positions, order,
-                                  items, 0, end_bit, stream);
-  cub::DeviceRunLengthEncode::Encode(nullptr, encode_bytes, sorted_ids, run_id, run_length,
-                                     num_runs, items, stream);
-  cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, positions, run_of, items, stream);
-  char* temp = nullptr;
-  if (!get(&temp, std::max({sort_bytes, encode_bytes, scan_bytes}))) return cudaErrorMemoryAllocation;
   // Out-of-range ids sort wrongly (end_bit covers the valid rows only); harmless, as the
   // kernels that write skip all work when the check found one.
-  cub::DeviceRadixSort::SortPairs(temp, sort_bytes, gradient.ids, sorted_ids, positions, order,
+  cub::DeviceRadixSort::SortPairs(temp, temp_bytes, gradient.ids, sorted_ids, positions, order,
                                   items, 0, end_bit, stream);
-  cub::DeviceRunLengthEncode::Encode(temp, encode_bytes, sorted_ids, run_id, run_length, num_runs,
-                                     items, stream);
   HeadFlags<<<GridBlocks(n, 256), 256, 0, stream>>>(sorted_ids, n, positions);  // reused
-  cub::DeviceScan::InclusiveSum(temp, scan_bytes, positions, run_of, items, stream);
+  cub::DeviceScan::InclusiveSum(temp, temp_bytes, positions, run_of, items, stream);
+  RunIds<<<GridBlocks(n, 256), 256, 0, stream>>>(sorted_ids, run_of, n, run_id, num_runs);
   cudaMemsetAsync(summed, 0, n * table.dim * sizeof(float), stream);  // SumRuns adds into it
   const int threads = static_cast<int>(std::min<int64_t>(256, (table.dim + 31) / 32 * 32));
   const int64_t chunks = (n + kUsesPerChunk - 1) / kUsesPerChunk;

@@ -1,7 +1,7 @@
 // GPU lazy optimizer update of a table's touched rows: the gradients of duplicate ids are
-// summed (the ids radix-sorted with CUB, stably, then run-length encoded), then every touched
-// row and its state take one step of the rule (kit_src/core/optimizers/update_rules.h, one
-// thread per element). Plain SGD, linear in the gradient, skips the global sort: each block
+// summed (the ids radix-sorted with CUB, stably, their runs numbered by a scan of head flags),
+// then every touched row and its state take one step of the rule
+// (kit_src/core/optimizers/update_rules.h, one thread per element). Plain SGD, linear in the gradient, skips the global sort: each block
 // sorts a tile of uses in shared memory and adds each run's summed step atomically (float4
 // rows), or each use is subtracted by an atomic add (other widths). Rows no id names do not
 // change.
