@@ -101,14 +101,19 @@ def test_unpack_features_slices_and_rebases(op, dtype, splits_dtype):
 
 
 @pytest.mark.parametrize("op", ["sok_unpack_features", "sok_unpack_features_from_host"])
-def test_unpack_features_of_a_batch_staged_in_several_groups(op):
+@pytest.mark.parametrize("ids", ["beyond int32", "within int32, multi-hot"])
+def test_unpack_features_of_a_batch_staged_in_several_groups(op, ids):
     """A packed batch of several megabytes: on a GPU, Sok>UnpackFeaturesFromHost stages and
-    copies it a few features at a time (each group's copy overlapping the next's staging)."""
+    copies it a few features at a time (each group's copy overlapping the next's staging),
+    ids within int32 narrowed on the way."""
     from sparse_operation_kit._ops import raw_ops
     rng = np.random.default_rng(4)
-    features, batch = 7, 60_000
-    lengths = rng.integers(0, 5, size=features * batch)
-    values = rng.integers(0, 1 << 40, size=lengths.sum())
+    if ids == "beyond int32":
+        features, batch, most, low, high = 7, 60_000, 4, 0, 1 << 40
+    else:
+        features, batch, most, low, high = 9, 50_000, 10, -5, 4_000_000
+    lengths = rng.integers(0, most + 1, size=features * batch)
+    values = rng.integers(low, high, size=lengths.sum())
     splits = np.concatenate([[0], np.cumsum(lengths)])
     made_values, made_splits = getattr(raw_ops, op)(values=values, row_splits=splits,
                                                     num_features=features)
@@ -184,24 +189,6 @@ def test_unpack_features_from_host_keeps_decreasing_row_splits():
     np.testing.assert_array_equal(made_splits[0].numpy(), [0, 2, 1])
     np.testing.assert_array_equal(made_splits[1].numpy(), [0, 2, 5])
     np.testing.assert_array_equal(made_values[1].numpy(), [1, 2, 3, 4, 5])
-
-
-@pytest.mark.parametrize("op", ["sok_unpack_features", "sok_unpack_features_from_host"])
-def test_unpack_features_of_a_batch_of_small_ids_in_several_groups(op):
-    """Several megabytes of ids within int32 (narrowed on the way to a GPU), multi-hot."""
-    from sparse_operation_kit._ops import raw_ops
-    rng = np.random.default_rng(5)
-    features, batch = 9, 50_000
-    lengths = rng.integers(0, 11, size=features * batch)
-    values = rng.integers(-5, 4_000_000, size=lengths.sum())
-    splits = np.concatenate([[0], np.cumsum(lengths)])
-    made_values, made_splits = getattr(raw_ops, op)(values=values, row_splits=splits,
-                                                    num_features=features)
-    for f in range(features):
-        first, last = splits[batch * f], splits[batch * (f + 1)]
-        np.testing.assert_array_equal(made_values[f].numpy(), values[first:last])
-        np.testing.assert_array_equal(made_splits[f].numpy(),
-                                      splits[batch * f:batch * (f + 1) + 1] - first)
 
 
 def test_packed_batch_bad_input():

@@ -174,6 +174,20 @@ struct SampleSpace {
     }
   }
 
+  // visit(l, s, i, share) for every id i of the samples g in [begin, end): lookup l, its
+  // sample s and the id's share of the sample's pooled gradient (UseScale).
+  template <typename Visit>
+  void ForUses(int64_t begin, int64_t end, Visit visit) const {
+    ForSamples(begin, end, [&](const PooledLookup<T>& lookup, int64_t s, int64_t) {
+      const size_t l = &lookup - lookups.data();
+      const int64_t first_id = lookup.row_splits[s], end_id = lookup.row_splits[s + 1];
+      const float denominator = Denominator(lookup.combiner, lookup.weights, first_id, end_id);
+      for (int64_t i = first_id; i < end_id; ++i) {
+        visit(l, s, i, UseScale(lookup.weights, denominator, i));
+      }
+    });
+  }
+
   const std::vector<PooledLookup<T>>& lookups;
   std::vector<int64_t> first, use_first;
 };
@@ -267,23 +281,11 @@ void SpreadPooledGrad(int64_t dim, const std::vector<PooledLookup<T>>& lookups,
   const SampleSpace<T> space(lookups);
   const int64_t cost = dim * (1 + space.uses() / std::max<int64_t>(space.samples(), 1)) * 2;
   parallel_for(space.samples(), cost, [&](int64_t begin, int64_t end) {
-    size_t l = std::upper_bound(space.first.begin(), space.first.end(), begin) -
-               space.first.begin() - 1;
-    for (int64_t g = begin; g < end; ++l) {
-      const PooledLookup<T>& lookup = lookups[l];
-      const int64_t last = std::min(end, space.first[l + 1]) - space.first[l];
-      for (int64_t s = g - space.first[l]; s < last; ++s) {
-        const int64_t first_id = lookup.row_splits[s], end_id = lookup.row_splits[s + 1];
-        const float denominator = Denominator(lookup.combiner, lookup.weights, first_id, end_id);
-        const T* grad = lookup.output_grad + s * OutputStride(lookup, dim);
-        for (int64_t i = first_id; i < end_id; ++i) {
-          const float scale = UseScale(lookup.weights, denominator, i);
-          T* out = id_grads[l] + i * dim;
-          for (int64_t d = 0; d < dim; ++d) out[d] = static_cast<T>(scale) * grad[d];
-        }
-      }
-      g = space.first[l] + last;
-    }
+    space.ForUses(begin, end, [&](size_t l, int64_t s, int64_t i, float scale) {
+      const T* grad = lookups[l].output_grad + s * OutputStride(lookups[l], dim);
+      T* out = id_grads[l] + i * dim;
+      for (int64_t d = 0; d < dim; ++d) out[d] = static_cast<T>(scale) * grad[d];
+    });
   });
 }
 
@@ -295,21 +297,10 @@ void PooledGradShares(const std::vector<PooledLookup<T>>& lookups,
   const SampleSpace<T> space(lookups);
   const int64_t cost = 4 * (1 + space.uses() / std::max<int64_t>(space.samples(), 1));
   parallel_for(space.samples(), cost, [&](int64_t begin, int64_t end) {
-    size_t l = std::upper_bound(space.first.begin(), space.first.end(), begin) -
-               space.first.begin() - 1;
-    for (int64_t g = begin; g < end; ++l) {
-      const PooledLookup<T>& lookup = lookups[l];
-      const int64_t last = std::min(end, space.first[l + 1]) - space.first[l];
-      for (int64_t s = g - space.first[l]; s < last; ++s) {
-        const int64_t first_id = lookup.row_splits[s], end_id = lookup.row_splits[s + 1];
-        const float denominator = Denominator(lookup.combiner, lookup.weights, first_id, end_id);
-        for (int64_t i = first_id; i < end_id; ++i) {
-          use_rows[l][i] = row_first[l] + s * row_step[l];
-          use_scales[l][i] = UseScale(lookup.weights, denominator, i);
-        }
-      }
-      g = space.first[l] + last;
-    }
+    space.ForUses(begin, end, [&](size_t l, int64_t s, int64_t i, float scale) {
+      use_rows[l][i] = row_first[l] + s * row_step[l];
+      use_scales[l][i] = scale;
+    });
   });
 }
 

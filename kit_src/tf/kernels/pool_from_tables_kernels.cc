@@ -30,17 +30,24 @@ tf::Status PoolFromTables<CpuDevice>::operator()(tf::OpKernelContext* ctx,
   return ToTfStatus(sok::PoolFromTables(tables, dim, lookups, CpuParallelFor(ctx)));
 }
 
+// Every lookup's row splits run from 0 to its ids without decreasing (the CPU reads them).
+static tf::Status CheckRowSplits(const std::vector<PooledLookup<float>>& lookups,
+                                 const std::vector<int64_t>& id_counts) {
+  for (size_t l = 0; l < lookups.size(); ++l) {
+    TF_RETURN_IF_ERROR(ToTfStatus(ValidateRowSplits(lookups[l].row_splits, lookups[l].batch,
+                                                    id_counts[l],
+                                                    "lookup " + std::to_string(l))));
+  }
+  return tf::Status();
+}
+
 template <>
 tf::Status SpreadPooledGrad<CpuDevice>::operator()(tf::OpKernelContext* ctx,
                                                    const std::vector<PooledLookup<float>>& lookups,
                                                    const std::vector<int64_t>& id_counts,
                                                    const std::vector<float*>& id_grads,
                                                    int64_t dim) {
-  for (size_t l = 0; l < lookups.size(); ++l) {
-    TF_RETURN_IF_ERROR(ToTfStatus(ValidateRowSplits(lookups[l].row_splits, lookups[l].batch,
-                                                    id_counts[l],
-                                                    "lookup " + std::to_string(l))));
-  }
+  TF_RETURN_IF_ERROR(CheckRowSplits(lookups, id_counts));
   sok::SpreadPooledGrad(dim, lookups, id_grads, CpuParallelFor(ctx));
   return tf::Status();
 }
@@ -51,11 +58,7 @@ tf::Status PooledGradShares<CpuDevice>::operator()(
     const std::vector<int64_t>& id_counts, const std::vector<int64_t>& row_first,
     const std::vector<int64_t>& row_step, const std::vector<int64_t*>& use_rows,
     const std::vector<float*>& use_scales) {
-  for (size_t l = 0; l < lookups.size(); ++l) {
-    TF_RETURN_IF_ERROR(ToTfStatus(ValidateRowSplits(lookups[l].row_splits, lookups[l].batch,
-                                                    id_counts[l],
-                                                    "lookup " + std::to_string(l))));
-  }
+  TF_RETURN_IF_ERROR(CheckRowSplits(lookups, id_counts));
   sok::PooledGradShares(lookups, row_first, row_step, use_rows, use_scales, CpuParallelFor(ctx));
   return tf::Status();
 }
