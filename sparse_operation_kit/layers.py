@@ -4,6 +4,8 @@
   with a combiner, or unpooled lookups of dense ids.
 - `DistributedEmbedding` and `All2AllDenseEmbedding`: SOK v1's layers, same signatures and
   output shapes (all slots share one table, as in SOK v1).
+- `PackedEmbedding`: a group of static tables of one dimension, looked up from one packed
+  batch (or one staged by `sok.stage_features`) into one [batch, features, dim] tensor.
 - `Model`: a `tf.keras.Model` whose `fit` also trains dynamic tables (their gradients go
   through `sok.OptimizerWrapper(model.optimizer)`); static tables are ordinary trainable
   weights and train with any Keras optimizer in any model.
@@ -190,6 +192,51 @@ class All2AllDenseEmbedding(_TableLayer):
                     use_hashtable=self.use_hashtable,
                     key_dtype=None if self.key_dtype is None else tf.as_dtype(self.key_dtype).name,
                     embedding_initializer=self.embedding_initializer)
+
+
+@tf.keras.utils.register_keras_serializable(package=_PACKAGE)
+class PackedEmbedding(tf.keras.layers.Layer):
+    """A group of static tables of one dimension looked up from one packed batch.
+
+    `input_dims[f]` rows for feature f, each table `output_dim` wide, pooled with `combiner`
+    (one for all, or one a feature). Call: a feature-major packed `tf.RaggedTensor`
+    [features * batch, None] of ids (feature 0's samples, then feature 1's, as TorchRec's
+    KeyedJaggedTensor), or that batch staged by `sok.stage_features` in the input pipeline ->
+    [batch, features, output_dim], as DLRM's interaction takes it. The tables are ordinary
+    trainable weights (any Keras optimizer; `sok.OptimizerWrapper` updates them sparsely).
+    """
+
+    def __init__(self, input_dims, output_dim, combiner="mean", mode=None,
+                 initializer="uniform", **kwargs):
+        super().__init__(**kwargs)
+        self.input_dims = [int(rows) for rows in input_dims]
+        if not self.input_dims or min(self.input_dims) < 1:
+            raise ValueError(f"input_dims must list each feature's rows (>= 1), got {input_dims!r}")
+        self.output_dim, self.mode, self.initializer = int(output_dim), mode, initializer
+        combiners = combiner if isinstance(combiner, (list, tuple)) else [combiner] * len(
+            self.input_dims)
+        if len(combiners) != len(self.input_dims):
+            raise ValueError(f"combiner lists {len(combiners)} combiners for "
+                             f"{len(self.input_dims)} features")
+        self.combiner = combiner if isinstance(combiner, str) else list(combiner)
+        self._combiners = list(combiners)
+
+    def build(self, input_shape):
+        communication._require_init()
+        self.tables = [_make_table(f"{self.name}/feature_{f}", self.output_dim, rows, False,
+                                   self.mode, self.initializer, None, None)
+                       for f, rows in enumerate(self.input_dims)]
+        super().build(input_shape)
+
+    def call(self, inputs, training=None):
+        return lookup_sparse(self.tables, inputs, combiners=self._combiners,
+                             training=True if training is None else bool(training))
+
+    def get_config(self):
+        return dict(super().get_config(), input_dims=self.input_dims, output_dim=self.output_dim,
+                    combiner=self.combiner, mode=self.mode,
+                    initializer=self.initializer if isinstance(self.initializer, (str, type(None)))
+                    else tf.keras.initializers.serialize(self.initializer))
 
 
 class Model(tf.keras.Model):

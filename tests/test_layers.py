@@ -207,3 +207,70 @@ def test_functional_model_config_round_trip():
     assert isinstance(clone.get_layer("emb"), sok.layers.Embedding)
     assert clone.get_layer("emb").get_config() == model.get_layer("emb").get_config()
     assert clone(tf.constant([[1, 2, 3]], tf.int64)).shape == (1, 1)
+
+
+def packed(rng, vocabs, batch, max_len=3):
+    """(one feature-major packed RaggedTensor, its features as SparseTensors)."""
+    features = [ragged(rng, batch, vocab, max_len) for vocab in vocabs]
+    return tf.concat(features, 0), [f.to_sparse() for f in features]
+
+
+def test_packed_embedding_matches_safe_embedding_lookup_sparse():
+    """PackedEmbedding of a packed batch and of the same batch staged by sok.stage_features
+    equals tf.nn.safe_embedding_lookup_sparse of each of its tables, stacked."""
+    rng = np.random.default_rng(7)
+    vocabs, combiners = [30, 5, 12], ["sum", "mean", "sqrtn"]
+    layer = sok.layers.PackedEmbedding(vocabs, 4, combiner=combiners)
+    ids, per_feature = packed(rng, vocabs, 9)
+    out = layer(ids)
+    assert out.shape == (9, 3, 4) and len(layer.trainable_weights) == 3
+    expected = tf.stack([tf.nn.safe_embedding_lookup_sparse(tf.constant(t.numpy()), f, None, c)
+                         for t, f, c in zip(layer.tables, per_feature, combiners)], 1)
+    np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(layer(sok.stage_features(ids, 3)).numpy(), out.numpy())
+    config = layer.get_config()
+    assert sok.layers.PackedEmbedding.from_config(config).get_config() == config
+    with pytest.raises(ValueError, match="2 combiners for 3 features"):
+        sok.layers.PackedEmbedding(vocabs, 4, combiner=["sum", "mean"])
+    with pytest.raises(ValueError, match="input_dims must list each feature's rows"):
+        sok.layers.PackedEmbedding([4, 0], 4)
+
+
+def test_packed_embedding_trains_in_fit_from_a_staged_pipeline():
+    """model.fit over a pipeline that stages its packed batches trains the layer's tables as a
+    tape loop of tf.nn.safe_embedding_lookup_sparse over tf.Variables does."""
+    rng = np.random.default_rng(8)
+    vocabs, batch, steps = [20, 35], 8, 4
+    batches = [packed(rng, vocabs, batch) for _ in range(steps)]
+    labels = rng.normal(size=[steps, batch, 1]).astype(np.float32)
+    layer = sok.layers.PackedEmbedding(vocabs, 3, combiner="sum")
+    dense = tf.keras.layers.Dense(1, kernel_initializer="ones", use_bias=False, trainable=False)
+
+    class Packed(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.embedding, self.dense = layer, dense
+
+        def call(self, ids):
+            return self.dense(tf.reshape(self.embedding(ids), [-1, len(vocabs) * 3]))
+
+    model = Packed()
+    model(batches[0][0])
+    tables = [tf.Variable(t.numpy()) for t in layer.tables]
+    with tf.device("CPU:0"):
+        stacked = tf.concat([b[0] for b in batches], 0)
+        per_batch = tf.RaggedTensor.from_uniform_row_length(stacked, batch * len(vocabs))
+    dataset = tf.data.Dataset.from_tensor_slices((per_batch, labels)).map(
+        lambda ids, y: (sok.stage_features(ids, len(vocabs)), y))
+    model.compile(tf.keras.optimizers.legacy.SGD(0.1), "mse")
+    model.fit(dataset, epochs=1, verbose=0)
+    assert len(model.trainable_variables) == len(vocabs)
+    optimizer = tf.keras.optimizers.legacy.SGD(0.1)
+    for (_, per_feature), y in zip(batches, labels):
+        with tf.GradientTape() as tape:
+            emb = tf.stack([tf.nn.safe_embedding_lookup_sparse(t, f, None, "sum")
+                            for t, f in zip(tables, per_feature)], 1)
+            loss = tf.reduce_mean((tf.reduce_sum(emb, [1, 2])[:, None] - y) ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
+    for table, reference in zip(layer.tables, tables):
+        np.testing.assert_allclose(table.numpy(), reference.numpy(), rtol=1e-5, atol=1e-6)
