@@ -37,7 +37,7 @@ from sparse_operation_kit import communication
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 from sparse_operation_kit.optimizer import dynamic_slot_names, shown_slot_names
-from sparse_operation_kit.variables import DISTRIBUTED, Variable
+from sparse_operation_kit.variables import Variable
 
 HEADER_BYTES = 296
 KEY, WEIGHT, OPTIMIZER_STATE = 0, 1, 2
@@ -387,9 +387,7 @@ def _owned(variable, keys):
     placement = variable.placement if isinstance(variable, Variable) else None
     if placement is None:
         return np.ones(len(keys), bool)
-    if placement.owner == DISTRIBUTED:
-        return keys % communication.num_workers() == communication.rank()
-    return np.full(len(keys), placement.owner == communication.rank())
+    return placement.owner_of(keys) == communication.rank()
 
 
 def _existing_base(checkpoint, table, entry):

@@ -24,7 +24,7 @@ from tensorflow.python.saved_model import registration
 
 from sparse_operation_kit import communication
 from sparse_operation_kit._ops import raw_ops
-from sparse_operation_kit.variables import DISTRIBUTED, PlacedTable, parse_mode
+from sparse_operation_kit.variables import PlacedTable, parse_mode
 
 EVICT_STRATEGIES = ("lru", "lfu")
 # SOK's (HierarchicalKV's) names for them; kCustomized takes user scores, which sok's API has
@@ -245,11 +245,7 @@ class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
 
     def owns(self, keys):
         """Whether this worker owns each key (bool array)."""
-        keys = np.asarray(keys, np.int64)
-        if self._placement.owner != DISTRIBUTED:
-            return np.full(keys.shape, self._placement.owner == communication.rank())
-        owners = keys.astype(np.uint64) % np.uint64(communication.num_workers())
-        return owners == np.uint64(communication.rank())
+        return self._placement.owner_of(keys) == communication.rank()
 
     def sparse_read(self, ids, name=None, insert=True):
         """Rows of locally held `ids` (ids.shape + [dimension], float32); missing ids are

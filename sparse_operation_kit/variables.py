@@ -32,6 +32,14 @@ class Placement:
     def mode(self):
         return "distributed" if self.owner == DISTRIBUTED else f"localized:{self.owner}"
 
+    def owner_of(self, ids):
+        """The worker holding each of `ids` (global rows of a static table, keys of a dynamic
+        one): uint64(id) % N when distributed, as the lookup kernels route them."""
+        ids = np.asarray(ids, np.int64)
+        if self.owner != DISTRIBUTED:
+            return np.full(ids.shape, self.owner, np.int64)
+        return (ids.astype(np.uint64) % np.uint64(self.num_workers)).astype(np.int64)
+
 
 def parse_mode(mode, num_workers):
     """Parses SOK's `mode` string into a Placement; ValueError names the valid forms."""

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -186,7 +187,72 @@ bool PieceFitsCompact(const Piece& piece, const char* values, bool narrowable,
   return fits;
 }
 
+
+// Places features [group->first, end) in the staged bytes by their codings (set already).
+inline void LayOut(const std::vector<int64_t>& bounds, int64_t batch, int64_t element_bytes,
+                   CompactGroup* group) {
+  group->bytes = 0;
+  for (size_t i = 0; i < group->features.size(); ++i) {
+    const int64_t f = group->first + static_cast<int64_t>(i);
+    CompactFeature& feature = group->features[i];
+    const int64_t value_bytes = feature.values == ValueCoding::kInt32 ? 4 : element_bytes;
+    feature.values_at = group->bytes;
+    group->bytes += Aligned((bounds[f + 1] - bounds[f]) * value_bytes);
+    feature.splits_at = group->bytes;
+    group->bytes +=
+        Aligned(feature.splits == SplitCoding::kLengths8 ? batch : (batch + 1) * 8);
+  }
+}
+
+// Writes one piece of a feature into `staged` as `feature`'s codings say.
+template <typename Tsplits>
+void StagePiece(const Piece& piece, const CompactFeature& feature, const char* values,
+                int64_t element_bytes, const Tsplits* row_splits,
+                const std::vector<int64_t>& bounds, int64_t batch, char* staged) {
+  if (piece.splits) {
+    const Tsplits* splits = row_splits + piece.feature * batch;
+    if (feature.splits == SplitCoding::kLengths8) {
+      auto* lengths = reinterpret_cast<uint8_t*>(staged + feature.splits_at);
+      for (int64_t i = piece.begin; i < std::min(piece.end, batch); ++i) {
+        lengths[i] = static_cast<uint8_t>(splits[i + 1] - splits[i]);
+      }
+    } else {
+      auto* out = reinterpret_cast<int64_t*>(staged + feature.splits_at);
+      const int64_t base = splits[0];
+      for (int64_t i = piece.begin; i < piece.end; ++i) {
+        out[i] = static_cast<int64_t>(splits[i]) - base;
+      }
+    }
+    return;
+  }
+  const int64_t at = piece.begin - bounds[piece.feature];
+  if (feature.values == ValueCoding::kInt32) {
+    const auto* ids = reinterpret_cast<const int64_t*>(values);
+    auto* out = reinterpret_cast<int32_t*>(staged + feature.values_at) + at;
+    for (int64_t i = piece.begin; i < piece.end; ++i) out[i - piece.begin] = ids[i];
+  } else {
+    std::memcpy(staged + feature.values_at + at * element_bytes,
+                values + piece.begin * element_bytes, (piece.end - piece.begin) * element_bytes);
+  }
+}
+
 }  // namespace compact_detail
+
+// Features [first, end) planned with the most compact codings their type allows (int32 ids
+// where `narrowable`, one length byte a sample), laid out.
+inline CompactGroup CompactestGroup(const std::vector<int64_t>& bounds, int64_t batch,
+                                    int64_t element_bytes, bool narrowable, int64_t first,
+                                    int64_t end) {
+  CompactGroup group;
+  group.first = first;
+  group.features.resize(end - first);
+  for (CompactFeature& feature : group.features) {
+    feature.values = narrowable ? ValueCoding::kInt32 : ValueCoding::kRaw;
+    feature.splits = SplitCoding::kLengths8;
+  }
+  compact_detail::LayOut(bounds, batch, element_bytes, &group);
+  return group;
+}
 
 // The codings features [first, end) allow and where each lands in the staged bytes; the batch
 // is read in shards run by `parallel_for`. `narrowable`: the values are int64 ids.
@@ -203,13 +269,7 @@ CompactGroup PlanCompactGroup(const char* values, int64_t element_bytes, bool na
       fits[p] = PieceFitsCompact(pieces[p], values, narrowable, row_splits, batch);
     }
   });
-  CompactGroup group;
-  group.first = first;
-  group.features.resize(end - first);
-  for (CompactFeature& feature : group.features) {
-    feature.values = narrowable ? ValueCoding::kInt32 : ValueCoding::kRaw;
-    feature.splits = SplitCoding::kLengths8;
-  }
+  CompactGroup group = CompactestGroup(bounds, batch, element_bytes, narrowable, first, end);
   for (size_t p = 0; p < pieces.size(); ++p) {
     if (fits[p]) continue;
     CompactFeature& feature = group.features[pieces[p].feature - first];
@@ -219,15 +279,7 @@ CompactGroup PlanCompactGroup(const char* values, int64_t element_bytes, bool na
       feature.values = ValueCoding::kRaw;
     }
   }
-  for (int64_t f = first; f < end; ++f) {
-    CompactFeature& feature = group.features[f - first];
-    const int64_t value_bytes = feature.values == ValueCoding::kInt32 ? 4 : element_bytes;
-    feature.values_at = group.bytes;
-    group.bytes += Aligned((bounds[f + 1] - bounds[f]) * value_bytes);
-    feature.splits_at = group.bytes;
-    group.bytes +=
-        Aligned(feature.splits == SplitCoding::kLengths8 ? batch : (batch + 1) * 8);
-  }
+  LayOut(bounds, batch, element_bytes, &group);
   return group;
 }
 
@@ -243,36 +295,37 @@ void StageCompactGroup(const char* values, int64_t element_bytes, const Tsplits*
   const std::vector<Piece> pieces = Pieces(bounds, batch, element_bytes, group.first, end);
   parallel_for(static_cast<int64_t>(pieces.size()), kPieceBytes, [&](int64_t begin, int64_t last) {
     for (int64_t p = begin; p < last; ++p) {
-      const Piece& piece = pieces[p];
-      const CompactFeature& feature = group.features[piece.feature - group.first];
-      if (piece.splits) {
-        const Tsplits* splits = row_splits + piece.feature * batch;
-        if (feature.splits == SplitCoding::kLengths8) {
-          auto* lengths = reinterpret_cast<uint8_t*>(staged + feature.splits_at);
-          for (int64_t i = piece.begin; i < std::min(piece.end, batch); ++i) {
-            lengths[i] = static_cast<uint8_t>(splits[i + 1] - splits[i]);
-          }
-        } else {
-          auto* out = reinterpret_cast<int64_t*>(staged + feature.splits_at);
-          const int64_t base = splits[0];
-          for (int64_t i = piece.begin; i < piece.end; ++i) {
-            out[i] = static_cast<int64_t>(splits[i]) - base;
-          }
-        }
-        continue;
-      }
-      const int64_t at = piece.begin - bounds[piece.feature];
-      if (feature.values == ValueCoding::kInt32) {
-        const auto* ids = reinterpret_cast<const int64_t*>(values);
-        auto* out = reinterpret_cast<int32_t*>(staged + feature.values_at) + at;
-        for (int64_t i = piece.begin; i < piece.end; ++i) out[i - piece.begin] = ids[i];
-      } else {
-        std::memcpy(staged + feature.values_at + at * element_bytes,
-                    values + piece.begin * element_bytes,
-                    (piece.end - piece.begin) * element_bytes);
-      }
+      StagePiece(pieces[p], group.features[pieces[p].feature - group.first], values,
+                 element_bytes, row_splits, bounds, batch, staged);
     }
   });
+}
+
+// PlanCompactGroup and StageCompactGroup in one read of the batch, for the common case where
+// every feature of `group` (CompactestGroup's plan) takes its compact codings: each piece is
+// checked and, while still in cache, written. Returns false when a piece does not fit; the
+// staged bytes are then unusable and the caller plans and stages in two passes.
+template <typename Tsplits>
+bool StageIfCompactest(const char* values, int64_t element_bytes, bool narrowable,
+                       const Tsplits* row_splits, const std::vector<int64_t>& bounds,
+                       int64_t batch, const CompactGroup& group, char* staged,
+                       const ParallelFor& parallel_for) {
+  using namespace compact_detail;
+  const int64_t end = group.first + static_cast<int64_t>(group.features.size());
+  const std::vector<Piece> pieces = Pieces(bounds, batch, element_bytes, group.first, end);
+  std::atomic<bool> all_fit{true};
+  parallel_for(static_cast<int64_t>(pieces.size()), kPieceBytes, [&](int64_t begin, int64_t last) {
+    for (int64_t p = begin; p < last && all_fit; ++p) {
+      const bool raw_values = !pieces[p].splits && !narrowable;  // planned raw: nothing to fit
+      if (!raw_values && !PieceFitsCompact(pieces[p], values, narrowable, row_splits, batch)) {
+        all_fit = false;
+        return;
+      }
+      StagePiece(pieces[p], group.features[pieces[p].feature - group.first], values,
+                 element_bytes, row_splits, bounds, batch, staged);
+    }
+  });
+  return all_fit;
 }
 
 // A batch staged ahead of its step (Sok>StageFeatures, in the input pipeline) travels as its

@@ -99,20 +99,49 @@ static tf::Status ExpandGroupOnHost(const char* staged, const CompactGroup& grou
   return tf::Status();
 }
 
+// Features [0, F) of the packed batch staged into a new buffer (`attr`: pinned for
+// Sok>StageFeatures), in one read of the batch where every feature takes its most compact
+// codings, else planned and staged in two.
+static tf::Status StageWholeBatch(tf::OpKernelContext* ctx, const tf::Tensor& packed_values,
+                                  const tf::Tensor& row_splits,
+                                  const std::vector<int64_t>& bounds, int64_t batch,
+                                  tf::AllocatorAttributes attr, CompactGroup* group,
+                                  tf::Tensor* staged) {
+  const int64_t features = static_cast<int64_t>(bounds.size()) - 1;
+  const int64_t element = tf::DataTypeSize(packed_values.dtype());
+  const bool narrowable = packed_values.dtype() == tf::DT_INT64;
+  const char* source = static_cast<const char*>(packed_values.data());
+  const auto allocate = [&]() {
+    return ctx->allocate_temp(tf::DT_INT8, tf::TensorShape({group->bytes}), staged, attr);
+  };
+  *group = CompactestGroup(bounds, batch, element, narrowable, 0, features);
+  TF_RETURN_IF_ERROR(allocate());
+  char* bytes = reinterpret_cast<char*>(staged->flat<int8_t>().data());
+  const bool staged_once =
+      row_splits.dtype() == tf::DT_INT32
+          ? StageIfCompactest(source, element, narrowable, row_splits.flat<int32_t>().data(),
+                              bounds, batch, *group, bytes, CpuParallelFor(ctx))
+          : StageIfCompactest(source, element, narrowable, row_splits.flat<int64_t>().data(),
+                              bounds, batch, *group, bytes, CpuParallelFor(ctx));
+  if (staged_once) return tf::Status();
+  *group = PlanCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, 0, features);
+  TF_RETURN_IF_ERROR(allocate());
+  StageCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, *group,
+                          reinterpret_cast<char*>(staged->flat<int8_t>().data()));
+  return tf::Status();
+}
+
 // The CPU stages and widens back in host memory: the GPU's coding, checked on every machine.
 template <>
 tf::Status StageFeaturesFromHost<CpuDevice>::operator()(
     tf::OpKernelContext* ctx, const tf::Tensor& packed_values, const tf::Tensor& row_splits,
     const std::vector<int64_t>& bounds, int64_t batch, const FeatureLayout& layout,
     tf::Tensor* values, tf::Tensor* splits) {
-  const int64_t features = static_cast<int64_t>(layout.value_start.size());
-  const CompactGroup group =
-      PlanCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, 0, features);
+  CompactGroup group;
   tf::Tensor staged;
-  TF_RETURN_IF_ERROR(ctx->allocate_temp(
-      tf::DT_INT8, tf::TensorShape({std::max<int64_t>(group.bytes, 1)}), &staged));
-  char* staged_bytes = reinterpret_cast<char*>(staged.flat<int8_t>().data());
-  StageCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, group, staged_bytes);
+  TF_RETURN_IF_ERROR(StageWholeBatch(ctx, packed_values, row_splits, bounds, batch,
+                                     tf::AllocatorAttributes(), &group, &staged));
+  const char* staged_bytes = reinterpret_cast<const char*>(staged.flat<int8_t>().data());
   return ExpandGroupOnHost(staged_bytes, group, bounds, batch,
                            tf::DataTypeSize(packed_values.dtype()), layout, /*check=*/false,
                            values, splits);
@@ -258,15 +287,14 @@ class StageFeaturesOp : public PackedBatchOp {
     int64_t batch = 0;
     std::vector<int64_t> bounds;
     OP_REQUIRES_OK(ctx, ReadBatch<CpuDevice>(ctx, &batch, &bounds));
-    const CompactGroup group = functor::PlanCompactGroupOnHost(ctx, packed, row_splits, bounds,
-                                                               batch, 0, num_features_);
     tf::AllocatorAttributes pinned;
     pinned.set_on_host(true);
     pinned.set_gpu_compatible(true);
-    tf::Tensor* staged = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({group.bytes}), &staged, pinned));
-    functor::StageCompactGroupOnHost(ctx, packed, row_splits, bounds, batch, group,
-                                     reinterpret_cast<char*>(staged->flat<int8_t>().data()));
+    CompactGroup group;
+    tf::Tensor staged;
+    OP_REQUIRES_OK(ctx, functor::StageWholeBatch(ctx, packed, row_splits, bounds, batch, pinned,
+                                                 &group, &staged));
+    ctx->set_output(0, staged);
     const std::vector<int64_t> plan = EncodeStagedPlan(group, bounds, batch);
     tf::Tensor* plan_out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
