@@ -22,10 +22,9 @@ from sparse_operation_kit.staging import StagedFeatures, stage_features
 from sparse_operation_kit.planner import (EmbeddingCollection, EmbeddingPlanner,
                                           EmbeddingTableConfig, generate_plan, read_plan,
                                           validate_plan, write_plan)
-from sparse_operation_kit.variables import (DistributedVariable, LocalizedVariable, Variable,
-                                            filter_variables)
+from sparse_operation_kit.variables import DistributedVariable, LocalizedVariable, Variable
 from sparse_operation_kit import distributed_variable, dump_load, utils
-from sparse_operation_kit.utils import tf_version
+from sparse_operation_kit.utils import filter_variables, tf_version
 from sparse_operation_kit.version import __version__
 
 __all__ = [

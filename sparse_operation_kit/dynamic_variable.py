@@ -24,7 +24,7 @@ from tensorflow.python.saved_model import registration
 
 from sparse_operation_kit import communication
 from sparse_operation_kit._ops import raw_ops
-from sparse_operation_kit.variables import PlacedTable, parse_mode
+from sparse_operation_kit.variables import PlacedTable, Variable, parse_mode
 
 EVICT_STRATEGIES = ("lru", "lfu")
 # SOK's (HierarchicalKV's) names for them; kCustomized takes user scores, which sok's API has
@@ -408,8 +408,6 @@ def assign(variable, keys, values):
 
     if isinstance(variable, (DynamicVariable, DynamicSlot)):
         return variable.assign(keys, values)
-    from sparse_operation_kit.variables import Variable  # noqa: PLC0415
-
     if not isinstance(variable, Variable):
         raise TypeError(f"sok.assign takes a sok.Variable or sok.DynamicVariable, got "
                         f"{type(variable).__name__}")

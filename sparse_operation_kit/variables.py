@@ -157,20 +157,6 @@ class Variable(PlacedTable, resource_variable_ops.ResourceVariable):
         return np.arange(self._placement.local_rows(self._global_rows, rank), dtype=np.int64)
 
 
-def is_sok_variable(variable):
-    from sparse_operation_kit import dynamic_variable  # noqa: PLC0415  (optional module)
-
-    return isinstance(variable, (Variable, *dynamic_variable.DYNAMIC_TYPES))
-
-
-def filter_variables(variables):
-    """Splits variables into (sok variables, other variables), keeping their order."""
-    sok_vars, other_vars = [], []
-    for variable in variables:
-        (sok_vars if is_sok_variable(variable) else other_vars).append(variable)
-    return sok_vars, other_vars
-
-
 class DistributedVariable(Variable):
     """SOK's class for `sok.Variable(..., mode="distributed")`: rows round-robin over workers."""
 
