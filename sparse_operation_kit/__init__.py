@@ -1,8 +1,13 @@
 """sparse_operation_kit: fused, distributed embedding lookups for TensorFlow 2.
 
 A drop-in replacement for NVIDIA SparseOperationKit v2's Python API that also runs on CPU.
-Importing prints nothing and loads the op library only when an op first runs.
+Importing prints nothing and loads the op library only when an op first runs; an unsupported
+TensorFlow or Keras is refused (ImportError naming the supported lines).
 """
+from sparse_operation_kit import _versions
+
+_versions.check()
+
 
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit import communication

@@ -6,14 +6,13 @@ loaded for the GPU exchange, and Horovod's status. Each line is `name: value`; `
 the same as one JSON object.
 """
 import argparse
-import importlib
 import json
 import os
 import sys
 
 import tensorflow as tf
 
-from sparse_operation_kit import _ops
+from sparse_operation_kit import _ops, _versions
 from sparse_operation_kit.version import __version__
 
 BUILD_INFO = "build_info.json"  # written beside the library by scripts/build_plugin.py
@@ -21,14 +20,8 @@ BUILD_INFO = "build_info.json"  # written beside the library by scripts/build_pl
 
 def keras_version():
     """The Keras behind tf.keras: tf_keras (Keras 2) under TF_USE_LEGACY_KERAS=1 on TF 2.16+."""
-    legacy = os.environ.get("TF_USE_LEGACY_KERAS", "") in ("1", "true", "True")
-    for name in (["tf_keras"] if legacy else []) + ["keras"]:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        return f"{module.__version__} ({name})"
-    return "not installed"
+    version, name = _versions.keras_behind_tf_keras()
+    return f"{version} ({name})" if name else "not installed"
 
 
 def gpu_kernel_ops():

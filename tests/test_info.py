@@ -1,5 +1,7 @@
 """`python -m sparse_operation_kit.info`: the build report agrees with the build it describes."""
 import json
+
+import pytest
 import os
 import re
 import subprocess
@@ -61,3 +63,38 @@ def test_missing_library_is_reported_not_raised(tmp_path):
     facts = json.loads(report("--json", env=env))
     assert "not loadable" in facts["library"] and "missing" in facts["library"]
     assert facts["gpu_kernels"].startswith("unknown")
+
+
+@pytest.mark.parametrize("tensorflow_version,keras_version,reason", [
+    ("2.15.1", "2.15.0", None),
+    ("2.16.2", "2.16.0", None),
+    ("2.16.2", "3.3.3", "tf.keras is Keras 3.3.3 under TensorFlow 2.16.2; Keras 3 is not"),
+    ("2.21.0", "3.15.1", "TensorFlow 2.21.0 is not supported"),
+    ("2.14.1", "2.14.0", "TensorFlow 2.14.1 is not supported"),
+])
+def test_supported_lines(tensorflow_version, keras_version, reason):
+    from sparse_operation_kit import _versions
+    found = _versions.unsupported(tensorflow_version, keras_version)
+    assert found == reason if reason is None else found.startswith(reason)
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_an_unsupported_tensorflow_is_refused_at_import(allow):
+    """Importing under another TensorFlow line names the supported ones; the override warns."""
+    script = ("import warnings, tensorflow as tf\n"
+              "tf.__version__ = '2.21.0'\n"
+              "with warnings.catch_warnings(record=True) as caught:\n"
+              "    warnings.simplefilter('always')\n"
+              "    import sparse_operation_kit\n"
+              "print('imported', any('not supported' in str(w.message) for w in caught))\n")
+    env = subprocess_env()
+    env.pop("SOK_ALLOW_UNSUPPORTED_VERSIONS", None)
+    if allow:
+        env["SOK_ALLOW_UNSUPPORTED_VERSIONS"] = "1"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=env, timeout=300)
+    if allow:
+        assert result.returncode == 0 and "imported True" in result.stdout, result.stderr[-2000:]
+    else:
+        assert result.returncode != 0
+        assert "TensorFlow 2.21.0 is not supported. Supported: TensorFlow 2.15" in result.stderr

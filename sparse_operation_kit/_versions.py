@@ -1,0 +1,49 @@
+"""The TensorFlow and Keras lines this package supports, checked when it is imported."""
+import importlib
+import os
+import warnings
+
+import tensorflow as tf
+
+SUPPORTED_TENSORFLOW = ("2.15", "2.16")
+ALLOW_ENV = "SOK_ALLOW_UNSUPPORTED_VERSIONS"
+SUPPORTED = ("TensorFlow 2.15 with Keras 2, or TensorFlow 2.16 with tf_keras (Keras 2: "
+             "pip install tf_keras~=2.16 and set TF_USE_LEGACY_KERAS=1)")
+
+
+def unsupported(tensorflow_version, keras_version):
+    """Why this TensorFlow / tf.keras pair is not supported, or None when it is."""
+    line = ".".join(tensorflow_version.split(".")[:2])
+    if line not in SUPPORTED_TENSORFLOW:
+        return f"TensorFlow {tensorflow_version} is not supported"
+    if not str(keras_version).startswith("2."):
+        return (f"tf.keras is Keras {keras_version} under TensorFlow {tensorflow_version}; "
+                "Keras 3 is not supported")
+    return None
+
+
+def keras_behind_tf_keras():
+    """(version, module) of the Keras that tf.keras is: tf_keras (Keras 2) under
+    TF_USE_LEGACY_KERAS=1 from TensorFlow 2.16 on, else the keras package; (None, None) if
+    neither is installed."""
+    line = tuple(int(part) for part in tf.__version__.split(".")[:2] if part.isdigit())
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS", "") in ("1", "true", "True")
+    for name in (["tf_keras"] if legacy and line >= (2, 16) else []) + ["keras"]:
+        try:
+            return importlib.import_module(name).__version__, name
+        except ImportError:
+            continue
+    return None, None
+
+
+def check():
+    """Raises ImportError naming the supported lines for an unsupported TensorFlow or Keras;
+    with SOK_ALLOW_UNSUPPORTED_VERSIONS=1 it warns instead."""
+    reason = unsupported(tf.__version__, keras_behind_tf_keras()[0])
+    if reason is None:
+        return
+    message = f"sparse_operation_kit: {reason}. Supported: {SUPPORTED}."
+    if os.environ.get(ALLOW_ENV, "") in ("1", "true", "True"):
+        warnings.warn(message + f" Going on because {ALLOW_ENV} is set.", stacklevel=3)
+        return
+    raise ImportError(message + f" Set {ALLOW_ENV}=1 to import it anyway.")
