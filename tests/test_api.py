@@ -35,6 +35,12 @@ def test_placement_shards_rows_round_robin():
     np.testing.assert_array_equal(shards[1], table[[1, 4]])
     localized = Placement(2, 3)
     assert [localized.local_rows(7, r) for r in range(3)] == [0, 0, 7]
+    # the owner of each row is the worker whose shard holds it; keys as uint64 (negative too)
+    for r in range(3):
+        np.testing.assert_array_equal(table[placement.owner_of(np.arange(7)) == r], shards[r])
+    keys = np.array([-1, -7, 5, 2**62 + 1], np.int64)
+    np.testing.assert_array_equal(placement.owner_of(keys), keys.astype(np.uint64) % np.uint64(3))
+    np.testing.assert_array_equal(localized.owner_of(keys), [2, 2, 2, 2])
 
 
 def test_variable_from_shape_and_initializer():
