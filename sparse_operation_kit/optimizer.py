@@ -393,7 +393,8 @@ class OptimizerWrapper:
                      for dim in {_dimension(v) for g, v in dynamic + static if g is not None}}
         updates = [self._apply_dynamic(g, v, rules[_dimension(v)])
                    for g, v in dynamic if g is not None]
-        updates += [self._apply_static(g, v, rules[_dimension(v)]) for g, v in static]
+        updates += [self._apply_static(group, rules[dim])
+                    for dim, group in _static_update_groups(static)]
         with tf.control_dependencies(updates):
             counted = steps.assign_add(1)
         if not others:
@@ -492,24 +493,26 @@ class OptimizerWrapper:
         return (not opt._momentum and opt.clipnorm is None and opt.clipvalue is None and
                 opt.global_clipnorm is None)
 
-    def _apply_static(self, grad, variable, rule_of_step):
-        """Sok>StaticApply on the touched rows, state in the wrapped optimizer's slots."""
+    def _apply_static(self, group, rule_of_step):
+        """One Sok>StaticApply for a group of tables (_static_update_groups) on their touched
+        rows, state in the wrapped optimizer's slots."""
         with tf.init_scope():
-            self._optimizer._create_all_weights([variable])
+            self._optimizer._create_all_weights([variable for _, variable, _ in group])
         slots = [self._optimizer.get_slot(variable, name)
-                 for name in _LAZY_STATIC_SLOTS[self._kind]]
+                 for _, variable, _ in group for name in _LAZY_STATIC_SLOTS[self._kind]]
         rule, hyper, _, _, nesterov = rule_of_step
-        # A pooled lookup's gradient is read from its output gradient in place: the per-id
-        # rows are never written.
-        shares = pooled_gradient_shares(grad.values)
-        values = tf.convert_to_tensor(grad.values, tf.float32) if shares is None else shares[0]
+        gathered = group[0][2] is not None
         return raw_ops.sok_static_apply(
-            table=variable.handle, slots=[slot.handle for slot in slots],
-            indices=tf.cast(grad.indices, tf.int64), grads=values,
-            grad_rows=[] if shares is None else [shares[1]],
-            grad_scales=[] if shares is None else [shares[2]], hyper=hyper, rule=rule,
-            nesterov=nesterov, table_name=variable.name,
-            validate=not indices_are_checked(grad.indices))
+            tables=[variable.handle for _, variable, _ in group],
+            slots=[slot.handle for slot in slots],
+            indices=[tf.cast(grad.indices, tf.int64) for grad, _, _ in group],
+            grads=[shares[0] if gathered else tf.convert_to_tensor(grad.values, tf.float32)
+                   for grad, _, shares in group],
+            grad_rows=[shares[1] for _, _, shares in group] if gathered else [],
+            grad_scales=[shares[2] for _, _, shares in group] if gathered else [],
+            hyper=hyper, rule=rule, nesterov=nesterov,
+            table_names=[variable.name for _, variable, _ in group],
+            validate=not indices_are_checked(group[0][0].indices))
 
     def _advance_nadam_schedule(self, step, device):
         """Keras' Nadam momentum schedule, kept here for the sok tables: m_t, m_t+1 and the
@@ -590,6 +593,28 @@ class OptimizerWrapper:
             return "ftrl", hyper, 2 * dim, float(initial), False
         raise NotImplementedError(
             f"{self._kind} is not supported for sok dynamic tables yet; supported: {_SUPPORTED}")
+
+
+def _static_update_groups(static):
+    """(width, [(gradient, table, its shares)]) for each Sok>StaticApply of a step: the tables
+    of one device and width whose gradients take one form (read in place from a pooled
+    lookup's output gradient, Sok>PooledGradShares, or given per id; ids lookup_sparse checked
+    or not) share one call, which the GPU runs as one sort, one sum and one apply. A table
+    named twice goes to another call (one call's tables are distinct)."""
+    groups = {}
+    for grad, variable in static:
+        # A pooled lookup's gradient is read from its output gradient in place: the per-id
+        # rows are never written.
+        shares = pooled_gradient_shares(grad.values)
+        key = (variable.handle.device, _dimension(variable), shares is None,
+               indices_are_checked(grad.indices))
+        calls = groups.setdefault(key, [])
+        call = next((c for c in calls if all(v is not variable for _, v, _ in c)), None)
+        if call is None:
+            call = []
+            calls.append(call)
+        call.append((grad, variable, shares))
+    return [(key[1], call) for key, calls in groups.items() for call in calls]
 
 
 def SGD(lr=0.01):  # noqa: N802  (SOK's name)

@@ -17,9 +17,11 @@ COMBINERS = ["sum", "mean", "sqrtn"]
 PACKED_ROW_BITS = 48
 
 
-def raw_static_apply(**kwargs):
-    """Sok>StaticApply with each index's gradient row given (no grad_rows)."""
-    return raw_ops.sok_static_apply(grad_rows=[], grad_scales=[], **kwargs)
+def raw_static_apply(table, indices, grads, table_name, **kwargs):
+    """Sok>StaticApply of one table, each index's gradient row given (no grad_rows)."""
+    return raw_ops.sok_static_apply(tables=[table], indices=[indices], grads=[grads],
+                                    grad_rows=[], grad_scales=[], table_names=[table_name],
+                                    **kwargs)
 
 
 def poison(device):
@@ -463,6 +465,102 @@ def test_static_apply_equal_on_every_device(rule):
         np.testing.assert_allclose(table, results[0][0], rtol=2e-5, atol=2e-6)
         for slot, ref in zip(slots, results[0][1]):
             np.testing.assert_allclose(slot, ref, rtol=2e-5, atol=2e-6)
+
+
+def grouped_static_apply(device, rule, tables, gathered):
+    """One Sok>StaticApply over `tables` [(init, slot inits, ids, grads)] and, for reference,
+    one call a table; returns both results. gathered: each table's gradients read through
+    grad_rows / grad_scales from a matrix of their own (shuffled rows, scaled)."""
+    hyper = tf.constant(RULES[rule][0], tf.float32)
+    rng = np.random.default_rng(7)
+
+    def gradient_inputs(ids, grads):
+        if not gathered:
+            return tf.constant(ids, tf.int64), tf.constant(grads), None
+        order = rng.permutation(len(grads))
+        scales = rng.uniform(0.5, 2.0, size=len(grads)).astype(np.float32)
+        source = np.zeros([len(grads) + 3, grads.shape[1]], np.float32)
+        source[order] = grads / scales[:, None]
+        return (tf.constant(ids, tf.int64), tf.constant(source),
+                (tf.constant(order, tf.int64), tf.constant(scales)))
+
+    inputs = [gradient_inputs(ids, grads) for _, _, ids, grads in tables]
+
+    def apply(members, names):
+        with tf.device(f"{device}:0"):
+            variables = [(tf.Variable(init), [tf.Variable(s) for s in slots])
+                         for init, slots, _, _ in members]
+        picked = [inputs[i] for i in names]
+        on(device, lambda: raw_ops.sok_static_apply(
+            tables=[table.handle for table, _ in variables],
+            slots=[slot.handle for _, slots in variables for slot in slots],
+            indices=[ids for ids, _, _ in picked], grads=[grads for _, grads, _ in picked],
+            grad_rows=[rows for _, _, (rows, _) in picked] if gathered else [],
+            grad_scales=[scales for _, _, (_, scales) in picked] if gathered else [],
+            hyper=hyper, rule=rule, nesterov=rule == "sgd",
+            table_names=[f"t{i}" for i in names]))
+        return [(table.numpy(), [slot.numpy() for slot in slots]) for table, slots in variables]
+
+    together = apply(tables, list(range(len(tables))))
+    alone = [apply([table], [i])[0] for i, table in enumerate(tables)]
+    return together, alone
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gathered", [False, True])
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_static_apply_of_a_group_equals_each_table_alone(device, rule, gathered):
+    """Tables of different sizes in one Sok>StaticApply (on a GPU: one sort keyed by table and
+    row) give each table and slot what an update of that table alone gives: hot ids, a table
+    with no ids, a table of one row, ids equal across tables."""
+    rng = np.random.default_rng(len(rule) + gathered)
+    dim, slots = 8, RULES[rule][1]
+    tables = []
+    for rows, n in [(7, 300), (1, 5), (500, 0), (3000, 900), (40, 64)]:
+        init = rng.normal(size=[rows, dim]).astype(np.float32)
+        slot_inits = [rng.uniform(0.1, 1.0, size=[rows, dim]).astype(np.float32)
+                      for _ in range(slots)]
+        ids = (rng.zipf(1.3, size=n) - 1) % rows
+        tables.append((init, slot_inits, ids, rng.normal(size=[n, dim]).astype(np.float32)))
+    together, alone = grouped_static_apply(device, rule, tables, gathered)
+    for (init, _, ids, _), (table, slot_values), (ref, ref_slots) in zip(tables, together, alone):
+        untouched = np.setdiff1d(np.arange(len(init)), ids)
+        np.testing.assert_array_equal(table[untouched], init[untouched])
+        np.testing.assert_allclose(table, ref, rtol=1e-5, atol=1e-6)
+        for slot, ref_slot in zip(slot_values, ref_slots):
+            np.testing.assert_allclose(slot, ref_slot, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_static_apply_of_a_group_with_a_bad_id_writes_no_table(device):
+    """An id outside the second table of a group fails naming that table and id; no table of
+    the group (the first one's ids are good) and no slot changes."""
+    inits = [np.ones([5, 4], np.float32), 2 * np.ones([9, 4], np.float32)]
+    with tf.device(f"{device}:0"):
+        tables = [tf.Variable(init) for init in inits]
+        slots = [tf.Variable(np.full_like(init, 0.5)) for init in inits for _ in range(2)]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 9 of table 'second'"):
+        on(device, lambda: raw_ops.sok_static_apply(
+            tables=[t.handle for t in tables], slots=[s.handle for s in slots],
+            indices=[tf.constant([0, 4], tf.int64), tf.constant([1, 9, 3], tf.int64)],
+            grads=[tf.ones([2, 4]), tf.ones([3, 4])], grad_rows=[], grad_scales=[],
+            hyper=tf.constant(RULES["adam"][0]), rule="adam", table_names=["first", "second"]))
+    for table, init in zip(tables, inits):
+        np.testing.assert_array_equal(table.numpy(), init)
+    for slot in slots:
+        np.testing.assert_array_equal(slot.numpy(), np.full_like(slot.numpy(), 0.5))
+
+
+def test_static_apply_refuses_tables_of_different_widths_in_one_call():
+    tables = [tf.Variable(np.ones([5, 4], np.float32)), tf.Variable(np.ones([5, 6], np.float32))]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"table b is 6 wide, the update's "
+                                                              r"first table 4"):
+        raw_ops.sok_static_apply(
+            tables=[t.handle for t in tables], slots=[],
+            indices=[tf.constant([0], tf.int64)] * 2, grads=[tf.ones([1, 4]), tf.ones([1, 6])],
+            grad_rows=[], grad_scales=[], hyper=tf.constant([0.1, 0.0]), rule="sgd",
+            table_names=["a", "b"])
+    np.testing.assert_array_equal(tables[0].numpy(), np.ones([5, 4], np.float32))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -924,6 +1022,43 @@ def test_plain_sgd_wrapper_is_one_fused_update_like_keras(device, one_id):
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 30 of table"):
         on(device, lambda: optimizer.apply_gradients([(bad, table)]))
     np.testing.assert_array_equal(table.numpy(), before)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wrapper_updates_the_tables_of_one_width_in_one_call(device):
+    """Three tables, two of width 8 and one of width 4, looked up together: the wrapper's
+    Adam is two Sok>StaticApply calls (one a width) and equals Keras' Adam on tf.Variables
+    (each step touches every row, with duplicates, so lazy and dense Adam agree)."""
+    rng = np.random.default_rng(9)
+    shapes = [(30, 8), (5, 8), (12, 4)]
+    inits = [rng.normal(size=shape).astype(np.float32) for shape in shapes]
+    ids = [tf.RaggedTensor.from_row_lengths(tf.constant(rng.permutation(np.concatenate(
+        [np.arange(rows), (rng.zipf(1.4, size=40 - rows) - 1) % rows])), tf.int64), [4] * 10)
+        for rows, _ in shapes]
+    with tf.device(f"{device}:0"):
+        tables = [sok.Variable(init) for init in inits]
+        references = [tf.Variable(init) for init in inits]
+    wrapper = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.1))
+    keras_adam = tf.keras.optimizers.legacy.Adam(0.1)
+
+    def step():
+        with tf.GradientTape() as tape:
+            outs = sok.lookup_sparse(tables, ids, combiners=["sum"] * 3)
+            loss = sum(tf.reduce_sum(out ** 2) for out in outs)
+        wrapper.apply_gradients(zip(tape.gradient(loss, tables), tables))
+        with tf.GradientTape() as tape:
+            outs = [tf.nn.safe_embedding_lookup_sparse(r, i.to_sparse(), combiner="sum")
+                    for r, i in zip(references, ids)]
+            loss = sum(tf.reduce_sum(out ** 2) for out in outs)
+        keras_adam.apply_gradients(zip(tape.gradient(loss, references), references))
+
+    with tf.device(f"{device}:0"):
+        applies = [n for n in graph_nodes(step) if n.op == "Sok>StaticApply"]
+    assert sorted(n.attr["num_tables"].i for n in applies) == [1, 2]
+    for _ in range(3):
+        on(device, tf.function(step))
+    for table, reference in zip(tables, references):
+        np.testing.assert_allclose(table.numpy(), reference.numpy(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("device", DEVICES)

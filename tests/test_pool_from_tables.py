@@ -322,9 +322,9 @@ def test_pooled_grad_shares_and_gathered_update_match_numpy(stacked):
     init = rng.normal(size=[7, dim]).astype(np.float32)
     table = tf.Variable(init)
     ids = batches[0][0].values
-    raw_ops.sok_static_apply(table=table.handle, slots=[], indices=ids, grads=grads,
+    raw_ops.sok_static_apply(tables=[table.handle], slots=[], indices=[ids], grads=[grads],
                              grad_rows=[rows[0]], grad_scales=[scales[0]],
-                             hyper=tf.constant([0.5, 0.0]), rule="sgd", table_name="t")
+                             hyper=tf.constant([0.5, 0.0]), rule="sgd", table_names=["t"])
     expected = init.copy()
     np.add.at(expected, ids.numpy(),
               -0.5 * scales[0].numpy()[:, None] * grads[rows[0].numpy()])
@@ -339,11 +339,12 @@ def test_gathered_update_with_rows_outside_the_gradient(device):
         table = tf.Variable(tf.ones([5, 2]))
 
         def apply():
-            raw_ops.sok_static_apply(table=table.handle, slots=[],
-                                     indices=tf.constant([0, 1], tf.int64), grads=tf.ones([3, 2]),
+            raw_ops.sok_static_apply(tables=[table.handle], slots=[],
+                                     indices=[tf.constant([0, 1], tf.int64)],
+                                     grads=[tf.ones([3, 2])],
                                      grad_rows=[tf.constant([0, 3], tf.int64)],
                                      grad_scales=[tf.ones([2])], hyper=tf.constant([0.5, 0.0]),
-                                     rule="sgd", table_name="t")
+                                     rule="sgd", table_names=["t"])
         if device == "CPU":
             with pytest.raises(tf.errors.InvalidArgumentError,
                                match=r"grad_rows\[1\] = 3 is outside the 3 rows"):

@@ -61,13 +61,13 @@ def main():
         rows = tf.constant(rng.integers(0, KEYS, size=BATCH), tf.int64)
 
         def static_apply():
-            raw_ops.sok_static_apply(table=static.handle, slots=[], indices=rows, grads=grads,
+            raw_ops.sok_static_apply(tables=[static.handle], slots=[], indices=[rows], grads=[grads],
                                      grad_rows=[], grad_scales=[], hyper=hyper, rule="sgd")
             return tf.constant(0.0)
 
         def small_static_apply():
-            raw_ops.sok_static_apply(table=static.handle, slots=[], indices=rows[:4096],
-                                     grads=small_grads, grad_rows=[], grad_scales=[],
+            raw_ops.sok_static_apply(tables=[static.handle], slots=[], indices=[rows[:4096]],
+                                     grads=[small_grads], grad_rows=[], grad_scales=[],
                                      hyper=hyper, rule="sgd")
             return tf.constant(0.0)
 

@@ -227,6 +227,13 @@ def print_timeline(name, space, wall_ms, min_gap_us=8.0):
         by_type[op.split(":")[-1]] += (stop - start) / PROFILE_STEPS
     print("host op time a step by type (us):",
           ", ".join(f"{op} {us:.0f}" for op, us in by_type.most_common(12)))
+    by_kernel, launches = collections.Counter(), collections.Counter()
+    for start, stop, kernel in gpu:
+        short = kernel.split("(")[0].split("<")[0][-60:]
+        by_kernel[short] += (stop - start) / PROFILE_STEPS
+        launches[short] += 1 / PROFILE_STEPS
+    print("GPU time a step by kernel (us, launches):",
+          ", ".join(f"{k} {us:.0f} ({launches[k]:.0f})" for k, us in by_kernel.most_common(15)))
     # The second profiled step in order: host ops and GPU activities, from its first op.
     calls = [e for e in plane_events(planes["/host:CPU"], lambda n: n == "python")
              if e[2] in ("step", "tf_step", "packed_step")]

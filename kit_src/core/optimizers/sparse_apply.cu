@@ -18,26 +18,42 @@ namespace {
 constexpr int kMaxSections = 3;  // state floats per element: RMSprop centered keeps three
 constexpr int64_t kApplyBlocks = 2048;  // ApplyRuns' grid: 16 blocks on each of 128 SMs
 
-__global__ void CheckIds(const int64_t* ids, int64_t n, int64_t rows, LookupCheck* check) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    if (ids[i] < 0 || ids[i] >= rows) atomicMin(&check->first_bad, EncodeBad(0, BadKind::kBadId, i));
-  }
-}
-
-__global__ void DescribeBadRow(const int64_t* ids, LookupCheck* check) {
-  if (check->first_bad != kNoError) check->value_a = ids[check->first_bad & ((1ull << 40) - 1)];
-}
-
 // A null check: the caller checked the ids; the writers still skip a row outside the table.
 __device__ __forceinline__ bool Failed(const LookupCheck* check) {
   return check != nullptr && *static_cast<const volatile unsigned long long*>(&check->first_bad) != kNoError;
 }
 
-__global__ void Iota(int32_t* out, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    out[i] = static_cast<int32_t>(i);
+// The member use g belongs to: the last whose uses start at or before g (an empty member
+// starts where the next one does, so it is never the answer).
+__device__ __forceinline__ int MemberOf(const SparseApplyMember* members, int count, int64_t g) {
+  int low = 0, high = count - 1;
+  while (low < high) {
+    const int middle = (low + high + 1) / 2;
+    if (members[middle].first_use <= g) low = middle; else high = middle - 1;
+  }
+  return low;
+}
+
+// Each use's sort key, (member << row_bits) | row, and its position (null keys: the check
+// only). An id outside its table is recorded in `check` and keyed past the last member (it
+// sorts last; nothing applies it).
+__global__ void GroupKeys(const SparseApplyMember* members, int count, int64_t total,
+                          int row_bits, int64_t* keys, int32_t* positions, LookupCheck* check) {
+  for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < total;
+       g += int64_t{gridDim.x} * blockDim.x) {
+    const int m = MemberOf(members, count, g);
+    const int64_t i = g - members[m].first_use, id = members[m].gradient.ids[i];
+    const bool inside = id >= 0 && id < members[m].table.rows;
+    if (!inside && check != nullptr) atomicMin(&check->first_bad, EncodeBad(m, BadKind::kBadId, i));
+    if (keys == nullptr) continue;
+    keys[g] = inside ? (int64_t{m} << row_bits) | id : int64_t{count} << row_bits;
+    positions[g] = static_cast<int32_t>(g);
+  }
+}
+
+__global__ void DescribeBadId(const SparseApplyMember* members, LookupCheck* check) {
+  if (check->first_bad != kNoError) {
+    check->value_a = members[BadGroup(check->first_bad)].gradient.ids[BadItem(check->first_bad)];
   }
 }
 
@@ -101,8 +117,18 @@ __device__ __forceinline__ float GradientAt(const SparseGradient& g, int64_t k, 
   return row < 0 || row >= g.source_rows ? 0.0f : g.scales[k] * g.values[row * dim + d];
 }
 
-__global__ void SumRuns(const int32_t* order, const int32_t* run_of, SparseGradient grads,
-                        int64_t n, int64_t dim, float* summed, const LookupCheck* check) {
+// Zeroes the summed rows of the runs the device counted (SumRuns adds into them).
+__global__ void ZeroRuns(const int32_t* num_runs, int64_t dim, float* summed) {
+  const int64_t total = *num_runs * dim;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    summed[e] = 0.0f;
+  }
+}
+
+__global__ void SumRuns(const int32_t* order, const int64_t* sorted_keys, const int32_t* run_of,
+                        const SparseApplyMember* members, int count, int row_bits, int64_t n,
+                        int64_t dim, float* summed, const LookupCheck* check) {
   if (Failed(check)) return;
   const int64_t chunks = (n + kUsesPerChunk - 1) / kUsesPerChunk;
   for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
@@ -111,7 +137,10 @@ __global__ void SumRuns(const int32_t* order, const int32_t* run_of, SparseGradi
     for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
       float total = 0.0f;
       for (int64_t k = first; k < last; ++k) {
-        total += GradientAt(grads, order[k], dim, d);
+        const int64_t m = sorted_keys[k] >> row_bits;
+        if (m < count) {
+          total += GradientAt(members[m].gradient, order[k] - members[m].first_use, dim, d);
+        }
         if (k + 1 == last || run_of[k + 1] != run_of[k]) {
           atomicAdd(&summed[run_of[k] * dim + d], total);
           total = 0.0f;
@@ -159,15 +188,20 @@ __global__ void __launch_bounds__(kSgdTileUses)
 // The rule's values come from device memory; values that need more state than the table
 // holds (a momentum without its slot) write nothing.
 template <typename Hyper>
-__global__ void ApplyRuns(const int64_t* run_id, const int32_t* num_runs, const float* summed,
-                          SparseApplyTable table, int sections, const float* hyper_values,
-                          bool nesterov, const LookupCheck* check) {
+__global__ void ApplyRuns(const int64_t* run_key, const int32_t* num_runs, const float* summed,
+                          const SparseApplyMember* members, int count, int row_bits,
+                          int sections, const float* hyper_values, bool nesterov,
+                          const LookupCheck* check) {
   const Hyper hyper = MakeHyper<Hyper>(hyper_values, nesterov);
-  if (Failed(check) || RuleStateFloats(hyper, table.dim) > table.state_dim) return;
-  const int64_t dim = table.dim, runs = *num_runs;
+  if (Failed(check) || RuleStateFloats(hyper, members[0].table.dim) > members[0].table.state_dim) {
+    return;
+  }
+  const int64_t runs = *num_runs, row_mask = (int64_t{1} << row_bits) - 1;
   for (int64_t run = blockIdx.x; run < runs; run += gridDim.x) {
-    const int64_t row = run_id[run];
-    if (row < 0 || row >= table.rows) continue;
+    const int64_t m = run_key[run] >> row_bits, row = run_key[run] & row_mask;
+    if (m >= count) continue;  // ids outside their tables
+    const SparseApplyTable& table = members[m].table;
+    const int64_t dim = table.dim;
     float* values = table.values + row * dim;
     for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
       float g = summed[run * dim + d];
@@ -186,86 +220,135 @@ __global__ void ApplyRuns(const int64_t* run_id, const int32_t* num_runs, const 
   }
 }
 
-}  // namespace
-
-cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper_device,
-                                int64_t hyper_count, bool nesterov, const SparseApplyTable& table,
-                                const SparseGradient& gradient, const DeviceAllocate& allocate,
-                                LookupCheck* check, cudaStream_t stream) {
-  const int sections = table.num_slots > 0 ? table.num_slots
-                                           : static_cast<int>(table.state_dim / std::max<int64_t>(table.dim, 1));
-  if (table.dim <= 0 || table.state_dim % table.dim != 0 ||
-      table.state_dim / table.dim > kMaxSections || table.num_slots > kMaxSections ||
-      (table.num_slots > 0 && table.num_slots * table.dim != table.state_dim) ||
-      (table.state_dim > 0 && table.state == nullptr && table.num_slots == 0) ||
-      gradient.n >= (int64_t{1} << 31)) {
-    return cudaErrorInvalidValue;
+// The group's shape, checked on the host: one width and one state layout the rule fits, ids
+// counted in int32 positions, keys within 63 bits.
+bool GroupFits(const std::string& rule, int64_t hyper_count,
+               const std::vector<SparseApplyMember>& members) {
+  if (members.empty()) return false;
+  const SparseApplyTable& first = members[0].table;
+  int64_t uses = 0;
+  for (const SparseApplyMember& member : members) {
+    const SparseApplyTable& table = member.table;
+    if (table.dim != first.dim || table.state_dim != first.state_dim ||
+        table.num_slots != first.num_slots || member.first_use != uses || table.rows < 0 ||
+        member.gradient.n < 0) {
+      return false;
+    }
+    uses += member.gradient.n;
+  }
+  if (first.dim <= 0 || first.state_dim % first.dim != 0 ||
+      first.state_dim / first.dim > kMaxSections || first.num_slots > kMaxSections ||
+      (first.num_slots > 0 && first.num_slots * first.dim != first.state_dim) ||
+      uses >= (int64_t{1} << 31)) {
+    return false;
+  }
+  for (const SparseApplyMember& member : members) {
+    if (first.state_dim > 0 && member.table.state == nullptr && first.num_slots == 0) return false;
   }
   // The rule must find the state it expects: a state_dim below what its type needs with any
   // values is refused before anything runs; the kernels refuse values that need more.
   bool fits = true;
   const Status known = VisitRuleType(rule, hyper_count, [&](auto type) {
-    fits = RuleStateFloats(type, table.dim) <= table.state_dim;
+    fits = RuleStateFloats(type, first.dim) <= first.state_dim;
   });
-  if (!known.ok() || !fits) return cudaErrorInvalidValue;
+  return known.ok() && fits;
+}
+
+// Plain SGD without state: per table, no sort (each use's step is linear in its gradient).
+cudaError_t PlainSgd(const SparseApplyMember& member, const float* hyper_device,
+                     LookupCheck* check, cudaStream_t stream) {
+  const SparseApplyTable& table = member.table;
+  const SparseGradient& gradient = member.gradient;
   const int64_t n = gradient.n;
   if (n == 0) return cudaSuccess;
-  if (check != nullptr) {
-    CheckIds<<<GridBlocks(n, 256), 256, 0, stream>>>(gradient.ids, n, table.rows, check);
-    DescribeBadRow<<<1, 1, 0, stream>>>(gradient.ids, check);
-  }
   const int end_bit = SgdTileEndBit(table.rows);
-  if (rule == "sgd" && table.state_dim == 0) {
-    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (table.dim % 4 == 0 && end_bit <= 32 && aligned(gradient.values) &&
-        aligned(table.values)) {
-      const int64_t width = table.dim / 4;
-      SortedTileSgd<<<GridBlocks(n, kSgdTileUses), kSgdTileUses, 0, stream>>>(
-          gradient.ids, reinterpret_cast<const float4*>(gradient.values), n, width, table.rows,
-          end_bit, hyper_device, reinterpret_cast<float4*>(table.values), RowLanes(width),
-          GradRows{gradient.rows, gradient.scales, gradient.source_rows}, check);
-    } else {
-      ScatterSgd<<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(
-          gradient.ids, gradient, n, table.dim, table.rows, hyper_device, table.values, check);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (table.dim % 4 == 0 && end_bit <= 32 && aligned(gradient.values) && aligned(table.values)) {
+    const int64_t width = table.dim / 4;
+    SortedTileSgd<<<GridBlocks(n, kSgdTileUses), kSgdTileUses, 0, stream>>>(
+        gradient.ids, reinterpret_cast<const float4*>(gradient.values), n, width, table.rows,
+        end_bit, hyper_device, reinterpret_cast<float4*>(table.values), RowLanes(width),
+        GradRows{gradient.rows, gradient.scales, gradient.source_rows}, check);
+  } else {
+    ScatterSgd<<<GridBlocks(n * table.dim, 256), 256, 0, stream>>>(
+        gradient.ids, gradient, n, table.dim, table.rows, hyper_device, table.values, check);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t SparseApplyGroupGpuAsync(const std::string& rule, const float* hyper_device,
+                                     int64_t hyper_count, bool nesterov,
+                                     const std::vector<SparseApplyMember>& members,
+                                     const SparseApplyMember* members_device,
+                                     const DeviceAllocate& allocate, LookupCheck* check,
+                                     cudaStream_t stream) {
+  if (!GroupFits(rule, hyper_count, members)) return cudaErrorInvalidValue;
+  const int count = static_cast<int>(members.size());
+  const SparseApplyTable& shape = members[0].table;
+  const int64_t n = members.back().first_use + members.back().gradient.n;
+  if (n == 0) return cudaSuccess;
+  int64_t max_rows = 1, run_bound = 1;  // one run more: the ids outside their tables
+  for (const SparseApplyMember& member : members) {
+    max_rows = std::max(max_rows, member.table.rows);
+    run_bound += std::min(member.gradient.n, member.table.rows);
+  }
+  const int row_bits = SgdTileEndBit(max_rows);
+  const int end_bit = row_bits + SgdTileEndBit(int64_t{count} + 1);
+  if (end_bit > 63) return cudaErrorInvalidValue;
+  if (rule == "sgd" && shape.state_dim == 0) {
+    if (check != nullptr) {
+      GroupKeys<<<GridBlocks(n, 256), 256, 0, stream>>>(members_device, count, n, row_bits,
+                                                          nullptr, nullptr, check);
+      DescribeBadId<<<1, 1, 0, stream>>>(members_device, check);
     }
-    return cudaGetLastError();
+    for (const SparseApplyMember& member : members) {
+      const cudaError_t status = PlainSgd(member, hyper_device, check, stream);
+      if (status != cudaSuccess) return status;
+    }
+    return cudaSuccess;
   }
 
-  int64_t *sorted_ids = nullptr, *run_id = nullptr;
+  int64_t *keys = nullptr, *sorted_keys = nullptr, *run_key = nullptr;
   int32_t *positions = nullptr, *order = nullptr, *run_of = nullptr, *num_runs = nullptr;
   float* summed = nullptr;
   char* temp = nullptr;
-  auto get = [&](auto** out, size_t count) {
+  auto get = [&](auto** out, size_t items) {
     *out = static_cast<std::remove_reference_t<decltype(**out)>*>(
-        allocate(std::max<size_t>(count * sizeof(**out), 1)));
+        allocate(std::max<size_t>(items * sizeof(**out), 1)));
     return *out != nullptr;
   };
   size_t temp_bytes = SortAndScanTempBytes(n, end_bit, stream);
-  if (!(get(&sorted_ids, n) && get(&run_id, n) && get(&positions, n) && get(&order, n) &&
-        get(&run_of, n) && get(&num_runs, 1) && get(&summed, n * table.dim) &&
-        get(&temp, temp_bytes))) {
+  if (!(get(&keys, n) && get(&sorted_keys, n) && get(&run_key, run_bound) &&
+        get(&positions, n) && get(&order, n) && get(&run_of, n) && get(&num_runs, 1) &&
+        get(&summed, run_bound * shape.dim) && get(&temp, temp_bytes))) {
     return cudaErrorMemoryAllocation;
   }
-  Iota<<<GridBlocks(n, 256), 256, 0, stream>>>(positions, n);
+  GroupKeys<<<GridBlocks(n, 256), 256, 0, stream>>>(members_device, count, n, row_bits, keys,
+                                                      positions, check);
+  if (check != nullptr) DescribeBadId<<<1, 1, 0, stream>>>(members_device, check);
   const int items = static_cast<int>(n);
-  // Out-of-range ids sort wrongly (end_bit covers the valid rows only); harmless, as the
-  // kernels that write skip all work when the check found one.
-  cub::DeviceRadixSort::SortPairs(temp, temp_bytes, gradient.ids, sorted_ids, positions, order,
-                                  items, 0, end_bit, stream);
-  HeadFlags<<<GridBlocks(n, 256), 256, 0, stream>>>(sorted_ids, n, positions);  // reused
+  cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, sorted_keys, positions, order, items,
+                                  0, end_bit, stream);
+  HeadFlags<<<GridBlocks(n, 256), 256, 0, stream>>>(sorted_keys, n, positions);  // reused
   cub::DeviceScan::InclusiveSum(temp, temp_bytes, positions, run_of, items, stream);
-  RunIds<<<GridBlocks(n, 256), 256, 0, stream>>>(sorted_ids, run_of, n, run_id, num_runs);
-  cudaMemsetAsync(summed, 0, n * table.dim * sizeof(float), stream);  // SumRuns adds into it
-  const int threads = static_cast<int>(std::min<int64_t>(256, (table.dim + 31) / 32 * 32));
+  RunIds<<<GridBlocks(n, 256), 256, 0, stream>>>(sorted_keys, run_of, n, run_key, num_runs);
+  ZeroRuns<<<GridBlocks(run_bound * shape.dim, 256), 256, 0, stream>>>(num_runs, shape.dim,
+                                                                        summed);
+  const int threads = static_cast<int>(std::min<int64_t>(256, (shape.dim + 31) / 32 * 32));
   const int64_t chunks = (n + kUsesPerChunk - 1) / kUsesPerChunk;
   SumRuns<<<GridBlocks(chunks, 1), threads, 0, stream>>>(
-      order, run_of, gradient, n, table.dim, summed, check);
-  // The runs (distinct ids) are counted on the device: blocks stride over them. A block per
+      order, sorted_keys, run_of, members_device, count, row_bits, n, shape.dim, summed, check);
+  // The runs (distinct rows) are counted on the device: blocks stride over them. A block per
   // use instead would launch mostly empty blocks where ids repeat, at a cost that showed.
-  const int apply_blocks = static_cast<int>(std::min<int64_t>(n, kApplyBlocks));
+  const int sections = shape.num_slots > 0 ? shape.num_slots
+                                           : static_cast<int>(shape.state_dim / shape.dim);
+  const int apply_blocks = static_cast<int>(std::min<int64_t>(run_bound, kApplyBlocks));
   VisitRuleType(rule, hyper_count, [&](auto type) {
     ApplyRuns<decltype(type)><<<apply_blocks, threads, 0, stream>>>(
-        run_id, num_runs, summed, table, sections, hyper_device, nesterov, check);
+        run_key, num_runs, summed, members_device, count, row_bits, sections, hyper_device,
+        nesterov, check);
   });
   return cudaGetLastError();
 }
@@ -291,12 +374,21 @@ cudaError_t SparseApplyGpu(const std::string& rule, const float* hyper, int64_t 
   if (status != cudaSuccess) return status;
   status = ResetLookupCheck(check, stream);
   if (status != cudaSuccess) return status;
-  status = SparseApplyGpuAsync(rule, hyper_device, hyper_count, nesterov, table, gradient,
-                               [&](size_t bytes) -> void* {
-                                 char* p = nullptr;
-                                 return scratch.Get(bytes, &p) == cudaSuccess ? p : nullptr;
-                               },
-                               check, stream);
+  const std::vector<SparseApplyMember> members = {{table, gradient, 0}};
+  SparseApplyMember* members_device = nullptr;
+  status = scratch.Get(1, &members_device);
+  if (status == cudaSuccess) {  // pageable source: copied out before the call returns
+    status = cudaMemcpyAsync(members_device, members.data(), sizeof(SparseApplyMember),
+                             cudaMemcpyHostToDevice, stream);
+  }
+  if (status != cudaSuccess) return status;
+  status = SparseApplyGroupGpuAsync(rule, hyper_device, hyper_count, nesterov, members,
+                                    members_device,
+                                    [&](size_t bytes) -> void* {
+                                      char* p = nullptr;
+                                      return scratch.Get(bytes, &p) == cudaSuccess ? p : nullptr;
+                                    },
+                                    check, stream);
   if (status != cudaSuccess) return status;
   LookupCheck host;
   status = cudaMemcpyAsync(&host, check, sizeof(host), cudaMemcpyDeviceToHost, stream);

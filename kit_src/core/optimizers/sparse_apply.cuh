@@ -1,10 +1,10 @@
-// GPU lazy optimizer update of a table's touched rows: the gradients of duplicate ids are
-// summed (the ids radix-sorted with CUB, stably, their runs numbered by a scan of head flags),
-// then every touched row and its state take one step of the rule
-// (kit_src/core/optimizers/update_rules.h, one thread per element). Plain SGD, linear in the gradient, skips the global sort: each block
-// sorts a tile of uses in shared memory and adds each run's summed step atomically (float4
-// rows), or each use is subtracted by an atomic add (other widths). Rows no id names do not
-// change.
+// GPU lazy optimizer update of the touched rows of a group of tables: the gradients of
+// duplicate ids are summed (all the group's uses radix-sorted with CUB by (table, row), stably,
+// their runs numbered by a scan of head flags), then every touched row and its state take one
+// step of the rule (kit_src/core/optimizers/update_rules.h, one thread per element). Plain
+// SGD, linear in the gradient, skips the global sort: each block sorts a tile of a table's
+// uses in shared memory and adds each run's summed step atomically (float4 rows), or each use
+// is subtracted by an atomic add (other widths). Rows no id names do not change.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "kit_src/core/embedding/lookup_gpu.cuh"
 
@@ -52,17 +53,31 @@ cudaError_t SparseApplyGpu(const std::string& rule, const float* hyper, int64_t 
 
 namespace sok {
 
-// SparseApplyGpu without synchronising, for TensorFlow's kernels, the hyper-parameters in
-// device memory (the kernels read them: no copy to the host, no wait): the ids are checked on the
-// device, the first bad one is recorded in `check` (kBadId, item = its index, value_a = the
-// id) and then nothing is written. A null `check`: the caller has checked the ids (rows outside
-// the table are skipped, never written). Host-side argument errors return
-// cudaErrorInvalidValue before anything is enqueued; values needing more state than the table
-// holds (an SGD or RMSprop momentum without its slot) write nothing.
-cudaError_t SparseApplyGpuAsync(const std::string& rule, const float* hyper_device,
-                                int64_t hyper_count,
-                                bool nesterov, const SparseApplyTable& table,
-                                const SparseGradient& gradient, const DeviceAllocate& allocate,
-                                LookupCheck* check, cudaStream_t stream);
+// One table of a group updated together: its rows, its gradients, and where its uses start
+// among the group's (members laid end to end, in order).
+struct SparseApplyMember {
+  SparseApplyTable table;
+  SparseGradient gradient;
+  int64_t first_use = 0;
+};
+
+// SparseApplyGpu for a group of tables of one width and one state layout, without
+// synchronising, for TensorFlow's kernels: one sort of all the group's uses keyed by (table,
+// row), one sum and one apply (a per-table update would pay a dozen launches a table).
+// `members` on the host (sizes, launches) and `members_device` (the same, in device memory, for
+// the kernels); the hyper-parameters in device memory (the kernels read them: no copy to the
+// host, no wait). The ids are checked on the device, the first bad one recorded in `check`
+// (kBadId, group = its member, item = its index, value_a = the id) and then nothing is written.
+// A null `check`: the caller has checked the ids (rows outside a table are skipped, never
+// written). Host-side argument errors (an unknown rule, a wrong hyper count, a state layout
+// the rule does not fit, members of different widths or layouts) return
+// cudaErrorInvalidValue before anything is enqueued; values needing more state than the
+// tables hold (an SGD or RMSprop momentum without its slot) write nothing.
+cudaError_t SparseApplyGroupGpuAsync(const std::string& rule, const float* hyper_device,
+                                     int64_t hyper_count, bool nesterov,
+                                     const std::vector<SparseApplyMember>& members,
+                                     const SparseApplyMember* members_device,
+                                     const DeviceAllocate& allocate, LookupCheck* check,
+                                     cudaStream_t stream);
 
 }  // namespace sok

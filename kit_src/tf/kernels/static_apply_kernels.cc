@@ -21,45 +21,60 @@ namespace tf = ::tensorflow;
 
 namespace functor {
 
+namespace {
+
+// The first bad index or gradient row of any table (before anything is written).
+tf::Status CheckUpdate(const StaticApplyArgs& args) {
+  for (const StaticApplyTableArgs& table : args.tables) {
+    for (int64_t i = 0; i < table.n; ++i) {
+      if (table.indices[i] < 0 || table.indices[i] >= table.rows) {
+        return ToTfStatus(IdOutOfRange(table.name, table.indices[i], table.rows));
+      }
+    }
+  }
+  for (const StaticApplyTableArgs& table : args.tables) {
+    for (int64_t i = 0; table.grad_rows && i < table.n; ++i) {
+      if (table.grad_rows[i] < 0 || table.grad_rows[i] >= table.grad_source_rows) {
+        return tf::errors::InvalidArgument("gradient of table ", table.name, ": grad_rows[", i,
+                                           "] = ", table.grad_rows[i], " is outside the ",
+                                           table.grad_source_rows, " rows of grads");
+      }
+    }
+  }
+  return tf::Status();
+}
+
+}  // namespace
+
 template <>
 void StaticApply<CpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticApplyArgs& args,
                                         std::function<void(tf::Status)> finish) {
-  for (int64_t i = 0; i < args.n; ++i) {  // before anything is written
-    if (args.indices[i] < 0 || args.indices[i] >= args.rows) {
-      finish(ToTfStatus(IdOutOfRange(args.table_name, args.indices[i], args.rows)));
-      return;
-    }
-  }
+  const tf::Status checked = CheckUpdate(args);
+  if (!checked.ok()) return finish(checked);
   const int64_t dim = args.dim;
-  const int num_slots = static_cast<int>(args.slots.size());
-  for (int64_t i = 0; args.grad_rows && i < args.n; ++i) {
-    if (args.grad_rows[i] < 0 || args.grad_rows[i] >= args.grad_source_rows) {
-      finish(tf::errors::InvalidArgument("gradient of table ", args.table_name, ": grad_rows[",
-                                         i, "] = ", args.grad_rows[i], " is outside the ",
-                                         args.grad_source_rows, " rows of grads"));
-      return;
-    }
-  }
-  std::vector<int64_t> unique_rows;
-  std::vector<float> summed;
-  SumDuplicates(args.indices, GradientUses{args.grads, args.grad_rows, args.grad_scales},
-                args.n, dim, &unique_rows, &summed);
   finish(ToTfStatus(VisitRule(args.rule, args.hyper, args.hyper_count, args.nesterov,
                               [&](const auto& rule) {
-    CpuParallelFor(ctx)(unique_rows.size(), dim * 16, [&](int64_t begin, int64_t end) {
-      // The rule reads a row's state packed slot after slot: gathered here, written back.
-      std::vector<float> state(num_slots * dim);
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t row = unique_rows[i];
-        for (int s = 0; s < num_slots; ++s) {
-          std::memcpy(state.data() + s * dim, args.slots[s] + row * dim, dim * sizeof(float));
+    for (const StaticApplyTableArgs& table : args.tables) {
+      std::vector<int64_t> unique_rows;
+      std::vector<float> summed;
+      SumDuplicates(table.indices, GradientUses{table.grads, table.grad_rows, table.grad_scales},
+                    table.n, dim, &unique_rows, &summed);
+      const int num_slots = static_cast<int>(table.slots.size());
+      CpuParallelFor(ctx)(unique_rows.size(), dim * 16, [&](int64_t begin, int64_t end) {
+        // The rule reads a row's state packed slot after slot: gathered here, written back.
+        std::vector<float> state(num_slots * dim);
+        for (int64_t i = begin; i < end; ++i) {
+          const int64_t row = unique_rows[i];
+          for (int s = 0; s < num_slots; ++s) {
+            std::memcpy(state.data() + s * dim, table.slots[s] + row * dim, dim * sizeof(float));
+          }
+          ApplyRule(table.table + row * dim, state.data(), summed.data() + i * dim, dim, rule);
+          for (int s = 0; s < num_slots; ++s) {
+            std::memcpy(table.slots[s] + row * dim, state.data() + s * dim, dim * sizeof(float));
+          }
         }
-        ApplyRule(args.table + row * dim, state.data(), summed.data() + i * dim, dim, rule);
-        for (int s = 0; s < num_slots; ++s) {
-          std::memcpy(args.slots[s] + row * dim, state.data() + s * dim, dim * sizeof(float));
-        }
-      }
-    });
+      });
+    }
   })));
 }
 
@@ -120,84 +135,49 @@ template <typename Device>
 class StaticApplyOp : public tf::AsyncOpKernel {
  public:
   explicit StaticApplyOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &num_slots_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
+    int slot_inputs = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &slot_inputs));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &rule_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("nesterov", &nesterov_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table_name_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("validate", &validate_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("M", &gathered_));
-    OP_REQUIRES(ctx, gathered_ <= 1,
-                tf::errors::InvalidArgument("grad_rows: at most one list, got ", gathered_));
+    OP_REQUIRES(ctx, gathered_ == 0 || gathered_ == num_tables_,
+                tf::errors::InvalidArgument("grad_rows: none or one a table (", num_tables_,
+                                            "), got ", gathered_));
+    OP_REQUIRES(ctx, slot_inputs % num_tables_ == 0,
+                tf::errors::InvalidArgument(slot_inputs, " slot variables for ", num_tables_,
+                                            " tables: the same number a table expected"));
+    num_slots_ = slot_inputs / num_tables_;
     OP_REQUIRES(ctx, num_slots_ <= 3,
                 tf::errors::InvalidArgument("at most 3 optimizer slots, got ", num_slots_));
+    OP_REQUIRES(ctx, table_names_.empty() ||
+                         static_cast<int>(table_names_.size()) == num_tables_,
+                tf::errors::InvalidArgument(table_names_.size(), " table names for ",
+                                            num_tables_, " tables"));
+    table_names_.resize(num_tables_);
   }
 
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
-    const tf::Tensor& indices = ctx->input(num_slots_ + 1);
-    const tf::Tensor& grads = ctx->input(num_slots_ + 2);
-    const tf::Tensor& hyper = ctx->input(num_slots_ + 3 + 2 * gathered_);
+    const int resources = num_tables_ * (1 + num_slots_);
+    const tf::Tensor& hyper = ctx->input(resources + 2 * num_tables_ + 2 * gathered_);
     OP_REQUIRES_ASYNC(ctx, RuleHyperCount(rule_) == hyper.NumElements(),
                       tf::errors::InvalidArgument(rule_, " takes ", RuleHyperCount(rule_),
                                                   " hyper-parameters, got ", hyper.NumElements()),
                       done);
     LockedVariables locked;
-    OP_REQUIRES_OK_ASYNC(ctx, locked.Lock(ctx, num_slots_ + 1), done);
-    std::vector<tf::Tensor*> tensors(num_slots_ + 1);  // the table, then its slots
-    for (int i = 0; i <= num_slots_; ++i) {
-      OP_REQUIRES_OK_ASYNC(ctx, locked.Writable<Device>(ctx, i, &tensors[i]), done);
-    }
-    const tf::Tensor& table = *tensors[0];
-    OP_REQUIRES_ASYNC(ctx, table.dtype() == tf::DT_FLOAT && table.dims() == 2,
-                      tf::errors::InvalidArgument("table ", table_name_,
-                                                  " must be a float32 matrix, got ",
-                                                  tf::DataTypeString(table.dtype()), " ",
-                                                  table.shape().DebugString()),
-                      done);
-    for (int i = 1; i <= num_slots_; ++i) {
-      OP_REQUIRES_ASYNC(ctx, tensors[i]->dtype() == tf::DT_FLOAT &&
-                                 tensors[i]->shape() == table.shape(),
-                        tf::errors::InvalidArgument("optimizer slot ", i - 1, " of table ",
-                                                    table_name_, " must be float32 ",
-                                                    table.shape().DebugString(), ", got ",
-                                                    tensors[i]->shape().DebugString()),
-                        done);
-    }
+    OP_REQUIRES_OK_ASYNC(ctx, locked.Lock(ctx, resources), done);
     StaticApplyArgs args;
     args.rule = rule_;
     args.hyper = hyper.flat<float>().data();
     args.hyper_count = hyper.NumElements();
     args.nesterov = nesterov_;
-    args.table_name = table_name_;
-    args.table = tensors[0]->flat<float>().data();
-    for (int i = 1; i <= num_slots_; ++i) args.slots.push_back(tensors[i]->flat<float>().data());
-    args.rows = table.dim_size(0);
-    args.dim = table.dim_size(1);
-    args.n = indices.NumElements();
-    OP_REQUIRES_ASYNC(ctx, indices.dims() == 1 && grads.dims() == 2 &&
-                               (gathered_ || grads.dim_size(0) == args.n) &&
-                               grads.dim_size(1) == args.dim,
-                      tf::errors::InvalidArgument("gradient of table ", table_name_,
-                                                  ": indices [n] and values [",
-                                                  gathered_ ? "rows" : "n", ", ", args.dim,
-                                                  "] expected, got ", indices.shape().DebugString(),
-                                                  " and ", grads.shape().DebugString()),
-                      done);
-    args.indices = indices.flat<int64_t>().data();
-    args.grads = grads.flat<float>().data();
-    if (gathered_) {
-      const tf::Tensor& rows = ctx->input(num_slots_ + 3);
-      const tf::Tensor& scales = ctx->input(num_slots_ + 4);
-      OP_REQUIRES_ASYNC(ctx, rows.NumElements() == args.n && scales.NumElements() == args.n,
-                        tf::errors::InvalidArgument(
-                            "gradient of table ", table_name_, ": grad_rows and grad_scales need ",
-                            args.n, " values (one an index), got ", rows.NumElements(), " and ",
-                            scales.NumElements()),
-                        done);
-      args.grad_rows = rows.flat<int64_t>().data();
-      args.grad_scales = scales.flat<float>().data();
-      args.grad_source_rows = grads.dim_size(0);
-    }
     args.validate = validate_;
+    args.tables.resize(num_tables_);
+    for (int t = 0; t < num_tables_; ++t) {
+      OP_REQUIRES_OK_ASYNC(ctx, TableArgs(ctx, &locked, t, &args), done);
+    }
     // The rule must find its state in the slots given (it would read past them otherwise).
     // The CPU reads the values; on the GPU they stay in device memory (no step waits for
     // them): the state the rule's type needs with any values is checked here, and the
@@ -212,7 +192,7 @@ class StaticApplyOp : public tf::AsyncOpKernel {
                                              : VisitRuleType(rule_, args.hyper_count, fit)),
                          done);
     OP_REQUIRES_ASYNC(ctx, fits,
-                      tf::errors::InvalidArgument(rule_, " of table ", table_name_,
+                      tf::errors::InvalidArgument(rule_, " of table ", table_names_[0],
                                                   " needs more optimizer state than its ",
                                                   num_slots_, " slots hold"),
                       done);
@@ -223,12 +203,73 @@ class StaticApplyOp : public tf::AsyncOpKernel {
   }
 
  private:
-  int num_slots_ = 0;
+  // Table t's variables made writable and its inputs checked into args.tables[t]; every
+  // table has the first one's width.
+  tf::Status TableArgs(tf::OpKernelContext* ctx, LockedVariables* locked, int t,
+                       StaticApplyArgs* args) {
+    const std::string& name = table_names_[t];
+    tf::Tensor* table = nullptr;
+    TF_RETURN_IF_ERROR(locked->Writable<Device>(ctx, t, &table));
+    if (table->dtype() != tf::DT_FLOAT || table->dims() != 2) {
+      return tf::errors::InvalidArgument("table ", name, " must be a float32 matrix, got ",
+                                         tf::DataTypeString(table->dtype()), " ",
+                                         table->shape().DebugString());
+    }
+    if (t == 0) args->dim = table->dim_size(1);
+    if (table->dim_size(1) != args->dim) {
+      return tf::errors::InvalidArgument("table ", name, " is ", table->dim_size(1),
+                                         " wide, the update's first table ", args->dim);
+    }
+    StaticApplyTableArgs& out = args->tables[t];
+    out.name = name;
+    out.table = table->flat<float>().data();
+    out.rows = table->dim_size(0);
+    for (int s = 0; s < num_slots_; ++s) {
+      tf::Tensor* slot = nullptr;
+      TF_RETURN_IF_ERROR(locked->Writable<Device>(ctx, num_tables_ + t * num_slots_ + s, &slot));
+      if (slot->dtype() != tf::DT_FLOAT || slot->shape() != table->shape()) {
+        return tf::errors::InvalidArgument("optimizer slot ", s, " of table ", name,
+                                           " must be float32 ", table->shape().DebugString(),
+                                           ", got ", slot->shape().DebugString());
+      }
+      out.slots.push_back(slot->flat<float>().data());
+    }
+    const int first_input = num_tables_ * (1 + num_slots_);
+    const tf::Tensor& indices = ctx->input(first_input + t);
+    const tf::Tensor& grads = ctx->input(first_input + num_tables_ + t);
+    out.n = indices.NumElements();
+    if (indices.dims() != 1 || grads.dims() != 2 ||
+        (!gathered_ && grads.dim_size(0) != out.n) || grads.dim_size(1) != args->dim) {
+      return tf::errors::InvalidArgument("gradient of table ", name,
+                                         ": indices [n] and values [", gathered_ ? "rows" : "n",
+                                         ", ", args->dim, "] expected, got ",
+                                         indices.shape().DebugString(), " and ",
+                                         grads.shape().DebugString());
+    }
+    out.indices = indices.flat<int64_t>().data();
+    out.grads = grads.flat<float>().data();
+    if (gathered_) {
+      const tf::Tensor& rows = ctx->input(first_input + 2 * num_tables_ + t);
+      const tf::Tensor& scales = ctx->input(first_input + 3 * num_tables_ + t);
+      if (rows.NumElements() != out.n || scales.NumElements() != out.n) {
+        return tf::errors::InvalidArgument(
+            "gradient of table ", name, ": grad_rows and grad_scales need ", out.n,
+            " values (one an index), got ", rows.NumElements(), " and ", scales.NumElements());
+      }
+      out.grad_rows = rows.flat<int64_t>().data();
+      out.grad_scales = scales.flat<float>().data();
+      out.grad_source_rows = grads.dim_size(0);
+    }
+    return tf::Status();
+  }
+
+  int num_tables_ = 1;
+  int num_slots_ = 0;  // a table
   std::string rule_;
   bool nesterov_ = false;
-  std::string table_name_;
+  std::vector<std::string> table_names_;
   bool validate_ = true;
-  int gathered_ = 0;  // M: grads read through grad_rows / grad_scales
+  int gathered_ = 0;  // M: grads read through grad_rows / grad_scales (one a table)
 };
 
 REGISTER_KERNEL_BUILDER(Name("Sok>StaticApply").Device(tf::DEVICE_CPU),

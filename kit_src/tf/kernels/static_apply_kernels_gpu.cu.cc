@@ -1,11 +1,14 @@
 // GPU functor of Sok>StaticApply (static_apply_functor.h): kit_src/core/optimizers/
-// sparse_apply.cu on TensorFlow's stream, the Keras slot variables as the rule's state
-// sections. An id outside the table is found on the device, nothing is written, and the op
+// sparse_apply.cu on TensorFlow's stream, all the update's tables in one group, the Keras slot
+// variables as the rule's state sections. An id outside the table is found on the device, nothing is written, and the op
 // fails once the stream has passed the check (no host thread waits); with validate=false
 // (ids lookup_sparse checked) the op neither checks nor waits.
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU  // before any Eigen header: the GPU device
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "kit_src/core/embedding/key_partition.h"
 #include "kit_src/core/optimizers/sparse_apply.cuh"
@@ -20,16 +23,27 @@ namespace tf = ::tensorflow;
 template <>
 void StaticApply<GpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticApplyArgs& args,
                                         std::function<void(tf::Status)> finish) {
-  SparseApplyTable target;
-  target.values = args.table;
-  target.rows = args.rows;
-  target.dim = args.dim;
-  target.num_slots = static_cast<int>(args.slots.size());
-  target.state_dim = target.num_slots * args.dim;
-  for (int s = 0; s < target.num_slots; ++s) target.slots[s] = args.slots[s];
+  std::vector<SparseApplyMember> members(args.tables.size());
+  int64_t uses = 0;
+  for (size_t t = 0; t < args.tables.size(); ++t) {
+    const StaticApplyTableArgs& from = args.tables[t];
+    SparseApplyMember& member = members[t];
+    member.table.values = from.table;
+    member.table.rows = from.rows;
+    member.table.dim = args.dim;
+    member.table.num_slots = static_cast<int>(from.slots.size());
+    member.table.state_dim = member.table.num_slots * args.dim;
+    for (int s = 0; s < member.table.num_slots; ++s) member.table.slots[s] = from.slots[s];
+    member.gradient = SparseGradient{from.indices, from.grads, from.n, from.grad_rows,
+                                     from.grad_scales, from.grad_source_rows};
+    member.first_use = uses;
+    uses += from.n;
+  }
   auto memory = std::make_shared<GpuCallMemory>();
+  SparseApplyMember* members_device = nullptr;
+  tf::Status status = memory->Upload(ctx, members, &members_device);
   GpuCheck check;
-  tf::Status status = args.validate ? check.Init(ctx, memory.get()) : tf::Status();
+  if (status.ok() && args.validate) status = check.Init(ctx, memory.get());
   if (!status.ok()) return finish(status);
   tf::Status allocation;
   const DeviceAllocate allocate = [&](size_t bytes) -> void* {
@@ -38,11 +52,9 @@ void StaticApply<GpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticAp
     if (!s.ok()) allocation = s;
     return s.ok() ? p : nullptr;
   };
-  const cudaError_t launched = SparseApplyGpuAsync(
-      args.rule, args.hyper, args.hyper_count, args.nesterov, target,
-      SparseGradient{args.indices, args.grads, args.n, args.grad_rows, args.grad_scales,
-                     args.grad_source_rows},
-      allocate, check.device, GpuStream(ctx));
+  const cudaError_t launched =
+      SparseApplyGroupGpuAsync(args.rule, args.hyper, args.hyper_count, args.nesterov, members,
+                               members_device, allocate, check.device, GpuStream(ctx));
   if (!allocation.ok()) return finish(allocation);
   status = CudaToTf(launched, "sparse apply");
   // Ids checked by the caller: done once enqueued, nothing waits for the stream.
@@ -50,11 +62,12 @@ void StaticApply<GpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticAp
   if (status.ok()) status = check.CopyToHost(ctx);
   if (!status.ok()) return finish(status);
   const LookupCheck* host = check.host;
-  const std::string name = args.table_name;
-  const int64_t rows = args.rows;
-  AfterStream(ctx, memory, [host, name, rows, finish]() {
-    finish(host->first_bad == kNoError ? tf::Status()
-                                       : ToTfStatus(IdOutOfRange(name, host->value_a, rows)));
+  std::vector<std::pair<std::string, int64_t>> tables;  // name and rows, for the error
+  for (const StaticApplyTableArgs& table : args.tables) tables.emplace_back(table.name, table.rows);
+  AfterStream(ctx, memory, [host, tables, finish]() {
+    if (host->first_bad == kNoError) return finish(tf::Status());
+    const auto& table = tables[BadGroup(host->first_bad)];
+    finish(ToTfStatus(IdOutOfRange(table.first, host->value_a, table.second)));
   });
 }
 

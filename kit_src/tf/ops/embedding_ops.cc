@@ -515,35 +515,39 @@ REGISTER_OP("Sok>CombineBackward")
     .Doc("Gradient of CombineForward with respect to its rows.");
 
 REGISTER_OP("Sok>StaticApply")
-    .Input("table: resource")
+    .Input("tables: num_tables * resource")
     .Input("slots: N * resource")
-    .Input("indices: int64")
-    .Input("grads: float")
+    .Input("indices: num_tables * int64")
+    .Input("grads: num_tables * float")
     .Input("grad_rows: M * int64")
     .Input("grad_scales: M * float")
     .Input("hyper: float")
+    .Attr("num_tables: int >= 1")
     .Attr("N: int >= 0")
     .Attr("M: int >= 0 = 0")
     .Attr("rule: {'sgd', 'adagrad', 'adam', 'adamax', 'adadelta', 'rmsprop', 'ftrl', 'nadam'}")
     .Attr("nesterov: bool = false")
-    .Attr("table_name: string = ''")
+    .Attr("table_names: list(string) = []")
     .Attr("validate: bool = true")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc(R"doc(
-Lazy optimizer update of a static table's local shard: the gradients of duplicate rows are
-summed, then each touched row and its rows of the N optimizer slot variables (each shaped like
-the table; together the state that kit_src/core/optimizers/update_rules.h lays out one after
-another) are updated in place. Untouched rows and their slots do not change. hyper as for
-Sok>DynamicApply, in the device's memory: a GPU kernel reads it there (a step need not copy
-it to the host), so values needing more state than the slots hold (an SGD momentum without
-its slot) write nothing on the GPU, while the CPU reports them. A row index outside the shard fails before anything is written.
+Lazy optimizer update of static tables' local shards, all of one width, by one rule: the
+gradients of duplicate rows are summed, then each touched row and its rows of the table's
+optimizer slot variables (N / num_tables a table, table after table, each shaped like its
+table; together the state that kit_src/core/optimizers/update_rules.h lays out one after
+another) are updated in place. Untouched rows and their slots do not change. On the GPU the
+tables of one call are one sort, one sum and one apply. hyper as for Sok>DynamicApply, in the
+device's memory: a GPU kernel reads it there (a step need not copy it to the host), so values
+needing more state than the slots hold (an SGD momentum without its slot) write nothing on
+the GPU, while the CPU reports them. A row index outside its shard fails before anything is
+written, in any table. table_names (one a table, or none) name the tables in errors.
 validate=false (indices that lookup_sparse's gradient built from ids it had checked): on the
 GPU the op does not wait for its stream to check them (the kernels skip a row outside the
 shard rather than write it); the CPU always checks.
-With M = 1, grads is a [rows, dim] matrix the gradients are read from: index i's gradient is
-grad_scales[i] times grads row grad_rows[i] (Sok>PooledGradShares), so a pooled lookup's
-per-id gradient rows are never written.
+With M = num_tables, grads[t] is a [rows, dim] matrix table t's gradients are read from: index
+i's gradient is grad_scales[t][i] times grads[t] row grad_rows[t][i] (Sok>PooledGradShares),
+so a pooled lookup's per-id gradient rows are never written.
 )doc");
 
 }  // namespace sok
