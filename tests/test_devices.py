@@ -526,9 +526,10 @@ def test_static_apply_of_a_group_equals_each_table_alone(device, rule, gathered)
     for (init, _, ids, _), (table, slot_values), (ref, ref_slots) in zip(tables, together, alone):
         untouched = np.setdiff1d(np.arange(len(init)), ids)
         np.testing.assert_array_equal(table[untouched], init[untouched])
-        np.testing.assert_allclose(table, ref, rtol=1e-5, atol=1e-6)
+        # A GPU sums a hot id's uses in chunks added atomically: float order may differ.
+        np.testing.assert_allclose(table, ref, rtol=1e-4, atol=1e-5)
         for slot, ref_slot in zip(slot_values, ref_slots):
-            np.testing.assert_allclose(slot, ref_slot, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(slot, ref_slot, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("device", DEVICES)

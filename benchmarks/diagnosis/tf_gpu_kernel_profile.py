@@ -229,7 +229,7 @@ def print_timeline(name, space, wall_ms, min_gap_us=8.0):
           ", ".join(f"{op} {us:.0f}" for op, us in by_type.most_common(12)))
     by_kernel, launches = collections.Counter(), collections.Counter()
     for start, stop, kernel in gpu:
-        short = kernel.split("(")[0].split("<")[0][-60:]
+        short = kernel.replace("(anonymous namespace)::", "").split("(")[0].split("<")[0][-60:]
         by_kernel[short] += (stop - start) / PROFILE_STEPS
         launches[short] += 1 / PROFILE_STEPS
     print("GPU time a step by kernel (us, launches):",

@@ -108,6 +108,7 @@ size_t SortAndScanTempBytes(int64_t n, int end_bit, cudaStream_t stream) {
 // thread per element, and adds each run's partial sum once (an atomic only where a run
 // crosses a chunk: a hot id's thousands of uses are summed by many blocks in parallel).
 constexpr int64_t kUsesPerChunk = 32;
+constexpr int kUsesInFlight = 8;  // gradient loads a thread issues before it sums them
 
 // Use k's gradient element d: its own row, or scales[k] * values row rows[k] (zeros outside).
 __device__ __forceinline__ float GradientAt(const SparseGradient& g, int64_t k, int64_t dim,
@@ -126,27 +127,66 @@ __global__ void ZeroRuns(const int32_t* num_runs, int64_t dim, float* summed) {
   }
 }
 
+// Use k's gradient as a row and its scale: its own row, or values row rows[k] times scales[k]
+// (nullptr, read as zeros, outside [0, source_rows)).
+__device__ __forceinline__ const float* GradientRow(const SparseGradient& g, int64_t k,
+                                                    int64_t dim, float* scale) {
+  *scale = 1.0f;
+  if (g.rows == nullptr) return g.values + k * dim;
+  const int64_t row = g.rows[k];
+  if (row < 0 || row >= g.source_rows) return nullptr;
+  *scale = g.scales[k];
+  return g.values + row * dim;
+}
+
+// A chunk's uses are first resolved in parallel (member, gradient row, scale, run) into shared
+// memory, so each element's loop over them issues independent loads instead of a chain of
+// dependent ones a use.
 __global__ void SumRuns(const int32_t* order, const int64_t* sorted_keys, const int32_t* run_of,
                         const SparseApplyMember* members, int count, int row_bits, int64_t n,
                         int64_t dim, float* summed, const LookupCheck* check) {
   if (Failed(check)) return;
+  __shared__ const float* use_row[kUsesPerChunk];
+  __shared__ float use_scale[kUsesPerChunk];
+  __shared__ int32_t use_run[kUsesPerChunk];
   const int64_t chunks = (n + kUsesPerChunk - 1) / kUsesPerChunk;
   for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     const int64_t first = chunk * kUsesPerChunk;
-    const int64_t last = min(n, first + kUsesPerChunk);
+    const int uses = static_cast<int>(min(n - first, kUsesPerChunk));
+    if (threadIdx.x < uses) {
+      const int64_t k = first + threadIdx.x;
+      const int64_t m = sorted_keys[k] >> row_bits;
+      float scale = 0.0f;
+      use_row[threadIdx.x] =
+          m < count ? GradientRow(members[m].gradient, order[k] - members[m].first_use, dim,
+                                  &scale)
+                    : nullptr;
+      use_scale[threadIdx.x] = scale;
+      use_run[threadIdx.x] = run_of[k];
+    }
+    __syncthreads();
     for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
       float total = 0.0f;
-      for (int64_t k = first; k < last; ++k) {
-        const int64_t m = sorted_keys[k] >> row_bits;
-        if (m < count) {
-          total += GradientAt(members[m].gradient, order[k] - members[m].first_use, dim, d);
+      for (int j0 = 0; j0 < uses; j0 += kUsesInFlight) {
+        float value[kUsesInFlight];  // loaded together, before any atomic of the group
+#pragma unroll
+        for (int i = 0; i < kUsesInFlight; ++i) {
+          const float* row = j0 + i < uses ? use_row[j0 + i] : nullptr;
+          value[i] = row != nullptr ? use_scale[j0 + i] * __ldg(row + d) : 0.0f;
         }
-        if (k + 1 == last || run_of[k + 1] != run_of[k]) {
-          atomicAdd(&summed[run_of[k] * dim + d], total);
-          total = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kUsesInFlight; ++i) {
+          const int j = j0 + i;
+          if (j >= uses) break;
+          total += value[i];
+          if (j + 1 == uses || use_run[j + 1] != use_run[j]) {
+            atomicAdd(&summed[use_run[j] * dim + d], total);
+            total = 0.0f;
+          }
         }
       }
     }
+    __syncthreads();
   }
 }
 
