@@ -294,6 +294,10 @@ bool GroupFits(const std::string& rule, int64_t hyper_count,
   return known.ok() && fits;
 }
 
+bool IsPlainSgd(const std::string& rule, const SparseApplyTable& shape) {
+  return rule == "sgd" && shape.state_dim == 0;
+}
+
 // Plain SGD without state: per table, no sort (each use's step is linear in its gradient).
 cudaError_t PlainSgd(const SparseApplyMember& member, const float* hyper_device,
                      LookupCheck* check, cudaStream_t stream) {
@@ -318,6 +322,11 @@ cudaError_t PlainSgd(const SparseApplyMember& member, const float* hyper_device,
 
 }  // namespace
 
+bool SparseApplyGroupReadsDeviceMembers(const std::string& rule, const SparseApplyTable& shape,
+                                        bool checked) {
+  return checked || !IsPlainSgd(rule, shape);
+}
+
 cudaError_t SparseApplyGroupGpuAsync(const std::string& rule, const float* hyper_device,
                                      int64_t hyper_count, bool nesterov,
                                      const std::vector<SparseApplyMember>& members,
@@ -337,7 +346,7 @@ cudaError_t SparseApplyGroupGpuAsync(const std::string& rule, const float* hyper
   const int row_bits = SgdTileEndBit(max_rows);
   const int end_bit = row_bits + SgdTileEndBit(int64_t{count} + 1);
   if (end_bit > 63) return cudaErrorInvalidValue;
-  if (rule == "sgd" && shape.state_dim == 0) {
+  if (IsPlainSgd(rule, shape)) {
     if (check != nullptr) {
       GroupKeys<<<GridBlocks(n, 256), 256, 0, stream>>>(members_device, count, n, row_bits,
                                                           nullptr, nullptr, check);

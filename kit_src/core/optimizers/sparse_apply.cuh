@@ -73,6 +73,11 @@ struct SparseApplyMember {
 // the rule does not fit, members of different widths or layouts) return
 // cudaErrorInvalidValue before anything is enqueued; values needing more state than the
 // tables hold (an SGD or RMSprop momentum without its slot) write nothing.
+// Whether SparseApplyGroupGpuAsync reads `members_device` (a null pointer does otherwise):
+// plain SGD without state updates each table from the host's copy unless ids are checked.
+bool SparseApplyGroupReadsDeviceMembers(const std::string& rule, const SparseApplyTable& shape,
+                                        bool checked);
+
 cudaError_t SparseApplyGroupGpuAsync(const std::string& rule, const float* hyper_device,
                                      int64_t hyper_count, bool nesterov,
                                      const std::vector<SparseApplyMember>& members,

@@ -41,7 +41,10 @@ void StaticApply<GpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticAp
   }
   auto memory = std::make_shared<GpuCallMemory>();
   SparseApplyMember* members_device = nullptr;
-  tf::Status status = memory->Upload(ctx, members, &members_device);
+  tf::Status status;
+  if (SparseApplyGroupReadsDeviceMembers(args.rule, members[0].table, args.validate)) {
+    status = memory->Upload(ctx, members, &members_device);
+  }
   GpuCheck check;
   if (status.ok() && args.validate) status = check.Init(ctx, memory.get());
   if (!status.ok()) return finish(status);
