@@ -33,7 +33,6 @@ from sparse_operation_kit.dynamic_variable import DynamicVariable
 from sparse_operation_kit.variables import DISTRIBUTED, Variable
 
 COMBINERS = ("sum", "mean", "sqrtn")
-_ID_DTYPES = (tf.int32, tf.int64)
 _ID_CHECK_MODES = ("strict", "deferred")
 _id_check = {"mode": "strict"}
 
@@ -119,7 +118,7 @@ def _flatten_ids(sp_ids, index):
 
 
 def _check_id_dtype(dtype, index):
-    if dtype not in _ID_DTYPES:
+    if dtype not in staging.ID_DTYPES:
         raise TypeError(f"sp_ids[{index}] has dtype {dtype.name}; ids must be int32 or int64")
 
 
@@ -689,7 +688,7 @@ def all2all_dense_embedding(param, indices):
             _check_table(table, i)
             flat = (ids.flat_values if isinstance(ids, tf.RaggedTensor)
                     else tf.convert_to_tensor(ids))
-            if flat.dtype not in _ID_DTYPES:
+            if flat.dtype not in staging.ID_DTYPES:
                 raise TypeError(f"indices[{i}] have dtype {flat.dtype.name}; ids must be int32 "
                                 "or int64")
             flat = tf.reshape(flat, [-1])

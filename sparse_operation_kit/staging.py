@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from sparse_operation_kit._ops import raw_ops
 
-_ID_DTYPES = (tf.int32, tf.int64)
+ID_DTYPES = (tf.int32, tf.int64)  # of ids, wherever a lookup takes them
 
 
 class StagedFeatures(tf.experimental.ExtensionType):
@@ -33,7 +33,7 @@ class StagedFeatures(tf.experimental.ExtensionType):
     id_dtype: tf.DType
 
     def __validate__(self):
-        if self.id_dtype not in _ID_DTYPES:
+        if self.id_dtype not in ID_DTYPES:
             raise TypeError(f"staged ids must be int32 or int64, got {self.id_dtype.name}")
 
 
@@ -60,7 +60,7 @@ def stage_features(packed_ids, num_features):
     if packed_ids.ragged_rank != 1 or packed_ids.shape.rank != 2:
         raise ValueError("a packed batch must be a 2-D RaggedTensor [features * batch, None], "
                          f"got shape {packed_ids.shape}")
-    if packed_ids.dtype not in _ID_DTYPES:
+    if packed_ids.dtype not in ID_DTYPES:
         raise TypeError(f"packed ids have dtype {packed_ids.dtype.name}; ids must be int32 or "
                         "int64")
     if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:

@@ -39,16 +39,25 @@ struct GpuPartitionLookup {
   int64_t rows = 0;           // global rows of the table
 };
 
+// The last of `count` items, in increasing order of start(item), whose start is at or before
+// i: the one holding item i of all items' elements laid end to end (an empty item starts where
+// the next one does, so it is never the answer).
+template <typename Item, typename Start>
+__device__ __forceinline__ int32_t FindByStart(const Item* items, int32_t count, int64_t i,
+                                               Start start) {
+  int32_t lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi + 1) / 2;
+    if (start(items[mid]) <= i) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 // The lookup among `count` descriptors (sorted by their `first` field) whose ids hold item i
 // of all lookups' ids laid end to end.
 template <typename Lookup>
 __device__ __forceinline__ int32_t FindLookup(const Lookup* lookups, int32_t count, int64_t i) {
-  int32_t lo = 0, hi = count - 1;
-  while (lo < hi) {
-    const int32_t mid = (lo + hi + 1) / 2;
-    if (lookups[mid].first <= i) lo = mid; else hi = mid - 1;
-  }
-  return lo;
+  return FindByStart(lookups, count, i, [](const Lookup& lookup) { return lookup.first; });
 }
 
 // Phase 1 of the partition: every id (all lookups laid end to end, `total` of them) becomes a

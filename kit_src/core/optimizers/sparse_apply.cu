@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "kit_src/core/cuda_scratch.cuh"
+#include "kit_src/core/embedding/lookup_gpu.cuh"
 #include "kit_src/core/optimizers/sorted_tile_sgd.cuh"
 #include "kit_src/core/optimizers/rule_by_name.h"
 #include "kit_src/core/optimizers/update_rules.h"
@@ -23,15 +24,10 @@ __device__ __forceinline__ bool Failed(const LookupCheck* check) {
   return check != nullptr && *static_cast<const volatile unsigned long long*>(&check->first_bad) != kNoError;
 }
 
-// The member use g belongs to: the last whose uses start at or before g (an empty member
-// starts where the next one does, so it is never the answer).
+// The member use g belongs to.
 __device__ __forceinline__ int MemberOf(const SparseApplyMember* members, int count, int64_t g) {
-  int low = 0, high = count - 1;
-  while (low < high) {
-    const int middle = (low + high + 1) / 2;
-    if (members[middle].first_use <= g) low = middle; else high = middle - 1;
-  }
-  return low;
+  return FindByStart(members, count, g,
+                     [](const SparseApplyMember& member) { return member.first_use; });
 }
 
 // Each use's sort key, (member << row_bits) | row, and its position (null keys: the check

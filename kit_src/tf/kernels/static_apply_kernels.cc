@@ -54,11 +54,25 @@ void StaticApply<CpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticAp
   const int64_t dim = args.dim;
   finish(ToTfStatus(VisitRule(args.rule, args.hyper, args.hyper_count, args.nesterov,
                               [&](const auto& rule) {
-    for (const StaticApplyTableArgs& table : args.tables) {
-      std::vector<int64_t> unique_rows;
-      std::vector<float> summed;
-      SumDuplicates(table.indices, GradientUses{table.grads, table.grad_rows, table.grad_scales},
-                    table.n, dim, &unique_rows, &summed);
+    // Each table's duplicate ids summed, the tables in parallel (as separate ops would run).
+    const int64_t count = static_cast<int64_t>(args.tables.size());
+    std::vector<std::vector<int64_t>> unique_rows_of(count);
+    std::vector<std::vector<float>> summed_of(count);
+    int64_t uses = 0;
+    for (const StaticApplyTableArgs& table : args.tables) uses += table.n;
+    CpuParallelFor(ctx)(count, std::max<int64_t>(1, uses / count) * dim,
+                        [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const StaticApplyTableArgs& table = args.tables[t];
+        SumDuplicates(table.indices,
+                      GradientUses{table.grads, table.grad_rows, table.grad_scales}, table.n,
+                      dim, &unique_rows_of[t], &summed_of[t]);
+      }
+    });
+    for (int64_t t = 0; t < count; ++t) {
+      const StaticApplyTableArgs& table = args.tables[t];
+      const std::vector<int64_t>& unique_rows = unique_rows_of[t];
+      const std::vector<float>& summed = summed_of[t];
       const int num_slots = static_cast<int>(table.slots.size());
       CpuParallelFor(ctx)(unique_rows.size(), dim * 16, [&](int64_t begin, int64_t end) {
         // The rule reads a row's state packed slot after slot: gathered here, written back.
