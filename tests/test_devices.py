@@ -565,6 +565,30 @@ def test_static_apply_refuses_tables_of_different_widths_in_one_call():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("repeat", ["table", "slot"])
+def test_static_apply_refuses_a_variable_given_twice(device, repeat):
+    """One update writes each variable once: a table or slot given twice is refused, naming
+    it, and nothing is written."""
+    with tf.device(f"{device}:0"):
+        tables = [tf.Variable(np.ones([5, 4], np.float32)) for _ in range(2)]
+        slots = [tf.Variable(np.full([5, 4], 0.5, np.float32)) for _ in range(2)]
+    if repeat == "table":
+        table_inputs, slot_inputs, name = [tables[0], tables[1], tables[0]], slots + slots[:1], "c"
+    else:
+        table_inputs, slot_inputs, name = tables, [slots[0], slots[0]], "b"
+    pattern = (f"table {name}" if repeat == "table" else f"optimizer slot 0 of table {name}")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=pattern + " is given twice"):
+        on(device, lambda: raw_ops.sok_static_apply(
+            tables=[t.handle for t in table_inputs], slots=[s.handle for s in slot_inputs],
+            indices=[tf.constant([0, 3], tf.int64)] * len(table_inputs),
+            grads=[tf.ones([2, 4])] * len(table_inputs), grad_rows=[], grad_scales=[],
+            hyper=tf.constant(RULES["adagrad"][0]), rule="adagrad",
+            table_names=["a", "b", "c"][:len(table_inputs)]))
+    for variable, value in zip(tables + slots, [1.0, 1.0, 0.5, 0.5]):
+        np.testing.assert_array_equal(variable.numpy(), np.full([5, 4], value, np.float32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rows,dim", [(40, 5), (40, 4), (3, 16), (40, 128), (5000, 132)])
 def test_plain_sgd_with_duplicate_ids_matches_numpy(device, rows, dim):
     """SGD without momentum (on a GPU: each use's step added atomically, or, for float4

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -120,6 +121,16 @@ class LockedVariables {
     return tf::Status();
   }
 
+  // The first variable that is also an earlier input, or -1: an update writes each once.
+  int FirstRepeated() const {
+    for (size_t i = 1; i < vars_.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (vars_[i].get() == vars_[j].get()) return static_cast<int>(i);
+      }
+    }
+    return -1;
+  }
+
   // The variable's tensor, copied first if a reader still holds its buffer (copy on write:
   // the reader keeps the value it read).
   template <typename Device>
@@ -182,6 +193,8 @@ class StaticApplyOp : public tf::AsyncOpKernel {
                       done);
     LockedVariables locked;
     OP_REQUIRES_OK_ASYNC(ctx, locked.Lock(ctx, resources), done);
+    const int repeated = locked.FirstRepeated();
+    OP_REQUIRES_ASYNC(ctx, repeated < 0, RepeatedVariable(repeated), done);
     StaticApplyArgs args;
     args.rule = rule_;
     args.hyper = hyper.flat<float>().data();
@@ -217,6 +230,18 @@ class StaticApplyOp : public tf::AsyncOpKernel {
   }
 
  private:
+  // The error for resource input `input` repeating an earlier one.
+  tf::Status RepeatedVariable(int input) const {
+    const bool is_table = input < num_tables_;
+    const int table = is_table ? input : (input - num_tables_) / num_slots_;
+    const std::string name =
+        table_names_[table].empty() ? std::to_string(table) : table_names_[table];
+    return tf::errors::InvalidArgument(
+        is_table ? "" : "optimizer slot " + std::to_string((input - num_tables_) % num_slots_) +
+                            " of ",
+        "table ", name, " is given twice in one update (each table and slot must appear once)");
+  }
+
   // Table t's variables made writable and its inputs checked into args.tables[t]; every
   // table has the first one's width.
   tf::Status TableArgs(tf::OpKernelContext* ctx, LockedVariables* locked, int t,
