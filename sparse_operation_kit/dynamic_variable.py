@@ -333,12 +333,74 @@ class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
 DYNAMIC_TYPES = (DynamicVariable,)
 
 
+class DynamicSlot:
+    """One optimizer state of a dynamic table, as SOK's `get_slot(table, name)` gives it: a
+    view of the [dim] floats kept next to each key's row in the table itself. Reads and writes
+    go through the table, eagerly (for inspection, dump and load scripts, not training)."""
+
+    def __init__(self, table, name, index):
+        self._table, self._slot, self._index = table, name, index
+
+    @property
+    def name(self):
+        return f"{self._table.name.split(':')[0]}/{self._slot}:0"
+
+    @property
+    def shape(self):
+        return tf.TensorShape([None, self._table.dimension])
+
+    @property
+    def dtype(self):
+        return tf.float32
+
+    def _columns(self, state):
+        dim = self._table.dimension
+        part = state[:, self._index * dim:(self._index + 1) * dim]
+        # A table that no update touched yet keeps no state: its slots read as zeros.
+        return part if part.shape[1] == dim else np.zeros([len(state), dim], np.float32)
+
+    def export(self):
+        """(keys, state rows) of every key this worker holds, as numpy arrays."""
+        keys, _, state = (t.numpy() for t in raw_ops.sok_dynamic_table_export(self._table.handle))
+        return keys, self._columns(state)
+
+    def sparse_read(self, ids):
+        """This state of `ids` ([n, dim]); a key the table does not hold reads as zeros."""
+        keys, rows = self.export()
+        ids = np.asarray(tf.reshape(ids, [-1]), np.int64)
+        order = np.argsort(keys, kind="stable")
+        at = np.minimum(np.searchsorted(keys[order], ids), max(len(keys) - 1, 0))
+        found = len(keys) > 0
+        hit = (keys[order][at] == ids) if found else np.zeros(len(ids), bool)
+        out = np.zeros([len(ids), self._table.dimension], np.float32)
+        out[hit] = rows[order][at[hit]]
+        return tf.constant(out)
+
+    def assign(self, keys, values):
+        """Writes this state of `keys` (which the table must hold); all or nothing."""
+        table_keys, table_values, state = (
+            t.numpy() for t in raw_ops.sok_dynamic_table_export(self._table.handle))
+        keys = np.asarray(tf.reshape(keys, [-1]), np.int64)
+        values = np.asarray(values, np.float32).reshape(len(keys), self._table.dimension)
+        position = {int(k): i for i, k in enumerate(table_keys)}
+        missing = [int(k) for k in keys if int(k) not in position]
+        if missing:
+            raise ValueError(f"{self.name}: the table holds no key {missing[0]}; nothing written")
+        dim = self._table.dimension
+        width = max(state.shape[1], (self._index + 1) * dim)
+        wide = np.zeros([len(table_keys), width], np.float32)
+        wide[:, :state.shape[1]] = state
+        wide[[position[int(k)] for k in keys], self._index * dim:(self._index + 1) * dim] = values
+        return raw_ops.sok_dynamic_table_import(self._table.handle, table_keys, table_values, wide)
+
+    def __repr__(self):
+        return f"<sok.DynamicSlot '{self.name}' of {self._table!r}>"
+
+
 def export(variable):
     """(keys, values) held by this worker: a dynamic table's keys, or a static table's global
     row ids with its local shard; for a dynamic table's optimizer slot (`get_slot`), the
     table's keys with that state."""
-    from sparse_operation_kit.optimizer import DynamicSlot  # noqa: PLC0415
-
     if isinstance(variable, DynamicSlot):
         keys, rows = variable.export()
         return tf.cast(keys, variable._table.key_type), tf.constant(rows)
@@ -404,8 +466,6 @@ def assign(variable, keys, values):
     row ids this worker must hold; a dynamic table's keys are written here as given, so write
     the keys this worker owns (uint64(key) % workers), the ones its lookups read. A dynamic
     table's optimizer slot takes keys its table holds."""
-    from sparse_operation_kit.optimizer import DynamicSlot  # noqa: PLC0415
-
     if isinstance(variable, (DynamicVariable, DynamicSlot)):
         return variable.assign(keys, values)
     if not isinstance(variable, Variable):
