@@ -106,13 +106,6 @@ size_t SortAndScanTempBytes(int64_t n, int end_bit, cudaStream_t stream) {
 constexpr int64_t kUsesPerChunk = 32;
 constexpr int kUsesInFlight = 8;  // gradient loads a thread issues before it sums them
 
-// Use k's gradient element d: its own row, or scales[k] * values row rows[k] (zeros outside).
-__device__ __forceinline__ float GradientAt(const SparseGradient& g, int64_t k, int64_t dim,
-                                           int64_t d) {
-  if (g.rows == nullptr) return g.values[k * dim + d];
-  const int64_t row = g.rows[k];
-  return row < 0 || row >= g.source_rows ? 0.0f : g.scales[k] * g.values[row * dim + d];
-}
 
 // Zeroes the summed rows of the runs the device counted (SumRuns adds into them).
 __global__ void ZeroRuns(const int32_t* num_runs, int64_t dim, float* summed) {
@@ -133,6 +126,14 @@ __device__ __forceinline__ const float* GradientRow(const SparseGradient& g, int
   if (row < 0 || row >= g.source_rows) return nullptr;
   *scale = g.scales[k];
   return g.values + row * dim;
+}
+
+// Use k's gradient element d (zeros where its row is outside the source).
+__device__ __forceinline__ float GradientAt(const SparseGradient& g, int64_t k, int64_t dim,
+                                           int64_t d) {
+  float scale = 1.0f;
+  const float* row = GradientRow(g, k, dim, &scale);
+  return row == nullptr ? 0.0f : scale * row[d];
 }
 
 // A chunk's uses are first resolved in parallel (member, gradient row, scale, run) into shared
@@ -267,7 +268,8 @@ bool GroupFits(const std::string& rule, int64_t hyper_count,
     const SparseApplyTable& table = member.table;
     if (table.dim != first.dim || table.state_dim != first.state_dim ||
         table.num_slots != first.num_slots || member.first_use != uses || table.rows < 0 ||
-        member.gradient.n < 0) {
+        member.gradient.n < 0 ||
+        (table.state_dim > 0 && table.state == nullptr && table.num_slots == 0)) {
       return false;
     }
     uses += member.gradient.n;
@@ -277,9 +279,6 @@ bool GroupFits(const std::string& rule, int64_t hyper_count,
       (first.num_slots > 0 && first.num_slots * first.dim != first.state_dim) ||
       uses >= (int64_t{1} << 31)) {
     return false;
-  }
-  for (const SparseApplyMember& member : members) {
-    if (first.state_dim > 0 && member.table.state == nullptr && first.num_slots == 0) return false;
   }
   // The rule must find the state it expects: a state_dim below what its type needs with any
   // values is refused before anything runs; the kernels refuse values that need more.
