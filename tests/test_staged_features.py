@@ -83,6 +83,47 @@ def test_staged_batch_of_several_megabytes(device):
         np.testing.assert_array_equal(made_splits[f], want_splits)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_staged_batches_read_back_in_turn_behind_busy_work(device):
+    """Batches of growing and shrinking size read back one after another in one function,
+    each behind a long computation on the device: each equals its own batch. (On a GPU the
+    copies run ahead on a stream of their own into two buffers used in turn; a copy that
+    overtook the widening of the batch before it in the same buffer would show here.)"""
+    rng = np.random.default_rng(15)
+    features = 3
+    batches = []
+    for batch in [500, 20_000, 300, 60_000, 60_000, 1_000, 90_000, 10, 40_000]:
+        lengths = rng.integers(0, 5, size=features * batch)
+        values = rng.integers(0, 1 << 20, size=lengths.sum())
+        batches.append((values, np.concatenate([[0], np.cumsum(lengths)])))
+    staged = [sok.stage_features(tf.RaggedTensor.from_row_splits(v, s), features)
+              for v, s in batches]
+    side = 4096 if device.startswith("GPU") else 128
+    with tf.device(device):
+        square = tf.random.normal([side, side]) / side
+
+    @tf.function
+    def read_all():
+        outputs, busy = [], square
+        for batch in staged:
+            with tf.device(device):
+                for _ in range(3):
+                    busy = tf.matmul(busy, square)
+                with tf.control_dependencies([busy]):  # enqueued behind the matmuls
+                    values, splits = raw_ops.sok_unpack_staged_features(
+                        staged=batch.staged, plan=batch.plan, num_features=features,
+                        T=tf.int64)
+                outputs.append(([v + 0 for v in values], [s + 0 for s in splits]))
+        return outputs, busy
+
+    outputs, _ = read_all()
+    for (values, splits), (made_values, made_splits) in zip(batches, outputs):
+        expected = expected_features(values, splits, features)
+        for f, (want_values, want_splits) in enumerate(expected):
+            np.testing.assert_array_equal(made_values[f].numpy(), want_values)
+            np.testing.assert_array_equal(made_splits[f].numpy(), want_splits)
+
+
 @pytest.mark.parametrize("mode", ["eager", "function"])
 def test_staged_lookup_matches_safe_embedding_lookup_sparse(mode):
     """Outputs and gradients of a staged batch equal those of the packed RaggedTensor and

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <string>
 
+#include "kit_src/core/cuda_util.h"
+
 namespace sok::comm {
 namespace {
 
@@ -66,24 +68,6 @@ Status NcclStatus(const NcclApi& api, int result, const char* what) {
   if (result == kNcclSuccess) return Status::Ok();
   return Status::Internal(std::string("NCCL error in ") + what + ": " + api.error_string(result));
 }
-
-Status CudaStatus(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return Status::Ok();
-  return Status::Internal(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(error));
-}
-
-// Makes `device` current for a scope (NCCL calls act on the current device).
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) {
-    cudaGetDevice(&previous_);
-    if (previous_ != device) cudaSetDevice(device);
-  }
-  ~ScopedDevice() { cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
 
 std::mutex registry_mutex;
 std::unique_ptr<NcclExchange> registry;

@@ -30,21 +30,11 @@
 #include <string>
 #include <vector>
 
+#include "kit_src/core/gpu_memory.h"
 #include "kit_src/core/hash_table/cpu_hash_table.h"
 #include "kit_src/core/status.h"
 
 namespace sok {
-
-// Device memory for a table's arrays and its per-call scratch. Memory handed to Free may
-// still be read by work already enqueued on the table's stream: the allocator must keep it
-// from other streams until then (TensorFlow's GPU allocator does for its compute stream;
-// cudaFreeAsync on the stream does).
-class GpuMemory {
- public:
-  virtual ~GpuMemory() = default;
-  virtual void* Allocate(size_t bytes) = 0;  // null when out of memory
-  virtual void Free(void* pointer) = 0;
-};
 
 // The keys of one call, in device memory: key i is data[i] (stride 1), or data[2 i + 1] of
 // a (table, key) pair when data[2 i] == table (stride 2; the other pairs are skipped).

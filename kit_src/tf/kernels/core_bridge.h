@@ -2,6 +2,8 @@
 // conversion of sok::Status into tensorflow::Status.
 #pragma once
 
+#include <string>
+
 #include "kit_src/core/parallel.h"
 #include "kit_src/core/status.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -20,6 +22,17 @@ inline ::tensorflow::Status ToTfStatus(const Status& status) {
     default:
       return ::tensorflow::errors::Internal(status.message());
   }
+}
+
+// The other way, for a kernel's work passed into the core as a callback.
+inline Status ToCoreStatus(const ::tensorflow::Status& status) {
+  if (status.ok()) return Status::Ok();
+  const std::string message(status.message());
+  if (::tensorflow::errors::IsInvalidArgument(status)) return Status::InvalidArgument(message);
+  if (::tensorflow::errors::IsResourceExhausted(status)) {
+    return Status::ResourceExhausted(message);
+  }
+  return Status::Internal(message);
 }
 
 inline ParallelFor CpuParallelFor(::tensorflow::OpKernelContext* ctx) {

@@ -26,21 +26,6 @@ namespace tf = ::tensorflow;
 
 namespace {
 
-// A table's memory from the GPU device's TensorFlow allocator. TensorFlow's GPU kernels run
-// on one compute stream, so memory freed while work on it is queued is safe to hand out again
-// to later work (TensorFlow relies on the same for every tensor).
-class TfGpuMemory : public GpuMemory {
- public:
-  explicit TfGpuMemory(tf::Allocator* allocator) : allocator_(allocator) {}
-  void* Allocate(size_t bytes) override {
-    return allocator_->AllocateRaw(tf::Allocator::kAllocatorAlignment, bytes);
-  }
-  void Free(void* pointer) override { allocator_->DeallocateRaw(pointer); }
-
- private:
-  tf::Allocator* allocator_;
-};
-
 // The table and the allocator it draws from, freed together (table first).
 struct GpuTableHolder {
   std::unique_ptr<TfGpuMemory> memory;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kit_src/core/embedding/lookup_gpu.cuh"
+#include "kit_src/core/gpu_memory.h"
 #include "kit_src/core/optimizers/sparse_apply.cuh"
 #include "tensorflow/core/common_runtime/device/device_event_mgr.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -71,6 +72,22 @@ class GpuCallMemory {
     return ::tensorflow::Status();
   }
   std::vector<::tensorflow::Tensor> buffers_;
+};
+
+// Memory for the core's GPU structures from the GPU device's TensorFlow allocator.
+// TensorFlow's GPU kernels run on one compute stream, so memory freed while work on it is
+// queued is safe to hand out again to later work (TensorFlow relies on the same for every
+// tensor).
+class TfGpuMemory : public GpuMemory {
+ public:
+  explicit TfGpuMemory(::tensorflow::Allocator* allocator) : allocator_(allocator) {}
+  void* Allocate(size_t bytes) override {
+    return allocator_->AllocateRaw(::tensorflow::Allocator::kAllocatorAlignment, bytes);
+  }
+  void Free(void* pointer) override { allocator_->DeallocateRaw(pointer); }
+
+ private:
+  ::tensorflow::Allocator* allocator_;
 };
 
 // Scratch of one GPU op as the DeviceAllocate the core's CUDA functions take.

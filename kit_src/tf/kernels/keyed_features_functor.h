@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "kit_src/core/embedding/keyed_features.h"
@@ -13,6 +15,9 @@
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace sok {
+
+class UploadRing;  // kit_src/core/embedding/upload_ring.cuh, in GPU builds
+
 namespace functor {
 
 template <typename Device>
@@ -45,7 +50,9 @@ struct StageFeaturesFromHost {
 
 // Sok>UnpackStagedFeatures' device work: a batch staged by Sok>StageFeatures (`staged`, host
 // memory, pinned where a GPU is present; `group` its decoded plan, `bounds` its features' value
-// offsets) widened into `layout` in the device's memory; on a GPU, one copy of the staged bytes.
+// offsets) widened into `layout` in the device's memory. On a GPU the staged bytes cross in one
+// copy on a stream of their own (`uploads`, made at the first call), so the copy overlaps the
+// work queued before the op; one functor lives as long as its OpKernel.
 template <typename Device>
 struct ExpandStagedFeatures {
   ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx,
@@ -53,6 +60,8 @@ struct ExpandStagedFeatures {
                                   const std::vector<int64_t>& bounds, int64_t batch,
                                   int64_t element_bytes, const FeatureLayout& layout,
                                   ::tensorflow::Tensor* values, ::tensorflow::Tensor* splits);
+  std::once_flag made;
+  std::shared_ptr<UploadRing> uploads;
 };
 
 // PlanCompactGroup / StageCompactGroup (keyed_features.h) of features [first, end) over either

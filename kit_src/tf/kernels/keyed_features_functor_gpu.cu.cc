@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "kit_src/core/embedding/combine.h"
 #include "kit_src/core/embedding/keyed_features_gpu.cuh"
+#include "kit_src/core/embedding/upload_ring.cuh"
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/gpu_op_util.h"
 #include "kit_src/tf/kernels/keyed_features_functor.h"
@@ -76,8 +79,31 @@ tf::Status KeyedFeatures<GpuDevice>::Copy(tf::OpKernelContext* ctx, void* dst, c
                   "feature values copy");
 }
 
-// Copies a group staged in pinned memory (`staged`) to the device and adds its features'
-// widening into `layout` (`values`, `splits`) to `targets`.
+// Where each feature of a group, its staged bytes at `device`, widens to in `layout`.
+static std::vector<CompactFeatureTarget> GroupTargets(const char* device,
+                                                      const CompactGroup& group,
+                                                      const std::vector<int64_t>& bounds,
+                                                      int64_t element, const FeatureLayout& layout,
+                                                      tf::Tensor* values, tf::Tensor* splits) {
+  std::vector<CompactFeatureTarget> targets;
+  for (size_t i = 0; i < group.features.size(); ++i) {
+    const int64_t f = group.first + static_cast<int64_t>(i);
+    const CompactFeature& feature = group.features[i];
+    CompactFeatureTarget target;
+    target.staged_values = device + feature.values_at;
+    target.staged_splits = device + feature.splits_at;
+    target.values = static_cast<char*>(values->data()) + layout.value_start[f] * element;
+    target.splits = splits->flat<int64_t>().data() + layout.split_start[f];
+    target.count = bounds[f + 1] - bounds[f];
+    target.value_coding = static_cast<int32_t>(feature.values);
+    target.split_coding = static_cast<int32_t>(feature.splits);
+    targets.push_back(target);
+  }
+  return targets;
+}
+
+// Copies a group staged in pinned memory (`staged`) to the device on TensorFlow's stream and
+// adds its features' widening into `layout` to `targets`.
 static tf::Status UploadCompactGroup(tf::OpKernelContext* ctx, GpuCallMemory* memory,
                                      const char* staged, const CompactGroup& group,
                                      const std::vector<int64_t>& bounds, int64_t element,
@@ -91,19 +117,9 @@ static tf::Status UploadCompactGroup(tf::OpKernelContext* ctx, GpuCallMemory* me
                                                 cudaMemcpyHostToDevice, GpuStream(ctx)),
                                 "packed batch upload"));
   }
-  for (size_t i = 0; i < group.features.size(); ++i) {
-    const int64_t f = group.first + static_cast<int64_t>(i);
-    const CompactFeature& feature = group.features[i];
-    CompactFeatureTarget target;
-    target.staged_values = device + feature.values_at;
-    target.staged_splits = device + feature.splits_at;
-    target.values = static_cast<char*>(values->data()) + layout.value_start[f] * element;
-    target.splits = splits->flat<int64_t>().data() + layout.split_start[f];
-    target.count = bounds[f + 1] - bounds[f];
-    target.value_coding = static_cast<int32_t>(feature.values);
-    target.split_coding = static_cast<int32_t>(feature.splits);
-    targets->push_back(target);
-  }
+  const std::vector<CompactFeatureTarget> added =
+      GroupTargets(device, group, bounds, element, layout, values, splits);
+  targets->insert(targets->end(), added.begin(), added.end());
   return tf::Status();
 }
 
@@ -154,14 +170,19 @@ static bool InPinnedMemory(const void* host) {
   return attributes.type == cudaMemoryTypeHost;
 }
 
-// The staged bytes are copied as they are where the input pipeline left them in pinned memory
+// The staged bytes cross as they are where the input pipeline left them in pinned memory
 // (Sok>StageFeatures asks for it), else through a pinned copy; the input is held until the
-// stream has read it.
+// stream has read it. The copy runs on the upload ring's stream: TensorFlow's stream waits for
+// it only where the widening starts.
 template <>
 tf::Status ExpandStagedFeatures<GpuDevice>::operator()(
     tf::OpKernelContext* ctx, const tf::Tensor& staged, const CompactGroup& group,
     const std::vector<int64_t>& bounds, int64_t batch, int64_t element_bytes,
     const FeatureLayout& layout, tf::Tensor* values, tf::Tensor* splits) {
+  std::call_once(made, [this, ctx]() {
+    uploads = std::make_shared<UploadRing>(
+        std::make_unique<TfGpuMemory>(ctx->device()->GetAllocator({})));
+  });
   auto memory = std::make_shared<GpuCallMemory>();
   const char* host = static_cast<const char*>(staged.data());
   if (group.bytes > 0 && !InPinnedMemory(host)) {
@@ -176,14 +197,16 @@ tf::Status ExpandStagedFeatures<GpuDevice>::operator()(
         reinterpret_cast<const int64_t*>(host + group.features[f].splits_at), batch,
         bounds[f + 1] - bounds[f], "feature " + std::to_string(f) + " of the staged batch")));
   }
-  std::vector<CompactFeatureTarget> targets;
-  TF_RETURN_IF_ERROR(UploadCompactGroup(ctx, memory.get(), host, group, bounds, element_bytes,
-                                        layout, values, splits, &targets));
-  TF_RETURN_IF_ERROR(ExpandTargets(ctx, targets, batch, element_bytes));
-  TF_RETURN_IF_ERROR(CudaToTf(cudaGetLastError(), ctx->op_kernel().name().c_str()));
+  const tf::Status uploaded = ToTfStatus(uploads->Upload(
+      host, group.bytes, GpuStream(ctx), [&](const char* device) {
+        const std::vector<CompactFeatureTarget> targets =
+            GroupTargets(device, group, bounds, element_bytes, layout, values, splits);
+        return ToCoreStatus(ExpandTargets(ctx, targets, batch, element_bytes));
+      }));
   const tf::Tensor held = staged;
-  AfterStream(ctx, std::move(memory), [held]() {});
-  return tf::Status();
+  AfterStream(ctx, std::move(memory), [held]() {});  // even when the widening failed part way
+  TF_RETURN_IF_ERROR(uploaded);
+  return CudaToTf(cudaGetLastError(), ctx->op_kernel().name().c_str());
 }
 
 }  // namespace functor

@@ -331,15 +331,15 @@ class UnpackStagedFeaturesOp : public tf::OpKernel {
         AlignedFeatureLayout(bounds, batch, element, tf::Allocator::kAllocatorAlignment);
     tf::Tensor values, splits;
     OP_REQUIRES_OK(ctx, AllocateFeatureBuffers(ctx, dtype_, layout, &values, &splits));
-    OP_REQUIRES_OK(ctx, functor::ExpandStagedFeatures<Device>()(ctx, staged, group, bounds, batch,
-                                                                element, layout, &values,
-                                                                &splits));
+    OP_REQUIRES_OK(ctx, expand_(ctx, staged, group, bounds, batch, element, layout, &values,
+                                &splits));
     SetFeatureOutputs(ctx, values, splits, layout, bounds, batch);
   }
 
  private:
   int64_t num_features_ = 1;
   tf::DataType dtype_ = tf::DT_INT64;
+  functor::ExpandStagedFeatures<Device> expand_;  // keeps its device buffers between steps
 };
 
 REGISTER_KERNEL_BUILDER(Name("Sok>StageFeatures").Device(tf::DEVICE_CPU), StageFeaturesOp);
