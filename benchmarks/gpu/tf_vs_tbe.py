@@ -71,10 +71,10 @@ def as_packed(batch):
         tf.constant(np.concatenate([lengths for _, lengths in batch]), tf.int64))
 
 
-def packed_dataset_of(spec, batches, staged=False):
+def packed_dataset_of(spec, batches, staged=False, parallel=tf.data.AUTOTUNE, prefetch=2):
     """The batches as packed RaggedTensors in a cached, repeated, prefetched dataset; with
     `staged`, each batch staged by sok.stage_features after the cache (every step's batch is
-    staged anew)."""
+    staged anew, `parallel` at a time)."""
     with tf.device("CPU:0"):
         rows = tf.RaggedTensor.from_row_lengths(
             tf.constant(np.concatenate([i for b in batches for i, _ in b]), tf.int64),
@@ -85,8 +85,8 @@ def packed_dataset_of(spec, batches, staged=False):
         if staged:
             features = len(spec["vocabs"])
             dataset = dataset.map(lambda ids: sok.stage_features(ids, features),
-                                  num_parallel_calls=tf.data.AUTOTUNE)
-        return dataset.prefetch(2)
+                                  num_parallel_calls=parallel)
+        return dataset.prefetch(prefetch)
 
 
 def dataset_of(spec, batches):

@@ -1,0 +1,66 @@
+"""Where the packed form's staged feed spends a step: the pipeline alone, the pipeline and the
+batch's crossing to the GPU, and the whole forward, in tf_vs_tbe.py's loop form (LOOP steps
+a call) and one step a call, for several settings of the staged map.
+
+    python benchmarks/diagnosis/staged_feed_parts.py IDS_DIR [WORKLOAD ...]   (T1 T2 default)
+IDS_DIR as tbe_on_device.sh writes it. Prints ms a step.
+"""
+import os
+import sys
+
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+from sparse_operation_kit._ops import raw_ops
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "gpu"))
+import tf_vs_tbe  # noqa: E402
+import tbe_workloads as workloads  # noqa: E402
+
+LOOP = tf_vs_tbe.LOOP
+
+
+def parts(spec, tables, dataset):
+    features = len(spec["vocabs"])
+
+    def pipeline(staged):
+        return tf.cast(tf.size(staged.staged), tf.float32)
+
+    def crossing(staged):
+        values, _ = raw_ops.sok_unpack_staged_features(staged=staged.staged, plan=staged.plan,
+                                                       num_features=features, T=tf.int64)
+        return tf.cast(values[0][0], tf.float32)
+
+    def forward(staged):
+        return tf.reduce_sum(sok.lookup_sparse(tables, staged, combiners=spec["combiner"]))
+
+    train = tf_vs_tbe.trained(forward, tables, sok.OptimizerWrapper(tf_vs_tbe.legacy("sgd")))
+    result = {}
+    for what, step in (("pipeline", pipeline), ("crossing", crossing), ("fwd", forward),
+                       ("train_sgd", train)):
+        (call, _), (loop, per_loop), _ = tf_vs_tbe.iterator_feeds(step, dataset)
+        result[f"{what}_call"] = tf_vs_tbe.timed(call, 1, 20)
+        result[f"{what}_loop"] = tf_vs_tbe.timed(loop, per_loop, 20)
+    return result
+
+
+def main():
+    tf_vs_tbe.IDS_DIR = sys.argv[1]
+    names = sys.argv[2:] or ["T1", "T2"]
+    sok.init(comm_tool="single")
+    for name in names:
+        spec = workloads.WORKLOADS[name]
+        batches = workloads.load(sys.argv[1], name)
+        with tf.device("GPU:0"):
+            tables = tf_vs_tbe.make_tables(spec, False, seed=1)
+            for parallel, prefetch in ((tf.data.AUTOTUNE, 2), (8, 4), (16, 8)):
+                dataset = tf_vs_tbe.packed_dataset_of(spec, batches, True, parallel, prefetch)
+                times = parts(spec, tables, dataset)
+                print(name, f"map parallel {parallel} prefetch {prefetch}:",
+                      " ".join(f"{k} {v:.3f}" for k, v in times.items()), flush=True)
+            del tables
+
+
+if __name__ == "__main__":
+    main()
