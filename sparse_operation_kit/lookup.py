@@ -322,11 +322,13 @@ def _pools_from_tables(lookups, dynamic):
                 for lookup in lookups))
 
 
-def _pool_from_tables(lookups, dim, stacked=False):
+def _pool_from_tables(lookups, dim, stacked=False, ids_checked=False):
     """Sok>PoolFromTables: each sample's weighted rows pooled straight from its table, with no
     dedup, sort or exchange, so nothing waits for the device; the gradients are IndexedSlices
     over the ids (Sok>SpreadPooledGrad), repeats summed by the update. With stacked, one
-    [batch, lookups, dim] output for all the lookups."""
+    [batch, lookups, dim] output for all the lookups. With ids_checked (a staged batch's ids,
+    checked on the host already), the device's own check of the ids is deferred, as in the
+    "deferred" mode: the step does not wait for it."""
     tables = [lookup.table for lookup in lookups]
     for table in {id(t): t for t in tables}.values():
         resource_variable_ops.variable_accessed(table)
@@ -339,7 +341,7 @@ def _pool_from_tables(lookups, dim, stacked=False):
         num_outputs=1 if stacked else len(lookups), stacked=stacked,
         combiners=[lookup.combiner for lookup in lookups], dim=dim, table_names=names)
     raw_ops.sok_check_gathered_ids(check, table_names=names,
-                                   deferred=_id_check["mode"] == "deferred")
+                                   deferred=ids_checked or _id_check["mode"] == "deferred")
     return outputs
 
 
@@ -570,7 +572,8 @@ def _lookup_packed(params, packed_ids, packed_weights, combiners, use_low_freque
                          f"{sorted((d, t.name) for d, t in kinds)}")
     if combiners is not None and not isinstance(combiners, (list, tuple)):
         combiners = [combiners] * num_features
-    if isinstance(packed_ids, staging.StagedFeatures):
+    staged = isinstance(packed_ids, staging.StagedFeatures)
+    if staged:
         ids = _unstage_features(packed_ids, params, packed_weights)
     else:
         ids = _unpack_features(packed_ids, num_features, params, "sp_ids")
@@ -585,7 +588,8 @@ def _lookup_packed(params, packed_ids, packed_weights, combiners, use_low_freque
     lookups = _validate(params, ids, weights, combiners)
     if _pools_from_tables(lookups, any(isinstance(p, DynamicVariable) for p in params)):
         with tf.name_scope("sok_lookup_sparse"):  # the stacked output written by the kernel
-            return _pool_from_tables(lookups, int(params[0].shape[1]), stacked=True)[0]
+            return _pool_from_tables(lookups, int(params[0].shape[1]), stacked=True,
+                                     ids_checked=staged)[0]
     outputs = lookup_sparse(params, ids, weights, combiners, use_low_frequency_filter, training,
                             compress)
     return tf.stack(outputs, axis=1)
@@ -622,7 +626,8 @@ def _unpack_features(packed, num_features, tables, what, row_splits=None):
 
 def _unstage_features(staged, tables, weights):
     """A batch staged by `sok.stage_features` as one RaggedTensor a feature, on the tables'
-    device."""
+    device; each static table's ids checked on the host (the plan carries each feature's id
+    range), so no step waits for the device to check them."""
     if staged.num_features != len(tables):
         raise ValueError(f"the staged batch holds {staged.num_features} features but "
                          f"{len(tables)} tables were given")
@@ -630,7 +635,10 @@ def _unstage_features(staged, tables, weights):
         raise ValueError("a staged batch takes no sp_weights; pass the packed RaggedTensor "
                          "to weight its ids")
     device = next((t.handle.device for t in tables if _table_on_gpu(t)), "CPU:0")
-    values, splits = staging.unstage_features(staged, device)
+    id_limits = [-1 if isinstance(t, DynamicVariable) else _placement_attrs(t)[0]
+                 for t in tables]
+    values, splits = staging.unstage_features(staged, device, id_limits,
+                                              [t.name for t in tables])
     return [tf.RaggedTensor.from_row_splits(v, r, validate=False) for v, r in zip(values, splits)]
 
 

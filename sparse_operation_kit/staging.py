@@ -77,12 +77,16 @@ def stage_features(packed_ids, num_features):
                           id_dtype=packed_ids.dtype)
 
 
-def unstage_features(staged, device):
-    """The staged batch as one (values, int64 row_splits) pair a feature, on `device`."""
+def unstage_features(staged, device, id_limits=(), table_names=()):
+    """The staged batch as one (values, int64 row_splits) pair a feature, on `device`. With
+    `id_limits` (each feature's table rows, -1: any id), every feature's ids are checked on
+    the host, from the id ranges the plan carries, an id outside failing the op with
+    InvalidArgumentError naming the table (`table_names`) and the id."""
     with tf.device(device):
         return raw_ops.sok_unpack_staged_features(staged=staged.staged, plan=staged.plan,
                                                   num_features=staged.num_features,
-                                                  T=staged.id_dtype)
+                                                  T=staged.id_dtype, id_limits=list(id_limits),
+                                                  table_names=list(table_names))
 
 
 tf.no_gradient("Sok>StageFeatures")

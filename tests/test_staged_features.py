@@ -251,13 +251,17 @@ def test_unpack_staged_features_refuses_a_bad_plan(device):
     outside its bytes; the tables' count and the bad entry are named."""
     good = sok.stage_features(tf.ragged.constant([[1, 2], [3], [], [4]], dtype=tf.int64), 2)
     staged, plan = good.staged, good.plan.numpy()
+
+    def with_entry(feature, entry, value):  # entries: count, codings, offsets, id range
+        changed = plan.copy()
+        changed[2 + 7 * feature + entry] = value
+        return changed
     cases = {
         "holds 2 features, but it is looked up in 3 tables": (plan, 3),
-        "has 11 entries, not 2 \\+ 5 per feature": (plan[:-1], 2),
-        "unknown codings 7, 1": (np.concatenate([plan[:3], [7], plan[4:]]), 2),
-        "places feature 1 .* outside its": (np.concatenate([plan[:-2], [1 << 20], plan[-1:]]),
-                                             2),
-        "places feature 0 \\(-1 values": (np.concatenate([plan[:2], [-1], plan[3:]]), 2),
+        "has 15 entries, not 2 \\+ 7 per feature": (plan[:-1], 2),
+        "unknown codings 7, 1": (with_entry(0, 1, 7), 2),
+        "places feature 1 .* outside its": (with_entry(1, 3, 1 << 20), 2),
+        "places feature 0 \\(-1 values": (with_entry(0, 0, -1), 2),
     }
     for message, (bad_plan, features) in cases.items():
         with pytest.raises(tf.errors.InvalidArgumentError, match=message):
@@ -301,3 +305,89 @@ def test_unpack_staged_features_checks_row_splits_that_cross_as_they_are(device)
                        match="feature 0 of the staged batch: row_splits must start at 0 and end "
                              "at the 301 ids"):
         _unstage_raw(forged, plan, device=device)
+
+
+@pytest.mark.parametrize("dtype", [tf.int64, tf.int32])
+def test_staged_plan_carries_each_features_id_range(dtype):
+    """The plan's id range of each feature equals NumPy's min and max of its ids (ids that
+    narrow to int32, ids that do not, int32 ids); a feature without ids gives an empty
+    range."""
+    rng = np.random.default_rng(16)
+    features, batch = 4, 5_000
+    lengths = rng.integers(0, 4, size=features * batch)
+    lengths[2 * batch:3 * batch] = 0  # feature 2 holds no ids
+    values = rng.integers(-50, 1 << 30, size=lengths.sum())
+    if dtype == tf.int64:
+        values[-1] = 1 << 40  # feature 3 crosses as int64
+    values = values.astype(dtype.as_numpy_dtype)
+    splits = np.concatenate([[0], np.cumsum(lengths)])
+    plan = sok.stage_features(tf.RaggedTensor.from_row_splits(values, splits), features).plan
+    ranges = plan.numpy()[2:].reshape(features, 7)[:, 5:]
+    for f, (ids, _) in enumerate(expected_features(values, splits, features)):
+        want = [ids.min(), ids.max()] if ids.size else [0, -1]
+        np.testing.assert_array_equal(ranges[f], want)
+
+
+def staged_training(device, init, rows_of_dynamic=None):
+    """(tables, step): an SGD step of sum(out ** 2) over a staged batch of 2 features, the
+    second table dynamic when rows_of_dynamic is given."""
+    with tf.device(device):
+        tables = [sok.Variable(init, name="staged_a"),
+                  sok.Variable(init, name="staged_b") if rows_of_dynamic is None else
+                  sok.DynamicVariable(dimension=init.shape[1], initializer="ones")]
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.1))
+
+    @tf.function
+    def step(staged):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse(tables, staged, combiners="sum") ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
+        return loss
+
+    return tables, step
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bad_id", [10, 1 << 40, -3])
+def test_staged_id_out_of_range_fails_its_step_at_once_and_updates_nothing(device, bad_id):
+    """An id outside its static table in a staged batch fails the step itself (checked on the
+    host from the plan's id ranges: no wait for the device), naming the table, the id and the
+    range, and no table changes; a dynamic table takes any key."""
+    init = np.arange(40, dtype=np.float32).reshape(10, 4)
+    tables, step = staged_training(device, init)
+    bad = sok.stage_features(tf.ragged.constant([[1], [2, 3], [4], [bad_id]], tf.int64), 2)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"id {bad_id} of table 'staged_b:0' is out of range \[0, 10\)"):
+        step(bad)
+    for table in tables:
+        np.testing.assert_array_equal(table.numpy(), init)
+    good = sok.stage_features(tf.ragged.constant([[1], [2, 3], [4], [9]], tf.int64), 2)
+    step(good)  # the next step trains
+    assert not np.array_equal(tables[1].numpy(), init)
+    tables, step = staged_training(device, init, rows_of_dynamic=10)
+    step(bad)  # a key of a dynamic table, whatever its value
+    assert int(tables[1].size[0]) == 2  # keys 4 and bad_id
+
+
+@pytest.mark.skipif("GPU:0" not in DEVICES, reason="the device's own check is the GPU's")
+def test_staged_plan_with_a_false_id_range_is_caught_by_the_device():
+    """A plan whose id range is forged to lie inside the table does not let the GPU read or
+    write outside it: the device's check finds the id, the step's update lands nowhere, and
+    the error (naming the table and the id) is raised by a later staged step."""
+    import time
+    init = np.arange(40, dtype=np.float32).reshape(10, 4)
+    tables, step = staged_training("GPU:0", init)
+    bad = sok.stage_features(tf.ragged.constant([[1], [2], [4], [12]], tf.int64), 2)
+    plan = bad.plan.numpy()
+    plan[2 + 7 * 1 + 6] = 9  # feature 1's max_id, forged
+    forged = type(bad)(staged=bad.staged, plan=tf.constant(plan), num_features=2,
+                       id_dtype=tf.int64)
+    with tf.device("GPU:0"):
+        step(forged)
+        for table in tables:
+            np.testing.assert_array_equal(table.numpy(), init)
+        time.sleep(0.5)  # the record is read once the stream has passed it
+        good = sok.stage_features(tf.ragged.constant([[1], [2], [4], [5]], tf.int64), 2)
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"id 12 of table 'staged_b:0' is out of range \[0, 10\)"):
+            step(good).numpy()

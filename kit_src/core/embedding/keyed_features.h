@@ -9,9 +9,11 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "kit_src/core/embedding/key_partition.h"
 #include "kit_src/core/parallel.h"
 #include "kit_src/core/status.h"
 
@@ -124,6 +126,9 @@ struct CompactFeature {
   ValueCoding values = ValueCoding::kRaw;
   SplitCoding splits = SplitCoding::kRebased;
   int64_t values_at = 0, splits_at = 0;  // byte offsets in the group's staged bytes
+  // The least and greatest value read as an integer (an id), min_id > max_id when there are
+  // none: where the values are ids, a lookup checks them against its table on the host.
+  int64_t min_id = 0, max_id = -1;
 };
 
 // Features [first, first + features.size()) of a batch as staged: codings and offsets.
@@ -164,6 +169,50 @@ inline std::vector<Piece> Pieces(const std::vector<int64_t>& bounds, int64_t bat
 
 inline int64_t Aligned(int64_t bytes) {
   return (bytes + kStagedAlign - 1) / kStagedAlign * kStagedAlign;
+}
+
+// The least and greatest of a values piece's values read as integers of `element_bytes`.
+struct IdRange {
+  int64_t min = std::numeric_limits<int64_t>::max();
+  int64_t max = std::numeric_limits<int64_t>::min();
+};
+
+template <typename T>
+IdRange RangeOf(const T* values, int64_t begin, int64_t end) {
+  T low = std::numeric_limits<T>::max(), high = std::numeric_limits<T>::min();
+  for (int64_t i = begin; i < end; ++i) {  // branch-free: vectorises
+    low = std::min(low, values[i]);
+    high = std::max(high, values[i]);
+  }
+  return begin < end ? IdRange{low, high} : IdRange{};
+}
+
+inline IdRange PieceIdRange(const Piece& piece, const char* values, int64_t element_bytes) {
+  if (piece.splits) return IdRange{};
+  switch (element_bytes) {
+    case 8:
+      return RangeOf(reinterpret_cast<const int64_t*>(values), piece.begin, piece.end);
+    case 4:
+      return RangeOf(reinterpret_cast<const int32_t*>(values), piece.begin, piece.end);
+    default:
+      return IdRange{};  // 16-bit values are weights, never ids
+  }
+}
+
+// Each feature's id range from its pieces' ranges.
+inline void SetIdRanges(const std::vector<Piece>& pieces, const std::vector<IdRange>& ranges,
+                        CompactGroup* group) {
+  std::vector<IdRange> features(group->features.size());
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    IdRange& range = features[pieces[p].feature - group->first];
+    range.min = std::min(range.min, ranges[p].min);
+    range.max = std::max(range.max, ranges[p].max);
+  }
+  for (size_t i = 0; i < features.size(); ++i) {
+    const bool any = features[i].min <= features[i].max;
+    group->features[i].min_id = any ? features[i].min : 0;
+    group->features[i].max_id = any ? features[i].max : -1;
+  }
 }
 
 // Whether a piece allows its feature's compact coding (branch-free loops: they vectorise).
@@ -264,9 +313,11 @@ CompactGroup PlanCompactGroup(const char* values, int64_t element_bytes, bool na
   using namespace compact_detail;
   const std::vector<Piece> pieces = Pieces(bounds, batch, element_bytes, first, end);
   std::vector<char> fits(pieces.size(), 0);
+  std::vector<IdRange> ranges(pieces.size());
   parallel_for(static_cast<int64_t>(pieces.size()), kPieceBytes, [&](int64_t begin, int64_t last) {
     for (int64_t p = begin; p < last; ++p) {
       fits[p] = PieceFitsCompact(pieces[p], values, narrowable, row_splits, batch);
+      ranges[p] = PieceIdRange(pieces[p], values, element_bytes);
     }
   });
   CompactGroup group = CompactestGroup(bounds, batch, element_bytes, narrowable, first, end);
@@ -280,6 +331,7 @@ CompactGroup PlanCompactGroup(const char* values, int64_t element_bytes, bool na
     }
   }
   LayOut(bounds, batch, element_bytes, &group);
+  SetIdRanges(pieces, ranges, &group);
   return group;
 }
 
@@ -303,16 +355,18 @@ void StageCompactGroup(const char* values, int64_t element_bytes, const Tsplits*
 
 // PlanCompactGroup and StageCompactGroup in one read of the batch, for the common case where
 // every feature of `group` (CompactestGroup's plan) takes its compact codings: each piece is
-// checked and, while still in cache, written. Returns false when a piece does not fit; the
-// staged bytes are then unusable and the caller plans and stages in two passes.
+// checked and, while still in cache, written (and its id range taken). Returns false when a
+// piece does not fit; the staged bytes are then unusable and the caller plans and stages in
+// two passes.
 template <typename Tsplits>
 bool StageIfCompactest(const char* values, int64_t element_bytes, bool narrowable,
                        const Tsplits* row_splits, const std::vector<int64_t>& bounds,
-                       int64_t batch, const CompactGroup& group, char* staged,
+                       int64_t batch, CompactGroup* group, char* staged,
                        const ParallelFor& parallel_for) {
   using namespace compact_detail;
-  const int64_t end = group.first + static_cast<int64_t>(group.features.size());
-  const std::vector<Piece> pieces = Pieces(bounds, batch, element_bytes, group.first, end);
+  const int64_t end = group->first + static_cast<int64_t>(group->features.size());
+  const std::vector<Piece> pieces = Pieces(bounds, batch, element_bytes, group->first, end);
+  std::vector<IdRange> ranges(pieces.size());
   std::atomic<bool> all_fit{true};
   parallel_for(static_cast<int64_t>(pieces.size()), kPieceBytes, [&](int64_t begin, int64_t last) {
     for (int64_t p = begin; p < last && all_fit; ++p) {
@@ -321,18 +375,21 @@ bool StageIfCompactest(const char* values, int64_t element_bytes, bool narrowabl
         all_fit = false;
         return;
       }
-      StagePiece(pieces[p], group.features[pieces[p].feature - group.first], values,
+      StagePiece(pieces[p], group->features[pieces[p].feature - group->first], values,
                  element_bytes, row_splits, bounds, batch, staged);
+      ranges[p] = PieceIdRange(pieces[p], values, element_bytes);
     }
   });
+  if (all_fit) SetIdRanges(pieces, ranges, group);
   return all_fit;
 }
 
 // A batch staged ahead of its step (Sok>StageFeatures, in the input pipeline) travels as its
 // staged bytes and this plan, one int64 vector: [batch, F, then per feature: value count,
-// value coding, split coding, values_at, splits_at] (Sok>UnpackStagedFeatures reads it back).
+// value coding, split coding, values_at, splits_at, min_id, max_id] (Sok>UnpackStagedFeatures
+// reads it back).
 constexpr int64_t kStagedPlanHeader = 2;
-constexpr int64_t kStagedPlanPerFeature = 5;
+constexpr int64_t kStagedPlanPerFeature = 7;
 
 inline std::vector<int64_t> EncodeStagedPlan(const CompactGroup& group,
                                              const std::vector<int64_t>& bounds, int64_t batch) {
@@ -342,7 +399,7 @@ inline std::vector<int64_t> EncodeStagedPlan(const CompactGroup& group,
     const int64_t f = group.first + static_cast<int64_t>(i);
     plan.insert(plan.end(), {bounds[f + 1] - bounds[f], static_cast<int64_t>(feature.values),
                              static_cast<int64_t>(feature.splits), feature.values_at,
-                             feature.splits_at});
+                             feature.splits_at, feature.min_id, feature.max_id});
   }
   return plan;
 }
@@ -358,7 +415,7 @@ inline Status DecodeStagedPlan(const int64_t* plan, int64_t plan_size, int64_t n
                                    " (stage it with sok.stage_features)");
   };
   if (plan_size < kStagedPlanHeader) {
-    return invalid("has " + std::to_string(plan_size) + " entries, not 2 + 5 per feature");
+    return invalid("has " + std::to_string(plan_size) + " entries, not 2 + 7 per feature");
   }
   if (plan[1] != num_features) {
     return Status::InvalidArgument("the staged batch holds " + std::to_string(plan[1]) +
@@ -366,7 +423,7 @@ inline Status DecodeStagedPlan(const int64_t* plan, int64_t plan_size, int64_t n
                                    std::to_string(num_features) + " tables");
   }
   if (plan_size != kStagedPlanHeader + kStagedPlanPerFeature * num_features) {
-    return invalid("has " + std::to_string(plan_size) + " entries, not 2 + 5 per feature");
+    return invalid("has " + std::to_string(plan_size) + " entries, not 2 + 7 per feature");
   }
   *batch = plan[0];
   if (*batch < 0 || *batch > staged_bytes) {
@@ -391,6 +448,8 @@ inline Status DecodeStagedPlan(const int64_t* plan, int64_t plan_size, int64_t n
     feature.splits = static_cast<SplitCoding>(entry[2]);
     feature.values_at = entry[3];
     feature.splits_at = entry[4];
+    feature.min_id = entry[5];
+    feature.max_id = entry[6];
     const int64_t value_bytes = int32_ids ? 4 : element_bytes;
     const int64_t split_bytes =
         feature.splits == SplitCoding::kLengths8 ? *batch : (*batch + 1) * 8;
@@ -407,6 +466,25 @@ inline Status DecodeStagedPlan(const int64_t* plan, int64_t plan_size, int64_t n
                      ") outside its " + std::to_string(staged_bytes) + " bytes");
     }
     bounds->push_back(bounds->back() + count);
+  }
+  return Status::Ok();
+}
+
+// A staged batch's ids against their tables' rows (`limits[f]`, -1: any id), from the id
+// ranges its plan carries: the first feature with an id outside [0, rows) fails, naming its
+// table (`names[f]`) and the id. Empty `limits`: nothing to check.
+inline Status CheckStagedIdRanges(const CompactGroup& group, const std::vector<int64_t>& bounds,
+                                  const std::vector<int64_t>& limits,
+                                  const std::vector<std::string>& names) {
+  for (size_t i = 0; i < group.features.size() && i < limits.size(); ++i) {
+    const CompactFeature& feature = group.features[i];
+    const int64_t f = group.first + static_cast<int64_t>(i);
+    if (limits[f] < 0 || bounds[f + 1] == bounds[f]) continue;
+    if (feature.min_id < 0 || feature.max_id >= limits[f]) {
+      const std::string name =
+          f < static_cast<int64_t>(names.size()) ? names[f] : "of feature " + std::to_string(f);
+      return IdOutOfRange(name, feature.min_id < 0 ? feature.min_id : feature.max_id, limits[f]);
+    }
   }
   return Status::Ok();
 }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "kit_src/core/embedding/combine.h"
 #include "kit_src/core/embedding/keyed_features.h"
@@ -120,9 +122,9 @@ static tf::Status StageWholeBatch(tf::OpKernelContext* ctx, const tf::Tensor& pa
   const bool staged_once =
       row_splits.dtype() == tf::DT_INT32
           ? StageIfCompactest(source, element, narrowable, row_splits.flat<int32_t>().data(),
-                              bounds, batch, *group, bytes, CpuParallelFor(ctx))
+                              bounds, batch, group, bytes, CpuParallelFor(ctx))
           : StageIfCompactest(source, element, narrowable, row_splits.flat<int64_t>().data(),
-                              bounds, batch, *group, bytes, CpuParallelFor(ctx));
+                              bounds, batch, group, bytes, CpuParallelFor(ctx));
   if (staged_once) return tf::Status();
   *group = PlanCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, 0, features);
   TF_RETURN_IF_ERROR(allocate());
@@ -311,6 +313,11 @@ class UnpackStagedFeaturesOp : public tf::OpKernel {
   explicit UnpackStagedFeaturesOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_features", &num_features_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("id_limits", &id_limits_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
+    OP_REQUIRES(ctx, id_limits_.empty() || static_cast<int64_t>(id_limits_.size()) == num_features_,
+                tf::errors::InvalidArgument("id_limits holds ", id_limits_.size(),
+                                            " entries for ", num_features_, " features"));
   }
 
   void Compute(tf::OpKernelContext* ctx) override {
@@ -327,6 +334,7 @@ class UnpackStagedFeaturesOp : public tf::OpKernel {
     SOK_OP_REQUIRES_OK(ctx, DecodeStagedPlan(plan.flat<int64_t>().data(), plan.NumElements(),
                                              num_features_, element, staged.NumElements(), &group,
                                              &bounds, &batch));
+    SOK_OP_REQUIRES_OK(ctx, CheckStagedIdRanges(group, bounds, id_limits_, table_names_));
     const FeatureLayout layout =
         AlignedFeatureLayout(bounds, batch, element, tf::Allocator::kAllocatorAlignment);
     tf::Tensor values, splits;
@@ -339,6 +347,8 @@ class UnpackStagedFeaturesOp : public tf::OpKernel {
  private:
   int64_t num_features_ = 1;
   tf::DataType dtype_ = tf::DT_INT64;
+  std::vector<int64_t> id_limits_;
+  std::vector<std::string> table_names_;
   functor::ExpandStagedFeatures<Device> expand_;  // keeps its device buffers between steps
 };
 

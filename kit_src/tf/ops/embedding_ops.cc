@@ -5,6 +5,7 @@
 // local batch Grappler would otherwise fold them away on that worker only, and the others
 // would wait forever in the all-to-all. CombineForward ends the forward chain, so it is an
 // ordinary op: like TensorFlow's own lookups, it is pruned when nothing uses its outputs.
+#include "kit_src/core/embedding/keyed_features.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -187,7 +188,7 @@ static Status StageFeaturesShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
   c->set_output(0, c->Vector(c->UnknownDim()));
-  c->set_output(1, c->Vector(2 + 5 * features));
+  c->set_output(1, c->Vector(kStagedPlanHeader + kStagedPlanPerFeature * features));
   return Status();
 }
 
@@ -224,10 +225,15 @@ REGISTER_OP("Sok>UnpackStagedFeatures")
     .Output("feature_row_splits: num_features * int64")
     .Attr("num_features: int >= 1")
     .Attr("T: {int32, int64}")
+    .Attr("id_limits: list(int) = []")
+    .Attr("table_names: list(string) = []")
     .SetShapeFn(UnpackStagedFeaturesShape)
     .Doc(R"doc(
 Sok>UnpackFeatures of a batch staged by Sok>StageFeatures: on a GPU, one copy of its staged
 bytes (no host work beyond reading the plan) widened there into one ragged tensor a feature.
+id_limits: empty, or per feature the rows of its table (-1: any id): each feature's id range,
+  which the plan carries, is checked on the host against [0, rows) and an id outside fails
+  the op naming table_names[f], so a GPU lookup of the ids need not wait to check them.
 )doc");
 
 REGISTER_OP("Sok>GatherSingleIds")
