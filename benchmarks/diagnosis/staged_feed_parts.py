@@ -45,6 +45,35 @@ def parts(spec, tables, dataset):
     return result
 
 
+def waits(spec, tables, dataset):
+    """The SGD step one call a step, A/B/C interleaved in one process: as the library runs it
+    (`free`); with the device's id check waited for in the forward (`check_waited`); with the
+    host waiting for each step's loss (`synced`)."""
+    import sparse_operation_kit.lookup as lookup
+    pooled = lookup._pool_from_tables
+
+    def forward(staged):
+        return tf.reduce_sum(sok.lookup_sparse(tables, staged, combiners=spec["combiner"]))
+    optimizer = sok.OptimizerWrapper(tf_vs_tbe.legacy("sgd"))
+    train = tf_vs_tbe.trained(forward, tables, optimizer)
+    (free, _), _, _ = tf_vs_tbe.iterator_feeds(train, dataset)
+    (waited, _), _, _ = tf_vs_tbe.iterator_feeds(train, dataset)
+    lookup._pool_from_tables = lambda *args, **kwargs: pooled(*args, **dict(kwargs,
+                                                                            ids_checked=False))
+    waited(0)  # traced with the device check waited for
+    lookup._pool_from_tables = pooled
+    free(0)
+    def synced(k):  # two steps a call, the first waited for
+        free(k).numpy()
+        return free(k)
+    result = {}
+    for round_ in range(2):
+        for what, call in (("free", free), ("check_waited", waited), ("synced", synced)):
+            per = 2 if what == "synced" else 1
+            result[f"{what}_{round_}"] = tf_vs_tbe.timed(call, per, 20)
+    return result
+
+
 def main():
     tf_vs_tbe.IDS_DIR = sys.argv[1]
     names = sys.argv[2:] or ["T1", "T2"]
@@ -59,6 +88,9 @@ def main():
                 times = parts(spec, tables, dataset)
                 print(name, f"map parallel {parallel} prefetch {prefetch}:",
                       " ".join(f"{k} {v:.3f}" for k, v in times.items()), flush=True)
+            times = waits(spec, tables, tf_vs_tbe.packed_dataset_of(spec, batches, True))
+            print(name, "train_sgd a call:", " ".join(f"{k} {v:.3f}" for k, v in times.items()),
+                  flush=True)
             del tables
 
 

@@ -234,6 +234,13 @@ def print_timeline(name, space, wall_ms, min_gap_us=8.0):
         launches[short] += 1 / PROFILE_STEPS
     print("GPU time a step by kernel (us, launches):",
           ", ".join(f"{k} {us:.0f} ({launches[k]:.0f})" for k, us in by_kernel.most_common(15)))
+    copies = [e for e in gpu if e[2].startswith("MemcpyH2D")]
+    kernels = [e for e in gpu if not e[2].startswith("Memcpy")]
+    alongside = sum(max(0.0, min(c_end, k_end) - max(c_start, k_start))
+                    for c_start, c_end, _ in copies for k_start, k_end, _ in kernels
+                    if k_start < c_end and k_end > c_start)
+    print(f"host-to-device copies: {sum(e - s for s, e, _ in copies) / PROFILE_STEPS:.0f} us a "
+          f"step, {alongside / PROFILE_STEPS:.0f} us of it alongside kernels")
     # The second profiled step in order: host ops and GPU activities, from its first op.
     calls = [e for e in plane_events(planes["/host:CPU"], lambda n: n == "python")
              if e[2] in ("step", "tf_step", "packed_step")]
