@@ -3,7 +3,7 @@ batch's crossing to the GPU, and the whole forward, in tf_vs_tbe.py's loop form 
 a call) and one step a call, for several settings of the staged map.
 
     python benchmarks/diagnosis/staged_feed_parts.py IDS_DIR [WORKLOAD ...]   (T1 T2 default)
-IDS_DIR as tbe_on_device.sh writes it. Prints ms a step.
+IDS_DIR as tbe_on_device.sh writes it. Prints ms a step. WAITS_ONLY=1: only the A/B of waits.
 """
 import os
 import sys
@@ -45,10 +45,20 @@ def parts(spec, tables, dataset):
     return result
 
 
+def staged_once(spec, batches):
+    """The staged dataset with its batches staged in the first epoch and cached after: the
+    pipeline does no work a step."""
+    features = len(spec["vocabs"])
+    with tf.device("CPU:0"):
+        packed = tf_vs_tbe.packed_dataset_of(spec, batches)._input_dataset  # before prefetch
+        return packed.take(len(batches)).map(
+            lambda ids: sok.stage_features(ids, features)).cache().repeat().prefetch(2)
+
+
 def waits(spec, tables, dataset):
     """The SGD step one call a step, A/B/C interleaved in one process: as the library runs it
     (`free`); with the device's id check waited for in the forward (`check_waited`); with the
-    host waiting for each step's loss (`synced`)."""
+    host waiting for each step's loss (`synced`); with each one's peak of GPU memory."""
     import sparse_operation_kit.lookup as lookup
     pooled = lookup._pool_from_tables
 
@@ -70,7 +80,12 @@ def waits(spec, tables, dataset):
     for round_ in range(2):
         for what, call in (("free", free), ("check_waited", waited), ("synced", synced)):
             per = 2 if what == "synced" else 1
+            if tf.config.list_physical_devices("GPU"):
+                tf.config.experimental.reset_memory_stats("GPU:0")
             result[f"{what}_{round_}"] = tf_vs_tbe.timed(call, per, 20)
+            if tf.config.list_physical_devices("GPU"):  # GiB held at the peak
+                peak = tf.config.experimental.get_memory_info("GPU:0")["peak"]
+                result[f"{what}_{round_}_peak_gib"] = peak / 2**30
     return result
 
 
@@ -83,7 +98,8 @@ def main():
         batches = workloads.load(sys.argv[1], name)
         with tf.device("GPU:0"):
             tables = tf_vs_tbe.make_tables(spec, False, seed=1)
-            for parallel, prefetch in ((tf.data.AUTOTUNE, 2), (8, 4), (16, 8)):
+            settings = ((tf.data.AUTOTUNE, 2), (8, 4), (16, 8))
+            for parallel, prefetch in settings[:0] if os.environ.get("WAITS_ONLY") else settings:
                 dataset = tf_vs_tbe.packed_dataset_of(spec, batches, True, parallel, prefetch)
                 times = parts(spec, tables, dataset)
                 print(name, f"map parallel {parallel} prefetch {prefetch}:",
@@ -91,6 +107,9 @@ def main():
             times = waits(spec, tables, tf_vs_tbe.packed_dataset_of(spec, batches, True))
             print(name, "train_sgd a call:", " ".join(f"{k} {v:.3f}" for k, v in times.items()),
                   flush=True)
+            times = waits(spec, tables, staged_once(spec, batches))
+            print(name, "train_sgd a call, batches staged once and cached:",
+                  " ".join(f"{k} {v:.3f}" for k, v in times.items()), flush=True)
             del tables
 
 
