@@ -160,6 +160,18 @@ def test_staged_lookup_matches_safe_embedding_lookup_sparse(mode):
         np.testing.assert_allclose(grad.numpy(), ref_grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
+def squares_step(tables, optimizer, combiner):
+    """A train step on sum(lookup ** 2) of a packed or staged batch, through OptimizerWrapper."""
+    wrapped = sok.OptimizerWrapper(optimizer)
+
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse(tables, ids, combiners=combiner) ** 2)
+        wrapped.apply_gradients(zip(tape.gradient(loss, tables), tables))
+        return loss
+    return step
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_staged_batches_from_a_pipeline_train_as_the_packed_form(optimizer):
     """Batches staged by a tf.data map and read inside the step (one step a call and a loop of
@@ -178,14 +190,7 @@ def test_staged_batches_from_a_pipeline_train_as_the_packed_form(optimizer):
         tables = [sok.Variable(i) for i in inits]
         make_optimizer = (tf.keras.optimizers.legacy.Adam if optimizer == "adam"
                           else tf.keras.optimizers.legacy.SGD)
-        wrapped = sok.OptimizerWrapper(make_optimizer(0.05))
-
-        def step(ids):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(sok.lookup_sparse(tables, ids, combiners="mean") ** 2)
-            wrapped.apply_gradients(zip(tape.gradient(loss, tables), tables))
-            return loss
-        return tables, step
+        return tables, squares_step(tables, make_optimizer(0.05), "mean")
 
     reference, by_argument = make()
     by_argument = tf.function(by_argument)
@@ -335,16 +340,7 @@ def staged_training(device, init, rows_of_dynamic=None):
         tables = [sok.Variable(init, name="staged_a"),
                   sok.Variable(init, name="staged_b") if rows_of_dynamic is None else
                   sok.DynamicVariable(dimension=init.shape[1], initializer="ones")]
-    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.1))
-
-    @tf.function
-    def step(staged):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(sok.lookup_sparse(tables, staged, combiners="sum") ** 2)
-        optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
-        return loss
-
-    return tables, step
+    return tables, tf.function(squares_step(tables, tf.keras.optimizers.legacy.SGD(0.1), "sum"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
