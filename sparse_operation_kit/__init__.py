@@ -21,7 +21,9 @@ from sparse_operation_kit import layers
 from sparse_operation_kit.layers import All2AllDenseEmbedding, DistributedEmbedding
 from sparse_operation_kit.checkpoint import dump, load
 from sparse_operation_kit.interaction import dot_interaction
-from sparse_operation_kit.lookup import all2all_dense_embedding, lookup_sparse, set_id_check
+from sparse_operation_kit.id_checks import set_id_check
+from sparse_operation_kit.lookup import all2all_dense_embedding, lookup_sparse
+from sparse_operation_kit import lookup_gradients  # registers the lookups' gradients
 from sparse_operation_kit.optimizer import SGD, OptimizerWrapper
 from sparse_operation_kit.staging import StagedFeatures, stage_features
 from sparse_operation_kit.planner import (EmbeddingCollection, EmbeddingPlanner,

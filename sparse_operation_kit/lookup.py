@@ -6,8 +6,8 @@ One step of a group of tables sharing a dimension reads top to bottom (see _fuse
   compute              Sok>GatherShardRows: the owner reads rows from its local shards
   output distribution  alltoall of the rows back to the workers that asked
                        Sok>CombineForward: pool each sample's rows with its combiner
-Backward is autodiff of the same chain: CombineBackward, alltoall back to the owners,
-SplitGradientByTable into one IndexedSlices per table.
+Backward is autodiff of the same chain (lookup_gradients.py): CombineBackward, alltoall back to
+the owners, SplitGradientByTable into one IndexedSlices per table.
 With one worker the exchanges are skipped; the keys then arrive grouped by table, so the
 gradient of each table is a block of the rows' gradient, handed out without a copy. On one
 worker with static tables, unweighted ids and exactly one id per sample known at trace time
@@ -20,41 +20,18 @@ Static tables deduplicate through a bitmap, so each table's keys are sorted and 
 reads the shard in increasing row order; pooling then reads the compact gathered rows.
 """
 import collections
-import weakref
 
 import tensorflow as tf
 from tensorflow.python.eager import record
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import resource_variable_ops
 
-from sparse_operation_kit import communication, staging
+from sparse_operation_kit import communication, id_checks, staging
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 from sparse_operation_kit.variables import DISTRIBUTED, Variable
 
 COMBINERS = ("sum", "mean", "sqrtn")
-_ID_CHECK_MODES = ("strict", "deferred")
-_id_check = {"mode": "strict"}
-
-
-def set_id_check(mode):
-    """How a one-id lookup on a GPU reports an id out of its table's range (the one-id path:
-    one worker, ids whose type states one id a sample, as `RaggedTensor.from_tensor` of
-    [batch, 1] ids; the CPU always fails at once, and other paths stay strict).
-
-    "strict" (the default): the lookup's step fails with InvalidArgumentError naming the table,
-    the id and the range, and nothing is updated; the step waits once for the GPU to reach
-    the check (about 0.15 ms a step at T3's shape on an H100).
-    "deferred": the step does not wait. Its update lands nowhere (its gradient ids become -1 on
-    the GPU) and the same InvalidArgumentError is raised by a later one-id lookup on the GPU
-    in the process, once the GPU has passed the check: normally the next step or the next
-    iteration of a tf.function's loop. From when the error is found until it is raised, no
-    one-id step on the GPU updates anything (the step that raises it may still apply its own
-    update, whose ids were in range). Takes effect for functions traced afterwards.
-    """
-    if mode not in _ID_CHECK_MODES:
-        raise ValueError(f"unknown id check mode {mode!r}; valid modes are {_ID_CHECK_MODES}")
-    _id_check["mode"] = mode
 _WEIGHT_DTYPES = (tf.float32, tf.float16, tf.bfloat16, tf.float64)
 _TABLE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)  # of static tables
 
@@ -310,7 +287,7 @@ def _single_id_group(lookups, dim):
     # Reports an out-of-range id (stateful: it runs in a tf.function even though nothing reads
     # it); on the GPU the gather itself does not wait for that verdict.
     raw_ops.sok_check_gathered_ids(check, table_names=names,
-                                   deferred=_id_check["mode"] == "deferred")
+                                   deferred=id_checks.mode() == "deferred")
     return outputs
 
 
@@ -341,7 +318,7 @@ def _pool_from_tables(lookups, dim, stacked=False, ids_checked=False):
         num_outputs=1 if stacked else len(lookups), stacked=stacked,
         combiners=[lookup.combiner for lookup in lookups], dim=dim, table_names=names)
     raw_ops.sok_check_gathered_ids(check, table_names=names,
-                                   deferred=ids_checked or _id_check["mode"] == "deferred")
+                                   deferred=ids_checked or id_checks.mode() == "deferred")
     return outputs
 
 
@@ -455,7 +432,7 @@ def _either_id_path_group(lookups, dim):
 
             with tf.control_dependencies([checked]):  # no update from ids out of range
                 indices, values = tf.cond(one_id, grads_of_single_ids, grads_of_fused_chain)
-            return [tf.IndexedSlices(v, _checked(i), dense_shape=tf.raw_ops.VariableShape(
+            return [tf.IndexedSlices(v, id_checks.checked(i), dense_shape=tf.raw_ops.VariableShape(
                         input=handle, out_type=tf.int64))
                     for i, v, handle in zip(indices, values, handles)]
 
@@ -730,23 +707,6 @@ def _shaped_like(ids, rows, dim):
     return tf.reshape(rows, tf.concat([tf.shape(ids), [dim]], 0))
 
 
-# Index tensors of static tables' gradients built here from ids already checked against the
-# tables' rows (by Sok>PartitionKeys or Sok>CheckGatheredIds, which the gradients wait for):
-# the optimizer need not check them again, which on the GPU would wait for the stream.
-# Keyed by id(), the tensor held weakly.
-_CHECKED_INDICES = weakref.WeakValueDictionary()
-
-
-def _checked(indices):
-    _CHECKED_INDICES[id(indices)] = indices
-    return indices
-
-
-def indices_are_checked(indices):
-    """Whether `indices` are a sok table gradient's, built from ids checked in its lookup."""
-    return _CHECKED_INDICES.get(id(indices)) is indices
-
-
 def _table_counts_of(keys):
     """Sok>PartitionKeys' count of each table's keys where `keys` are its own send_keys (one
     worker; Sok>SplitGradientByTable then need not count them on the GPU, nor wait for that),
@@ -755,170 +715,3 @@ def _table_counts_of(keys):
             keys.value_index == 0):
         return keys.op.outputs[3]
     return tf.zeros([0], tf.int32)
-
-
-def _table_gradients(op, indices, values):
-    """One IndexedSlices per table handle among op's first inputs."""
-    return [
-        tf.IndexedSlices(values[t], _checked(indices[t]),
-                         dense_shape=tf.raw_ops.VariableShape(input=op.inputs[t],
-                                                              out_type=tf.int64))
-        for t in range(len(indices))
-    ]
-
-
-def _dense_output_grads(op, output_grads):
-    return [tf.zeros_like(op.outputs[i]) if g is None else tf.convert_to_tensor(g)
-            for i, g in enumerate(output_grads)]
-
-
-def _guards_ids_on_device(op):
-    """Whether op's gradients guard their ids on the device instead of waiting for the id
-    check: on a GPU, where that wait would leave the GPU idle every step."""
-    return "GPU" in _placed_device(op.inputs[0]).upper()
-
-
-def _placed_device(tensor):
-    """The device of `tensor`, a table's handle; inside a tf.function the handle is a
-    capture without a device of its own, so the captured outer handle's is taken."""
-    while not tensor.device:
-        captures = getattr(tensor.graph, "captures", ())
-        outer = next((external for external, internal in captures if internal is tensor), None)
-        if outer is None:
-            return ""
-        tensor = outer
-    return tensor.device
-
-
-def _id_gradients(op, n, ids, grads, check):
-    """IndexedSlices over each lookup's ids for tables op.inputs[:n], given the forward's id
-    check record. No update may use a step whose ids were out of range."""
-    if _guards_ids_on_device(op) or _id_check["mode"] == "deferred":
-        # The forward's Sok>CheckGatheredIds reports the error; here, on the device, every
-        # gradient id of such a step becomes -1 (Sok>GuardIds, one op for all lookups), a
-        # row that every sparse update skips (Sok>StaticApply, TF's GPU scatters) or refuses
-        # before writing.
-        ids = [_checked(i) for i in raw_ops.sok_guard_ids(ids=ids, check=check)]
-    else:  # the gradients wait for the check
-        verdict = raw_ops.sok_check_gathered_ids(check, table_names=op.get_attr("table_names"))
-        with tf.control_dependencies([] if verdict is None else [verdict]):
-            grads = [tf.identity(g) for g in grads]
-            ids = [_checked(tf.identity(i)) for i in ids]
-    return [
-        tf.IndexedSlices(grads[l], ids[l],
-                         dense_shape=tf.raw_ops.VariableShape(input=op.inputs[l],
-                                                              out_type=tf.int64))
-        for l in range(n)
-    ]
-
-
-@tf.RegisterGradient("Sok>GatherSingleIds")
-def _gather_single_ids_grad(op, *output_grads):
-    n = op.get_attr("N")
-    grads = _dense_output_grads(op, output_grads)[:n]
-    ids = [tf.cast(op.inputs[n + l], tf.int64) for l in range(n)]
-    return _id_gradients(op, n, ids, grads, op.outputs[n]) + [None] * (2 * n)
-
-
-@tf.RegisterGradient("Sok>PoolFromTables")
-def _pool_from_tables_grad(op, *output_grads):
-    n, num_outputs = op.get_attr("N"), op.get_attr("num_outputs")
-    ids = list(op.inputs[n:2 * n])
-    id_grads = raw_ops.sok_spread_pooled_grad(
-        output_grads=_dense_output_grads(op, output_grads)[:num_outputs], ids=ids,
-        row_splits=list(op.inputs[2 * n:3 * n]), weights=list(op.inputs[3 * n:4 * n]),
-        stacked=op.get_attr("stacked"), combiners=op.get_attr("combiners"),
-        dim=op.get_attr("dim"))
-    return _id_gradients(op, n, ids, id_grads, op.outputs[num_outputs]) + [None] * (3 * n)
-
-
-# The Sok>PooledGradShares op made for each Sok>SpreadPooledGrad op, by graph and name (names
-# only: a tensor would keep its graph, and the variables it captured, alive).
-_POOLED_SHARES = weakref.WeakKeyDictionary()
-
-
-def pooled_gradient_shares(values):
-    """For an update that reads a pooled lookup's output gradient in place: when `values` are
-    one lookup's rows of Sok>SpreadPooledGrad (the gradient as lookup_sparse's pooling straight
-    from the tables left it, in a graph), (the output gradient as a [rows, dim] matrix, each
-    id's row of it, each id's scale) from Sok>PooledGradShares, one op for all the lookups;
-    else None. Once no update reads them, the per-id rows are never computed."""
-    if isinstance(values, ops.EagerTensor):
-        return None
-    op, guards = values.op, []
-    if op.type == "Identity" and op.inputs[0].op.type == "Sok>SpreadPooledGrad":
-        values, guards = op.inputs[0], op.control_inputs  # the host's id-check verdict
-        op = values.op
-    if op.type != "Sok>SpreadPooledGrad":
-        return None
-    n, num_outputs, dim = op.get_attr("N"), op.get_attr("num_outputs"), op.get_attr("dim")
-    names = _POOLED_SHARES.setdefault(op.graph, {})
-    if op.name not in names:
-        with tf.device(op.device), tf.name_scope("sok_pooled_grad_shares"):
-            shares = raw_ops.sok_pooled_grad_shares(
-                ids=list(op.inputs[num_outputs:num_outputs + n]),
-                row_splits=list(op.inputs[num_outputs + n:num_outputs + 2 * n]),
-                weights=list(op.inputs[num_outputs + 2 * n:num_outputs + 3 * n]),
-                num_outputs=num_outputs, stacked=op.get_attr("stacked"),
-                combiners=op.get_attr("combiners"), dim=dim)
-        names[op.name] = shares[0][0].op.name
-    outputs = op.graph.get_operation_by_name(names[op.name]).outputs
-    rows, scales = outputs[:n], outputs[n:]
-    l = values.value_index
-    source = op.inputs[0 if op.get_attr("stacked") else l]
-    with tf.control_dependencies(guards):  # read after the verdict, as the rows were
-        return tf.reshape(source, [-1, dim]), tf.identity(rows[l]), scales[l]
-
-
-@tf.RegisterGradient("Sok>GatherShardRows")
-def _gather_shard_rows_grad(op, grad):
-    """The rows' gradients by table, in the tables' dtype (16-bit tables: split as float32,
-    each row rounded once)."""
-    num_tables, dtype = op.get_attr("num_tables"), op.get_attr("dtype")
-    keys = op.inputs[num_tables]
-    indices, values = raw_ops.sok_split_gradient_by_table(
-        keys=keys, grad=tf.cast(grad, tf.float32), table_counts=_table_counts_of(keys),
-        num_tables=num_tables)
-    values = [tf.cast(v, dtype) for v in values]
-    return _table_gradients(op, indices, values) + [None]
-
-
-@tf.RegisterGradient("Sok>DynamicTableLookup")
-def _dynamic_table_lookup_grad(op, grad):
-    return [tf.IndexedSlices(tf.convert_to_tensor(grad), op.inputs[1]), None]
-
-
-@tf.RegisterGradient("Sok>DynamicGatherRows")
-def _dynamic_gather_rows_grad(op, grad):
-    num_tables = op.get_attr("num_tables")
-    indices, values = raw_ops.sok_split_dynamic_gradient(
-        keys=op.inputs[num_tables], grad=tf.convert_to_tensor(grad), num_tables=num_tables)
-    return [tf.IndexedSlices(v, i) for i, v in zip(indices, values)] + [None]
-
-
-@tf.RegisterGradient("Sok>CombineFromShards")
-def _combine_from_shards_grad(op, *output_grads):
-    num_tables, n = op.get_attr("num_tables"), op.get_attr("N")
-    keys, position = op.inputs[num_tables], op.inputs[num_tables + 1]
-    row_splits = list(op.inputs[num_tables + 2:num_tables + 2 + n])
-    weights = list(op.inputs[num_tables + 2 + n:num_tables + 2 + 2 * n])
-    rows_grad = raw_ops.sok_combine_backward(
-        output_grads=_dense_output_grads(op, output_grads), position=position,
-        row_splits=row_splits, weights=weights, num_rows=tf.size(keys, out_type=tf.int64),
-        combiners=op.get_attr("combiners"), validate=op.get_attr("validate"))
-    indices, values = raw_ops.sok_split_gradient_by_table(
-        keys=keys, grad=rows_grad, table_counts=_table_counts_of(keys), num_tables=num_tables)
-    return _table_gradients(op, indices, values) + [None] * (2 + 2 * n)
-
-
-@tf.RegisterGradient("Sok>CombineForward")
-def _combine_forward_grad(op, *output_grads):
-    n = op.get_attr("N")
-    rows, position = op.inputs[0], op.inputs[1]
-    row_splits = list(op.inputs[2:2 + n])
-    weights = list(op.inputs[2 + n:2 + 2 * n])
-    rows_grad = raw_ops.sok_combine_backward(
-        output_grads=_dense_output_grads(op, output_grads), position=position, row_splits=row_splits, weights=weights,
-        num_rows=tf.shape(rows, out_type=tf.int64)[0], combiners=op.get_attr("combiners"),
-        validate=op.get_attr("validate"))
-    return [rows_grad, None] + [None] * (2 * n)

@@ -764,8 +764,8 @@ def test_one_id_gradients_guarded_on_the_device(device, monkeypatch):
     id check (one Sok>CheckGatheredIds, the forward's); a good step trains as Keras' SGD on a
     tf.Variable, and a step with an id out of range fails and writes nothing (its gradient
     ids became -1 on the device)."""
-    from sparse_operation_kit import lookup
-    monkeypatch.setattr(lookup, "_guards_ids_on_device", lambda op: True)
+    from sparse_operation_kit import lookup_gradients
+    monkeypatch.setattr(lookup_gradients, "_guards_ids_on_device", lambda op: True)
     init = np.arange(40, dtype=np.float32).reshape(10, 4)
     with tf.device(f"{device}:0"):
         table, reference = sok.Variable(init, name="items"), tf.Variable(init)
