@@ -199,6 +199,22 @@ inline IdRange PieceIdRange(const Piece& piece, const char* values, int64_t elem
   }
 }
 
+// A values piece of int64 ids in one pass: written as int32 into `out` (its first id's place)
+// and its id range taken; false when an id does not fit int32 (`out` is then unusable).
+inline bool NarrowPiece(const Piece& piece, const int64_t* ids, int32_t* out, IdRange* range) {
+  int64_t low = std::numeric_limits<int64_t>::max(), high = std::numeric_limits<int64_t>::min();
+  bool fits = true;
+  for (int64_t i = piece.begin; i < piece.end; ++i) {  // branch-free: vectorises
+    const int64_t id = ids[i];
+    fits &= id == static_cast<int32_t>(id);
+    out[i - piece.begin] = static_cast<int32_t>(id);
+    low = std::min(low, id);
+    high = std::max(high, id);
+  }
+  *range = piece.begin < piece.end ? IdRange{low, high} : IdRange{};
+  return fits;
+}
+
 // Each feature's id range from its pieces' ranges.
 inline void SetIdRanges(const std::vector<Piece>& pieces, const std::vector<IdRange>& ranges,
                         CompactGroup* group) {
@@ -370,7 +386,18 @@ bool StageIfCompactest(const char* values, int64_t element_bytes, bool narrowabl
   std::atomic<bool> all_fit{true};
   parallel_for(static_cast<int64_t>(pieces.size()), kPieceBytes, [&](int64_t begin, int64_t last) {
     for (int64_t p = begin; p < last && all_fit; ++p) {
-      const bool raw_values = !pieces[p].splits && !narrowable;  // planned raw: nothing to fit
+      const Piece& piece = pieces[p];
+      if (!piece.splits && narrowable) {  // checked, written and ranged in one pass
+        const CompactFeature& feature = group->features[piece.feature - group->first];
+        int32_t* out = reinterpret_cast<int32_t*>(staged + feature.values_at) +
+                       (piece.begin - bounds[piece.feature]);
+        if (!NarrowPiece(piece, reinterpret_cast<const int64_t*>(values), out, &ranges[p])) {
+          all_fit = false;
+          return;
+        }
+        continue;
+      }
+      const bool raw_values = !piece.splits && !narrowable;  // planned raw: nothing to fit
       if (!raw_values && !PieceFitsCompact(pieces[p], values, narrowable, row_splits, batch)) {
         all_fit = false;
         return;
