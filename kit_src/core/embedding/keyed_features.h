@@ -320,11 +320,12 @@ inline CompactGroup CompactestGroup(const std::vector<int64_t>& bounds, int64_t 
 }
 
 // The codings features [first, end) allow and where each lands in the staged bytes; the batch
-// is read in shards run by `parallel_for`. `narrowable`: the values are int64 ids.
+// is read in shards run by `parallel_for`. `narrowable`: the values are int64 ids. With
+// `id_ranges` (the values are ids bound for a plan), each feature's id range is taken too.
 template <typename Tsplits>
 CompactGroup PlanCompactGroup(const char* values, int64_t element_bytes, bool narrowable,
                               const Tsplits* row_splits, const std::vector<int64_t>& bounds,
-                              int64_t batch, int64_t first, int64_t end,
+                              int64_t batch, int64_t first, int64_t end, bool id_ranges,
                               const ParallelFor& parallel_for) {
   using namespace compact_detail;
   const std::vector<Piece> pieces = Pieces(bounds, batch, element_bytes, first, end);
@@ -333,7 +334,7 @@ CompactGroup PlanCompactGroup(const char* values, int64_t element_bytes, bool na
   parallel_for(static_cast<int64_t>(pieces.size()), kPieceBytes, [&](int64_t begin, int64_t last) {
     for (int64_t p = begin; p < last; ++p) {
       fits[p] = PieceFitsCompact(pieces[p], values, narrowable, row_splits, batch);
-      ranges[p] = PieceIdRange(pieces[p], values, element_bytes);
+      if (id_ranges) ranges[p] = PieceIdRange(pieces[p], values, element_bytes);
     }
   });
   CompactGroup group = CompactestGroup(bounds, batch, element_bytes, narrowable, first, end);
@@ -347,7 +348,7 @@ CompactGroup PlanCompactGroup(const char* values, int64_t element_bytes, bool na
     }
   }
   LayOut(bounds, batch, element_bytes, &group);
-  SetIdRanges(pieces, ranges, &group);
+  if (id_ranges) SetIdRanges(pieces, ranges, &group);
   return group;
 }
 
@@ -499,7 +500,7 @@ inline Status DecodeStagedPlan(const int64_t* plan, int64_t plan_size, int64_t n
 
 // A staged batch's ids against their tables' rows (`limits[f]`, -1: any id), from the id
 // ranges its plan carries: the first feature with an id outside [0, rows) fails, naming its
-// table (`names[f]`) and the id. Empty `limits`: nothing to check.
+// table (`names[f]`, as many as `limits`) and the id. Empty `limits`: nothing to check.
 inline Status CheckStagedIdRanges(const CompactGroup& group, const std::vector<int64_t>& bounds,
                                   const std::vector<int64_t>& limits,
                                   const std::vector<std::string>& names) {
@@ -508,9 +509,8 @@ inline Status CheckStagedIdRanges(const CompactGroup& group, const std::vector<i
     const int64_t f = group.first + static_cast<int64_t>(i);
     if (limits[f] < 0 || bounds[f + 1] == bounds[f]) continue;
     if (feature.min_id < 0 || feature.max_id >= limits[f]) {
-      const std::string name =
-          f < static_cast<int64_t>(names.size()) ? names[f] : "of feature " + std::to_string(f);
-      return IdOutOfRange(name, feature.min_id < 0 ? feature.min_id : feature.max_id, limits[f]);
+      return IdOutOfRange(names[f], feature.min_id < 0 ? feature.min_id : feature.max_id,
+                          limits[f]);
     }
   }
   return Status::Ok();

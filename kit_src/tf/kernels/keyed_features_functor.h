@@ -65,12 +65,12 @@ struct ExpandStagedFeatures {
 };
 
 // PlanCompactGroup / StageCompactGroup (keyed_features.h) of features [first, end) over either
-// row-splits type, in the op's CPU thread pool.
+// row-splits type, in the op's CPU thread pool (`id_ranges`: for a staged batch's plan).
 CompactGroup PlanCompactGroupOnHost(::tensorflow::OpKernelContext* ctx,
                                     const ::tensorflow::Tensor& packed_values,
                                     const ::tensorflow::Tensor& row_splits,
                                     const std::vector<int64_t>& bounds, int64_t batch,
-                                    int64_t first, int64_t end);
+                                    int64_t first, int64_t end, bool id_ranges);
 void StageCompactGroupOnHost(::tensorflow::OpKernelContext* ctx,
                              const ::tensorflow::Tensor& packed_values,
                              const ::tensorflow::Tensor& row_splits,

@@ -150,7 +150,8 @@ tf::Status StageFeaturesFromHost<GpuDevice>::operator()(
   std::vector<CompactFeatureTarget> targets;
   for (size_t g = 0; g + 1 < groups.size(); ++g) {
     const CompactGroup group = PlanCompactGroupOnHost(ctx, packed_values, row_splits, bounds,
-                                                      batch, groups[g], groups[g + 1]);
+                                                      batch, groups[g], groups[g + 1],
+                                                      /*id_ranges=*/false);
     char* staged = nullptr;
     TF_RETURN_IF_ERROR(memory->Pinned(ctx, group.bytes, &staged));
     StageCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, group, staged);

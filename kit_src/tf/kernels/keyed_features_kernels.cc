@@ -55,16 +55,16 @@ tf::Status KeyedFeatures<CpuDevice>::Copy(tf::OpKernelContext*, void* dst, const
 CompactGroup PlanCompactGroupOnHost(tf::OpKernelContext* ctx, const tf::Tensor& packed_values,
                                     const tf::Tensor& row_splits,
                                     const std::vector<int64_t>& bounds, int64_t batch,
-                                    int64_t first, int64_t end) {
+                                    int64_t first, int64_t end, bool id_ranges) {
   const char* source = static_cast<const char*>(packed_values.data());
   const int64_t element = tf::DataTypeSize(packed_values.dtype());
   const bool narrowable = packed_values.dtype() == tf::DT_INT64;
   if (row_splits.dtype() == tf::DT_INT32) {
     return PlanCompactGroup(source, element, narrowable, row_splits.flat<int32_t>().data(),
-                            bounds, batch, first, end, CpuParallelFor(ctx));
+                            bounds, batch, first, end, id_ranges, CpuParallelFor(ctx));
   }
   return PlanCompactGroup(source, element, narrowable, row_splits.flat<int64_t>().data(), bounds,
-                          batch, first, end, CpuParallelFor(ctx));
+                          batch, first, end, id_ranges, CpuParallelFor(ctx));
 }
 
 void StageCompactGroupOnHost(tf::OpKernelContext* ctx, const tf::Tensor& packed_values,
@@ -126,7 +126,8 @@ static tf::Status StageWholeBatch(tf::OpKernelContext* ctx, const tf::Tensor& pa
           : StageIfCompactest(source, element, narrowable, row_splits.flat<int64_t>().data(),
                               bounds, batch, group, bytes, CpuParallelFor(ctx));
   if (staged_once) return tf::Status();
-  *group = PlanCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, 0, features);
+  *group = PlanCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, 0, features,
+                                  /*id_ranges=*/true);
   TF_RETURN_IF_ERROR(allocate());
   StageCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, *group,
                           reinterpret_cast<char*>(staged->flat<int8_t>().data()));
@@ -315,9 +316,13 @@ class UnpackStagedFeaturesOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("id_limits", &id_limits_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
-    OP_REQUIRES(ctx, id_limits_.empty() || static_cast<int64_t>(id_limits_.size()) == num_features_,
-                tf::errors::InvalidArgument("id_limits holds ", id_limits_.size(),
-                                            " entries for ", num_features_, " features"));
+    OP_REQUIRES(ctx,
+                (id_limits_.empty() ||
+                 static_cast<int64_t>(id_limits_.size()) == num_features_) &&
+                    table_names_.size() == id_limits_.size(),
+                tf::errors::InvalidArgument("id_limits and table_names hold ", id_limits_.size(),
+                                            " and ", table_names_.size(), " entries for ",
+                                            num_features_, " features"));
   }
 
   void Compute(tf::OpKernelContext* ctx) override {
