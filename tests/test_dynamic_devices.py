@@ -487,6 +487,34 @@ def test_low_frequency_filter_agrees_with_the_cpu_draw(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_pair_reads_and_gradient_split_against_each_table(device):
+    """The owner's side of a distributed lookup: (table, key) pairs read from the table each
+    names (as each table's own read), and their gradient split back by table in pair order."""
+    tables = [make(device, 4, f"pairs{t}", initializer="uniform") for t in range(3)]
+    rng = np.random.default_rng(7)
+    owners = rng.integers(0, 3, 200)
+    keys = rng.choice(EXTREME_KEYS + list(range(40)), 200)
+    pairs = np.stack([owners, keys], axis=1).astype(np.int64)
+    with tf.device(tables[0].handle.device):
+        rows = raw_ops.sok_dynamic_gather_rows(tables=[t.handle for t in tables],
+                                               keys=keys_of(pairs), dim=4).numpy()
+        grad = tf.constant(rng.normal(size=(200, 4)).astype(np.float32))
+        split = raw_ops.sok_split_dynamic_gradient(keys=keys_of(pairs), grad=grad, num_tables=3)
+        # Unchecked pairs naming no table read zeros and insert nothing.
+        stray = raw_ops.sok_dynamic_gather_rows(tables=[t.handle for t in tables],
+                                                keys=keys_of([[5, 1], [-1, 2], [1, 3]]), dim=4,
+                                                validate=False).numpy()
+    for t, table in enumerate(tables):
+        mine = owners == t
+        np.testing.assert_array_equal(rows[mine], read(table, keys[mine], insert=False))
+        np.testing.assert_array_equal(split[0][t].numpy(), keys[mine])
+        np.testing.assert_array_equal(split[1][t].numpy(), grad.numpy()[mine])
+    np.testing.assert_array_equal(stray[:2], np.zeros([2, 4], np.float32))
+    np.testing.assert_array_equal(stray[2], read(tables[1], [3], insert=False)[0])
+    assert sorted(export_sorted(tables[0])[0]) == sorted(set(keys[owners == 0]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_bad_input_is_refused_and_changes_nothing(device):
     table = make(device, 4, "bad", initializer="ones")
     read(table, range(10))
@@ -499,7 +527,7 @@ def test_bad_input_is_refused_and_changes_nothing(device):
             raw_ops.sok_dynamic_table_lookup(table.handle, tf.zeros([2, 2], tf.int64), dim=4)
         with pytest.raises(tf.errors.InvalidArgumentError, match="key pair 1 names table 3 of 1"):
             raw_ops.sok_dynamic_gather_rows(tables=[table.handle],
-                                                keys=keys_of([[0, 5], [3, 6]]), dim=4)
+                                                keys=keys_of([[0, 99], [3, 6]]), dim=4)
         with pytest.raises(tf.errors.InvalidArgumentError, match="sgd takes 2 hyper-parameters, got 3"):
             raw_ops.sok_dynamic_apply(table.handle, keys_of([1]), tf.zeros([1, 4]),
                                           tf.zeros([3]), rule="sgd", state_dim=0)

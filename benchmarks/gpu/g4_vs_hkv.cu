@@ -122,6 +122,8 @@ int main() {
     sok_options.evict = sok::EvictStrategy::kLru;
     sok::GpuHashTable table(sok_options, sok::RowInitializer{}, &memory);
     Check(table.Init(stream));
+    sok::TableContext context;
+    context.stream = stream;
     std::printf("%s \"dim%ld\": {\n", di ? "," : "", static_cast<long>(dim));
     int64_t filled = 0;
     const float loads[] = {0.5f, 0.75f, 1.0f};
@@ -132,21 +134,23 @@ int main() {
         const int64_t n = std::min(batch, target - filled);
         Sequence<<<1024, 256, 0, stream>>>(fill, n, 1 + filled);
         hkv->insert_or_assign(n, fill, values, nullptr, stream);
-        Check(table.Assign(reinterpret_cast<int64_t*>(fill), n, values, nullptr, stream));
+        Check(table.InsertOrAssign(reinterpret_cast<int64_t*>(fill), n, values, nullptr,
+                                   context));
         filled += n;
       }
       CHECK_CUDA(cudaStreamSynchronize(stream));
       MakeKeys<<<1024, 256, 0, stream>>>(keys, batch, batch * 6 / 10, filled,
                                          uint64_t{1} << 50, 7 + li);
-      const sok::GpuKeys view{reinterpret_cast<int64_t*>(keys), batch, 1, 0};
+      const sok::TableKeys view{reinterpret_cast<int64_t*>(keys), batch, 1, 0};
       const double find_hkv = MedianKeysPerSecond(
           [&] { hkv->find(batch, keys, out, found, nullptr, stream); }, batch, reps, stream);
       const double find_sok = MedianKeysPerSecond(
-          [&] { Check(table.Lookup(view, false, out, 1.0f, stream)); }, batch, reps, stream);
+          [&] { Check(table.Find(view, out, context)); }, batch, reps, stream);
       const double foi_hkv = MedianKeysPerSecond(
           [&] { hkv->find_or_insert(batch, keys, out, nullptr, stream); }, batch, reps, stream);
       const double foi_sok = MedianKeysPerSecond(
-          [&] { Check(table.Lookup(view, true, out, 1.0f, stream)); }, batch, reps, stream);
+          [&] { Check(table.FindOrInsert(view, out, 1.0f, nullptr, context)); }, batch, reps,
+          stream);
       MakeKeys<<<1024, 256, 0, stream>>>(keys, batch, batch * 6 / 10, filled,
                                          uint64_t{1} << 51, 17 + li);
       const double ioa_hkv = MedianKeysPerSecond(
@@ -154,7 +158,8 @@ int main() {
           stream);
       const double ioa_sok = MedianKeysPerSecond(
           [&] {
-            Check(table.Assign(reinterpret_cast<int64_t*>(keys), batch, values, nullptr, stream));
+            Check(table.InsertOrAssign(reinterpret_cast<int64_t*>(keys), batch, values, nullptr,
+                                       context));
           },
           batch, reps, stream);
       std::printf("%s  \"load%g\": {\"find\": {\"sok\": %.3f, \"hkv\": %.3f}, "

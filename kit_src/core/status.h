@@ -34,3 +34,10 @@ class Status {
 };
 
 }  // namespace sok
+
+// Returns the status of `expr` from the calling function unless it is ok.
+#define SOK_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    const ::sok::Status sok_status_ = (expr);  \
+    if (!sok_status_.ok()) return sok_status_; \
+  } while (0)

@@ -1,5 +1,7 @@
 #include "kit_src/core/embedding/key_partition.h"
 
+#include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "absl/container/flat_hash_map.h"
@@ -210,5 +212,27 @@ template Status PartitionKeys<int64_t>(const std::vector<LookupIds<int64_t>>&,
                                        const std::vector<TablePlacement>&,
                                        const PartitionOptions&, const ParallelFor&,
                                        PartitionResult*);
+
+int64_t GroupPairsByTable(const int64_t* pairs, int64_t n, int32_t num_tables, int64_t* counts,
+                          int32_t* order) {
+  std::fill(counts, counts + num_tables, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t table = pairs[2 * i];
+    if (table < 0 || table >= num_tables) return i;
+    ++counts[table];
+  }
+  std::vector<int64_t> next(num_tables, 0);
+  for (int32_t t = 1; t < num_tables; ++t) next[t] = next[t - 1] + counts[t - 1];
+  for (int64_t i = 0; i < n; ++i) order[next[pairs[2 * i]]++] = static_cast<int32_t>(i);
+  return -1;
+}
+
+void GatherPairRows(const int64_t* pairs, const int32_t* order, int64_t n, int64_t dim,
+                    const float* grad, int64_t* indices, float* values) {
+  for (int64_t k = 0; k < n; ++k) {
+    indices[k] = pairs[2 * order[k] + 1];
+    std::memcpy(values + k * dim, grad + order[k] * dim, dim * sizeof(float));
+  }
+}
 
 }  // namespace sok

@@ -55,4 +55,15 @@ Status PartitionKeys(const std::vector<LookupIds<Tindex>>& lookups,
                      const std::vector<TablePlacement>& tables, const PartitionOptions& options,
                      const ParallelFor& parallel_for, PartitionResult* result);
 
+// The owner's side of pair keys ([n, 2] (table, id) pairs; pair_keys_gpu.cuh has the CUDA
+// twins): counts[t] ([num_tables]) pairs name table t and order ([n]) lists the pairs table by
+// table, stably. Returns the index of the first pair naming no table, or -1 when there is none
+// (counts and order are then unspecified).
+int64_t GroupPairsByTable(const int64_t* pairs, int64_t n, int32_t num_tables, int64_t* counts,
+                          int32_t* order);
+
+// indices[k] = id of pair order[k], values row k = grad row order[k] ([n, dim]).
+void GatherPairRows(const int64_t* pairs, const int32_t* order, int64_t n, int64_t dim,
+                    const float* grad, int64_t* indices, float* values);
+
 }  // namespace sok

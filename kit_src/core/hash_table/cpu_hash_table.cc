@@ -4,9 +4,13 @@
 #include <chrono>
 #include <cstring>
 
-#include "Eigen/Core"
 #include <mutex>
 #include <string>
+
+#include "Eigen/Core"
+#include "kit_src/core/optimizers/rule_by_name.h"
+#include "kit_src/core/optimizers/sum_duplicates.h"
+#include "kit_src/core/optimizers/update_rules.h"
 
 namespace sok {
 
@@ -206,7 +210,7 @@ int64_t CpuHashTable::CountNewKeys(const int64_t* keys, const std::vector<uint8_
   return std::unique(new_keys.begin(), new_keys.end()) - new_keys.begin();
 }
 
-Status CpuHashTable::Reserve(int64_t incoming, EvictedRows* evicted,
+Status CpuHashTable::Reserve(int64_t incoming, EvictedBuffer* evicted,
                              const ParallelFor& parallel_for) {
   const int64_t overflow = size_ + incoming - options_.max_capacity;
   if (overflow > 0) {
@@ -241,9 +245,9 @@ Status CpuHashTable::Reserve(int64_t incoming, EvictedRows* evicted,
   return Status::Ok();
 }
 
-Status CpuHashTable::Lookup(const int64_t* keys, int64_t n, bool insert, float* values,
-                            const ParallelFor& parallel_for, float admit_probability,
-                            EvictedRows* evicted) {
+Status CpuHashTable::LookupRows(const int64_t* keys, int64_t n, bool insert, float* values,
+                                const ParallelFor& parallel_for, float admit_probability,
+                                EvictedBuffer* evicted) {
   const int64_t dim = options_.dim;
   const uint64_t clock = clock_.fetch_add(1) + 1;
   if (!insert) {  // reads only: missing keys read as zeros
@@ -309,8 +313,8 @@ Status CpuHashTable::Lookup(const int64_t* keys, int64_t n, bool insert, float* 
   return Status::Ok();
 }
 
-Status CpuHashTable::Assign(const int64_t* keys, int64_t n, const float* values,
-                            const float* state) {
+Status CpuHashTable::InsertOrAssign(const int64_t* keys, int64_t n, const float* values,
+                                    const float* state, const TableContext&) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
   const std::vector<uint8_t> all(n, 1);
   const int64_t incoming = size_ + n > options_.max_capacity ? CountNewKeys(keys, all) : n;
@@ -348,7 +352,7 @@ void CpuHashTable::EnsureState(int64_t state_dim, float initial_value) {
 }
 
 Status CpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values,
-                             const float* state, int64_t state_dim) {
+                             const float* state, int64_t state_dim, const TableContext&) {
   if (n > options_.max_capacity) {
     return Status::ResourceExhausted("restoring " + std::to_string(n) +
                                      " keys into a table whose max_capacity is " +
@@ -371,36 +375,118 @@ Status CpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values
   return Status::Ok();
 }
 
-int64_t CpuHashTable::Erase(const int64_t* keys, int64_t n) {
+Status CpuHashTable::Erase(const int64_t* keys, int64_t n, int64_t* erased,
+                           const TableContext&) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  int64_t erased = 0;
+  *erased = 0;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t slot = FindSlot(keys[i], Home(keys[i]));
     if (slot >= 0) {
       EraseSlot(slot);
-      ++erased;
+      ++*erased;
     }
   }
-  return erased;
+  return Status::Ok();
 }
 
-void CpuHashTable::Export(std::vector<int64_t>* keys, std::vector<float>* values,
-                          std::vector<float>* state, int64_t written_after_us) const {
+Status CpuHashTable::Export(int64_t written_after_us, bool with_state,
+                           const ExportOutputs& outputs, const TableContext&) {
   std::shared_lock<std::shared_mutex> lock(mutex_);
   const int64_t dim = options_.dim, state_dim = options_.state_dim;
-  keys->clear();
-  values->clear();
-  if (state) state->clear();
   // Stamps are milliseconds: keep every row stamped in the threshold's millisecond or later.
-  const bool all = written_after_us == INT64_MIN || written_after_us < created_us_;
+  const bool all = written_after_us == kExportAll || written_after_us < created_us_;
   const uint32_t since = all ? 0 : StampAt(written_after_us);
+  const auto exported = [&](int64_t s) {
+    return Occupied(s) && (all || WriteStamp(s) >= since);
+  };
+  int64_t n = 0;
+  for (int64_t s = 0; s <= mask_; ++s) n += exported(s);
+  int64_t* keys = nullptr;
+  float *values = nullptr, *state = nullptr;
+  SOK_RETURN_IF_ERROR(outputs(n, &keys, &values, with_state ? &state : nullptr));
+  int64_t i = 0;
   for (int64_t s = 0; s <= mask_; ++s) {
-    if (!Occupied(s) || (!all && WriteStamp(s) < since)) continue;
-    keys->push_back(slots_[s].key);
-    values->resize(values->size() + dim);
-    ReadValue(s, values->data() + values->size() - dim);
-    if (state) state->insert(state->end(), State(s), State(s) + state_dim);
+    if (!exported(s)) continue;
+    keys[i] = slots_[s].key;
+    ReadValue(s, values + i * dim);
+    if (with_state) std::memcpy(state + i * state_dim, State(s), state_dim * sizeof(float));
+    ++i;
   }
+  return Status::Ok();
+}
+
+Status CpuHashTable::Size(int64_t* size_out, const TableContext&) {
+  *size_out = size();
+  return Status::Ok();
+}
+
+Status CpuHashTable::Find(const TableKeys& keys, float* values, const TableContext& context) {
+  return LookupKeys(keys, false, values, 1.0f, nullptr, context.parallel_for);
+}
+
+Status CpuHashTable::FindOrInsert(const TableKeys& keys, float* values, float admit_probability,
+                                  EvictedRows* evicted, const TableContext& context) {
+  return LookupKeys(keys, true, values, admit_probability, evicted, context.parallel_for);
+}
+
+Status CpuHashTable::LookupKeys(const TableKeys& keys, bool insert, float* values,
+                                float admit_probability, EvictedRows* evicted,
+                                const ParallelFor& parallel_for) {
+  EvictedBuffer buffer;
+  EvictedBuffer* evicted_buffer = evicted ? &buffer : nullptr;
+  if (keys.stride == 1) {
+    SOK_RETURN_IF_ERROR(LookupRows(keys.data, keys.n, insert, values, parallel_for,
+                                   admit_probability, evicted_buffer));
+  } else {  // the pairs naming this table, looked up together and put back in place
+    std::vector<int64_t> positions, own_keys;
+    for (int64_t i = 0; i < keys.n; ++i) {
+      if (keys.data[2 * i] != keys.table) continue;
+      positions.push_back(i);
+      own_keys.push_back(keys.data[2 * i + 1]);
+    }
+    const int64_t dim = options_.dim, count = static_cast<int64_t>(own_keys.size());
+    std::vector<float> rows(count * dim);
+    SOK_RETURN_IF_ERROR(LookupRows(own_keys.data(), count, insert, rows.data(), parallel_for,
+                                   admit_probability, evicted_buffer));
+    for (int64_t j = 0; j < count; ++j) {
+      CopyFloats(rows.data() + j * dim, dim, values + positions[j] * dim);
+    }
+  }
+  if (evicted == nullptr || buffer.keys.empty()) return Status::Ok();
+  evicted->count = static_cast<int64_t>(buffer.keys.size());
+  int64_t* evicted_keys = nullptr;
+  float* evicted_values = nullptr;
+  SOK_RETURN_IF_ERROR(evicted->allocate(evicted->count, &evicted_keys, &evicted_values));
+  std::copy(buffer.keys.begin(), buffer.keys.end(), evicted_keys);
+  std::copy(buffer.values.begin(), buffer.values.end(), evicted_values);
+  return Status::Ok();
+}
+
+Status CpuHashTable::ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) {
+  const int64_t dim = options_.dim;
+  // The rule must find the state it reads and writes (past it lies the next row).
+  bool fits = true;
+  SOK_RETURN_IF_ERROR(VisitRule(update.rule, update.hyper, update.hyper_count, update.nesterov,
+                                [&](const auto& rule) {
+    fits = RuleStateFloats(rule, dim) <= std::max(update.state_dim, state_dim());
+  }));
+  if (!fits || update.state_dim % dim != 0 || update.state_dim > 3 * dim) {
+    return Status::InvalidArgument("rule " + update.rule + " does not fit a state of " +
+                                   std::to_string(update.state_dim) + " floats per key");
+  }
+  // Sum the gradients of duplicate keys so each row is updated once.
+  std::vector<int64_t> unique_keys;
+  std::vector<float> summed;
+  SumDuplicates(update.keys, GradientUses{update.grads}, update.n, dim, &unique_keys, &summed);
+  EnsureState(update.state_dim, update.state_initial_value);
+  const float* g = summed.data();
+  return VisitRule(update.rule, update.hyper, update.hyper_count, update.nesterov,
+                   [&](const auto& rule) {
+    UpdateRows(
+        unique_keys.data(), static_cast<int64_t>(unique_keys.size()),
+        [&](int64_t i, float* w, float* state) { ApplyRule(w, state, g + i * dim, dim, rule); },
+        context.parallel_for);
+  });
 }
 
 }  // namespace sok

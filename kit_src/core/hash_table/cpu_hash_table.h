@@ -21,26 +21,13 @@
 #include <shared_mutex>
 #include <vector>
 
+#include "kit_src/core/hash_table/dynamic_table.h"
 #include "kit_src/core/hash_table/row_initializer.h"
 #include "kit_src/core/huge_page_array.h"
 #include "kit_src/core/parallel.h"
 #include "kit_src/core/status.h"
 
 namespace sok {
-
-enum class EvictStrategy { kNone, kLru, kLfu };
-
-struct HashTableOptions {
-  int64_t dim = 1;                        // floats in a row's value
-  int64_t state_dim = 0;                  // floats of optimizer state stored after the value
-  int64_t init_capacity = 1024;           // keys held before the first growth
-  int64_t max_capacity = int64_t{1} << 40;  // most keys held; beyond it evict or fail
-  EvictStrategy evict = EvictStrategy::kNone;
-  float state_initial_value = 0.0f;       // the first `dim` floats of a new key's optimizer
-                                          // state (Adagrad's and Ftrl's accumulators); the
-                                          // rest start at zero
-  ValueType value_type = ValueType::kFloat32;  // storage of each row's value
-};
 
 // Copies a row of `count` floats. Whole 8-float blocks go as AVX moves the compiler inlines:
 // a call to memcpy for every key of a lookup cost about 10% of it at dim 16.
@@ -50,56 +37,53 @@ inline void CopyFloats(const float* from, int64_t count, float* to) {
   for (; i < count; ++i) to[i] = from[i];
 }
 
-class CpuHashTable {
+class CpuHashTable final : public DynamicTable {
  public:
   CpuHashTable(const HashTableOptions& options, const RowInitializer& initializer);
 
   int64_t size() const;
-  int64_t dim() const { return options_.dim; }
-  int64_t state_dim() const { return options_.state_dim; }
   const HashTableOptions& options() const { return options_; }
 
-  // Where a find-or-insert that evicts keys to make room puts them and their rows (float32,
-  // [count, dim]), when asked to.
-  struct EvictedRows {
+  // DynamicTable, in host memory; every call returns when done.
+  bool in_device_memory() const override { return false; }
+  int64_t dim() const override { return options_.dim; }
+  int64_t state_dim() const override { return options_.state_dim; }
+  int64_t max_capacity() const override { return options_.max_capacity; }
+  Status Size(int64_t* size, const TableContext& context) override;
+  Status Find(const TableKeys& keys, float* values, const TableContext& context) override;
+  Status FindOrInsert(const TableKeys& keys, float* values, float admit_probability,
+                      EvictedRows* evicted, const TableContext& context) override;
+  Status InsertOrAssign(const int64_t* keys, int64_t n, const float* values, const float* state,
+                        const TableContext& context) override;
+  Status Replace(const int64_t* keys, int64_t n, const float* values, const float* state,
+                 int64_t state_dim, const TableContext& context) override;
+  Status Erase(const int64_t* keys, int64_t n, int64_t* erased,
+               const TableContext& context) override;
+  // Write times are kept to the millisecond: rows written in the threshold's millisecond are
+  // included, and 2^32 ms (49.7 days) after the table's creation all writes look recent.
+  Status Export(int64_t written_after_us, bool with_state, const ExportOutputs& outputs,
+                const TableContext& context) override;
+  // Duplicate keys' gradients are summed first; the rows are then updated in parallel.
+  Status ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) override;
+
+ private:
+  // Keys a find-or-insert evicted to make room, with their rows (float32, [count, dim]).
+  struct EvictedBuffer {
     std::vector<int64_t> keys;
     std::vector<float> values;
   };
-
-  // values ([n, dim], host) receives the row of each key. A missing key is inserted with its
-  // initial value and zero state when `insert`, else it reads as zeros and is not stored.
-  // With admit_probability < 1 (the low-frequency filter) each missing key is admitted with
-  // that probability, drawn per (key, call); one not admitted reads as zeros.
-  // Every lookup counts as a use for eviction scores.
-  // Keys it evicts go to `evicted` when given.
-  Status Lookup(const int64_t* keys, int64_t n, bool insert, float* values,
-                const ParallelFor& parallel_for, float admit_probability = 1.0f,
-                EvictedRows* evicted = nullptr);
-
-  // Inserts or overwrites the value ([n, dim]) and, when `state` ([n, state_dim]) is not null,
-  // the optimizer state of each key.
-  Status Assign(const int64_t* keys, int64_t n, const float* values, const float* state);
+  // Lookup of keys ([n], stride 1) into values ([n, dim]); inserts missing keys when `insert`.
+  Status LookupRows(const int64_t* keys, int64_t n, bool insert, float* values,
+                    const ParallelFor& parallel_for, float admit_probability,
+                    EvictedBuffer* evicted);
+  // LookupRows of a call's keys in either stride.
+  Status LookupKeys(const TableKeys& keys, bool insert, float* values, float admit_probability,
+                    EvictedRows* evicted, const ParallelFor& parallel_for);
 
   // Widens every row to hold `state_dim` floats of optimizer state (kept if already wide
   // enough), the first dim of them set to `initial_value`, the rest to zero. Done once, when
   // an optimizer first applies.
   void EnsureState(int64_t state_dim, float initial_value);
-
-  // Replaces the whole content with `keys` ([n]), `values` ([n, dim]) and `state`
-  // ([n, state_dim], or null for initial state), widening the state first; all or nothing.
-  Status Replace(const int64_t* keys, int64_t n, const float* values, const float* state,
-                 int64_t state_dim);
-
-  // Removes the keys that are present; returns how many were.
-  int64_t Erase(const int64_t* keys, int64_t n);
-
-  // Every key with its value and state (state may be null), in slot order; with
-  // `written_after_us`, only the keys whose row was last written (inserted, assigned or
-  // updated by an optimizer) after that time, in microseconds since the Unix epoch. Write
-  // times are kept to the millisecond: rows written in the threshold's millisecond are
-  // included, and 2^32 ms (49.7 days) after the table's creation all writes look recent.
-  void Export(std::vector<int64_t>* keys, std::vector<float>* values, std::vector<float>* state,
-              int64_t written_after_us = INT64_MIN) const;
 
   // Calls update(i, value, state) for each present key i (value: dim floats, state:
   // state_dim floats, both updated in place), under the exclusive lock. `keys` must be
@@ -128,7 +112,6 @@ class CpuHashTable {
     });
   }
 
- private:
   // Floats a stored value occupies: dim, or dim / 2 rounded up for 16-bit values. Kept in
   // members (set by SetLayout) because every probe computes row addresses.
   int64_t ValueWords() const { return value_words_; }
@@ -246,7 +229,7 @@ class CpuHashTable {
   // Makes room for `incoming` new keys (an upper bound is fine unless it would overflow
   // max_capacity): evicts or fails; grows the slot array. Exclusive lock.
   // Makes room for `incoming` new keys (evicting, growing); growth rehashes with parallel_for.
-  Status Reserve(int64_t incoming, EvictedRows* evicted = nullptr,
+  Status Reserve(int64_t incoming, EvictedBuffer* evicted = nullptr,
                  const ParallelFor& parallel_for = SerialFor);
   void Rehash(int64_t slots, const ParallelFor& parallel_for = SerialFor);
   void EraseSlot(int64_t slot);

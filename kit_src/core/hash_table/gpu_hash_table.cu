@@ -51,7 +51,7 @@ __device__ __forceinline__ long long LoadKey(const Slot* slot) {
   return *reinterpret_cast<const volatile long long*>(&slot->key);
 }
 
-__device__ __forceinline__ bool KeyAt(const GpuKeys& keys, int64_t i, int64_t* key) {
+__device__ __forceinline__ bool KeyAt(const TableKeys& keys, int64_t i, int64_t* key) {
   if (keys.stride == 1) {
     *key = keys.data[i];
     return true;
@@ -144,7 +144,7 @@ struct ProbeArgs {
 };
 
 // rows[i] = key i's row (missing_row when missing), fresh[i] = 1 when this call stored it.
-__global__ void ProbeKernel(GpuKeys keys, bool insert, ProbeArgs a, int64_t* rows,
+__global__ void ProbeKernel(TableKeys keys, bool insert, ProbeArgs a, int64_t* rows,
                             uint8_t* fresh) {
   RowSource source{a.free_rows, 0, 0, a.capacity};
   if (insert) {
@@ -203,7 +203,7 @@ __device__ __forceinline__ void ForEachSelectedLane(bool selected, const Work& w
 // rest zero). A warp takes 32 keys, ballots the fresh ones and writes their rows one after
 // another across its lanes: a lookup that inserts nothing reads one byte a key.
 template <typename T>
-__global__ void InitFreshRows(GpuKeys keys, const int64_t* rows, const uint8_t* fresh,
+__global__ void InitFreshRows(TableKeys keys, const int64_t* rows, const uint8_t* fresh,
                               RowArrays t, InitKind kind, float init_a, float init_b,
                               uint64_t seed, float initial, bool initial_values) {
   const int64_t width = max(initial_values ? t.dim : 0, t.state_dim);
@@ -313,7 +313,7 @@ __device__ __forceinline__ RowBatch ShareRows(int64_t own_row, int64_t base, int
 // then groups of `lanes` lanes (dividing 32) copy the warp's rows, kRowsInFlight rows a
 // group at once. A use for eviction when `touch`.
 template <typename T>
-__global__ void ReadRows(GpuKeys keys, const int64_t* rows, bool find, const Slot* slots,
+__global__ void ReadRows(TableKeys keys, const int64_t* rows, bool find, const Slot* slots,
                          int64_t mask, int64_t missing_row, RowArrays t, float* out, int lanes,
                          bool touch, EvictStrategy evict, uint64_t clock) {
   const T* values = static_cast<const T*>(t.values);
@@ -727,7 +727,7 @@ __global__ void SetUsedToSize(Counters* c) { c->used = c->size; }
 
 // scratch = how many of the selected keys are missing and admitted, counting each once:
 // candidates gathered first, then (after sorting) the heads of their runs.
-__global__ void MissingCandidates(GpuKeys keys, const Slot* slots, int64_t mask, float admit,
+__global__ void MissingCandidates(TableKeys keys, const Slot* slots, int64_t mask, float admit,
                                   uint64_t clock, int64_t* out, Counters* c) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < keys.n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -786,13 +786,11 @@ Status CudaStatus(cudaError_t error, const char* what) {
                           cudaGetErrorString(error));
 }
 
-}  // namespace
+cudaStream_t StreamOf(const TableContext& context) {
+  return static_cast<cudaStream_t>(context.stream);
+}
 
-#define SOK_RETURN_IF_ERROR(expr)        \
-  do {                                   \
-    Status _status = (expr);             \
-    if (!_status.ok()) return _status;   \
-  } while (0)
+}  // namespace
 
 GpuHashTable::GpuHashTable(const HashTableOptions& options, const RowInitializer& initializer,
                            GpuMemory* memory)
@@ -994,7 +992,7 @@ Status GpuHashTable::GrowRows(int64_t rows, int64_t next_row, cudaStream_t strea
   return CudaStatus(cudaGetLastError(), "grow");
 }
 
-Status GpuHashTable::CountNewKeys(const GpuKeys& keys, float admit, uint64_t clock,
+Status GpuHashTable::CountNewKeys(const TableKeys& keys, float admit, uint64_t clock,
                                   int64_t* count, cudaStream_t stream) {
   int64_t *candidates = nullptr, *sorted = nullptr;
   SOK_RETURN_IF_ERROR(Scratch(keys.n, &candidates));
@@ -1036,7 +1034,7 @@ __global__ void CopyEvictedRows(const int64_t* rows, int64_t count, const int64_
 }
 
 Status GpuHashTable::Evict(int64_t count, int64_t next_row, cudaStream_t stream,
-                           Evicted* evicted) {
+                           EvictedRows* evicted) {
   uint64_t *scores = nullptr, *sorted_scores = nullptr;
   int64_t *rows = nullptr, *sorted_rows = nullptr;
   SOK_RETURN_IF_ERROR(Scratch(next_row, &scores));
@@ -1070,8 +1068,8 @@ Status GpuHashTable::Evict(int64_t count, int64_t next_row, cudaStream_t stream,
   return CudaStatus(cudaGetLastError(), "evict");
 }
 
-Status GpuHashTable::Reserve(const GpuKeys& keys, float admit, uint64_t clock,
-                             cudaStream_t stream, Evicted* evicted_sink) {
+Status GpuHashTable::Reserve(const TableKeys& keys, float admit, uint64_t clock,
+                             cudaStream_t stream, EvictedRows* evicted_sink) {
   const int64_t n = keys.n;
   const auto fits = [&] { return n <= spare_keys_ && n <= spare_slots_ && n <= spare_rows_; };
   if (fits() || (RefreshFromSnapshot() && fits())) {
@@ -1126,9 +1124,9 @@ Status GpuHashTable::Reserve(const GpuKeys& keys, float admit, uint64_t clock,
   return Status::Ok();
 }
 
-Status GpuHashTable::FindOrInsert(const GpuKeys& keys, bool insert, float admit, uint64_t clock,
-                                  uint32_t now, int64_t* rows, cudaStream_t stream,
-                                  bool initial_values) {
+Status GpuHashTable::FindRows(const TableKeys& keys, bool insert, float admit, uint64_t clock,
+                              uint32_t now, int64_t* rows, cudaStream_t stream,
+                              bool initial_values) {
   uint8_t* fresh = nullptr;
   if (insert) SOK_RETURN_IF_ERROR(Scratch(keys.n, &fresh));
   const ProbeArgs args{static_cast<Slot*>(slots_), num_slots_ - 1, counters_, free_rows_,
@@ -1147,15 +1145,25 @@ Status GpuHashTable::FindOrInsert(const GpuKeys& keys, bool insert, float admit,
   return CudaStatus(cudaGetLastError(), "insert");
 }
 
-Status GpuHashTable::Size(int64_t* size_device, cudaStream_t stream) {
+Status GpuHashTable::Size(int64_t* size_device, const TableContext& context) {
+  const cudaStream_t stream = StreamOf(context);
   std::lock_guard<std::mutex> lock(mutex_);
   SOK_RETURN_IF_ERROR(init_status_);
   CopySize<<<1, 1, 0, stream>>>(counters_, size_device);
   return CudaStatus(cudaGetLastError(), "size");
 }
 
-Status GpuHashTable::Lookup(const GpuKeys& keys, bool insert, float* values, float admit,
-                            cudaStream_t stream, Evicted* evicted) {
+Status GpuHashTable::Find(const TableKeys& keys, float* values, const TableContext& context) {
+  return Lookup(keys, false, values, 1.0f, StreamOf(context), nullptr);
+}
+
+Status GpuHashTable::FindOrInsert(const TableKeys& keys, float* values, float admit_probability,
+                                  EvictedRows* evicted, const TableContext& context) {
+  return Lookup(keys, true, values, admit_probability, StreamOf(context), evicted);
+}
+
+Status GpuHashTable::Lookup(const TableKeys& keys, bool insert, float* values, float admit,
+                            cudaStream_t stream, EvictedRows* evicted) {
   std::lock_guard<std::mutex> lock(mutex_);
   SOK_RETURN_IF_ERROR(init_status_);
   const uint64_t clock = ++clock_;
@@ -1167,7 +1175,7 @@ Status GpuHashTable::Lookup(const GpuKeys& keys, bool insert, float* values, flo
   if (insert) {
     status = Scratch(keys.n, &rows);
     if (status.ok()) status = Reserve(keys, admit, clock, stream, evicted);
-    if (status.ok()) status = FindOrInsert(keys, true, admit, clock, StampNow(), rows, stream);
+    if (status.ok()) status = FindRows(keys, true, admit, clock, StampNow(), rows, stream);
   }
   if (status.ok()) {
     const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
@@ -1186,18 +1194,19 @@ Status GpuHashTable::Lookup(const GpuKeys& keys, bool insert, float* values, flo
   return status;
 }
 
-Status GpuHashTable::Assign(const int64_t* keys, int64_t n, const float* values,
-                            const float* state, cudaStream_t stream) {
+Status GpuHashTable::InsertOrAssign(const int64_t* keys, int64_t n, const float* values,
+                                    const float* state, const TableContext& context) {
+  const cudaStream_t stream = StreamOf(context);
   std::lock_guard<std::mutex> lock(mutex_);
   SOK_RETURN_IF_ERROR(init_status_);
   if (n == 0) return Status::Ok();
-  const GpuKeys all{keys, n, 1, 0};
+  const TableKeys all{keys, n, 1, 0};
   int64_t* rows = nullptr;
   Status status = Scratch(n, &rows);
   if (status.ok()) status = Reserve(all, 1.0f, clock_ + 1, stream);
   const uint64_t clock = ++clock_;
   const uint32_t now = StampNow();
-  if (status.ok()) status = FindOrInsert(all, true, 1.0f, clock, now, rows, stream, false);
+  if (status.ok()) status = FindRows(all, true, 1.0f, clock, now, rows, stream, false);
   if (status.ok()) {
     const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
     const int64_t cols = state ? options_.state_dim : 0;
@@ -1230,7 +1239,8 @@ Status GpuHashTable::EnsureState(int64_t state_dim, float initial_value, cudaStr
 }
 
 Status GpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values,
-                             const float* state, int64_t state_dim, cudaStream_t stream) {
+                             const float* state, int64_t state_dim, const TableContext& context) {
+  const cudaStream_t stream = StreamOf(context);
   if (n > options_.max_capacity) {
     return Status::ResourceExhausted("restoring " + std::to_string(n) +
                                      " keys into a table whose max_capacity is " +
@@ -1250,11 +1260,11 @@ Status GpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values
   spare_keys_ -= n;
   spare_slots_ -= n;
   spare_rows_ -= n;
-  const GpuKeys all{keys, n, 1, 0};
+  const TableKeys all{keys, n, 1, 0};
   int64_t* rows = nullptr;
   const uint32_t now = StampNow();
   Status status = Scratch(n, &rows);
-  if (status.ok()) status = FindOrInsert(all, true, 1.0f, clock_, now, rows, stream, false);
+  if (status.ok()) status = FindRows(all, true, 1.0f, clock_, now, rows, stream, false);
   if (status.ok()) {
     const RowArrays arrays{row_keys_, row_meta_, values_, state_, options_.dim, options_.state_dim};
     const int64_t cols = state ? std::min(state_dim, options_.state_dim) : 0;
@@ -1272,7 +1282,8 @@ Status GpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values
 }
 
 Status GpuHashTable::Erase(const int64_t* keys, int64_t n, int64_t* erased_device,
-                           cudaStream_t stream) {
+                           const TableContext& context) {
+  const cudaStream_t stream = StreamOf(context);
   std::lock_guard<std::mutex> lock(mutex_);
   SOK_RETURN_IF_ERROR(init_status_);
   cudaMemsetAsync(erased_device, 0, sizeof(int64_t), stream);
@@ -1285,12 +1296,13 @@ Status GpuHashTable::Erase(const int64_t* keys, int64_t n, int64_t* erased_devic
 }
 
 Status GpuHashTable::Export(int64_t written_after_us, bool with_state, const ExportOutputs& outputs,
-                            cudaStream_t stream) {
+                            const TableContext& context) {
+  const cudaStream_t stream = StreamOf(context);
   std::lock_guard<std::mutex> lock(mutex_);
   SOK_RETURN_IF_ERROR(init_status_);
   Exact e;
   SOK_RETURN_IF_ERROR(ReadCounters(&e, stream));
-  const bool all = written_after_us == INT64_MIN || written_after_us < created_us_;
+  const bool all = written_after_us == kExportAll || written_after_us < created_us_;
   const uint32_t since = all ? 0 : StampAt(written_after_us);
   uint8_t* flags = nullptr;
   int64_t* selected = nullptr;
@@ -1331,22 +1343,26 @@ Status GpuHashTable::Export(int64_t written_after_us, bool with_state, const Exp
   return status;
 }
 
-Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t hyper_count,
-                           bool nesterov, int64_t state_dim, float state_initial_value,
-                           const int64_t* keys, int64_t n, const float* grads,
-                           cudaStream_t stream) {
+Status GpuHashTable::ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) {
+  const cudaStream_t stream = StreamOf(context);
+  const std::string& rule = update.rule;
+  const float* hyper = update.hyper;
+  const int64_t* keys = update.keys;
+  const int64_t n = update.n, state_dim = update.state_dim;
+  const float* grads = update.grads;
+  const bool nesterov = update.nesterov;
   // The rule must find the state it expects: what its type needs with any values is checked
   // before anything runs (the values stay in device memory; the kernel refuses values that
   // need more).
   bool fits = true;
-  SOK_RETURN_IF_ERROR(VisitRuleType(rule, hyper_count, [&](auto type) {
+  SOK_RETURN_IF_ERROR(VisitRuleType(rule, update.hyper_count, [&](auto type) {
     fits = RuleStateFloats(type, options_.dim) <= std::max(state_dim, options_.state_dim);
   }));
   if (!fits || state_dim % options_.dim != 0 || state_dim > 3 * options_.dim) {
     return Status::InvalidArgument("rule " + rule + " does not fit a state of " +
                                    std::to_string(state_dim) + " floats per key");
   }
-  SOK_RETURN_IF_ERROR(EnsureState(state_dim, state_initial_value, stream));
+  SOK_RETURN_IF_ERROR(EnsureState(state_dim, update.state_initial_value, stream));
   std::lock_guard<std::mutex> lock(mutex_);
   if (n == 0) return Status::Ok();
   // float4 when float rows of a multiple of 4 elements (the table's rows are 16-byte aligned
@@ -1396,7 +1412,7 @@ Status GpuHashTable::Apply(const std::string& rule, const float* hyper, int64_t 
     const uint32_t now = StampNow();
     const int lanes = RowLanes(vector ? dim / 4 : dim);
     const int blocks = Blocks(n);
-    VisitRuleType(rule, hyper_count, [&](auto type) {
+    VisitRuleType(rule, update.hyper_count, [&](auto type) {
       using Hyper = decltype(type);
       VisitValueType(options_.value_type, [&](auto value) {
         using Value = decltype(value);

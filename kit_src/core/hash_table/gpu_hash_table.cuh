@@ -1,4 +1,4 @@
-// A dynamic table in GPU memory with the CPU table's contract (cpu_hash_table.h): int64 keys
+// A dynamic table in GPU memory with the contract of dynamic_table.h: int64 keys
 // over their whole range, float32 / float16 / bfloat16 rows with float32 optimizer state,
 // initial rows from the same (seed, key) function, max_capacity with LRU / LFU eviction,
 // growth, erase, export of everything or of the rows written since a moment, the
@@ -18,8 +18,8 @@
 // an event; when a bound runs out, the newest copy the stream has passed (less what later
 // calls reserved) raises it again without waiting. Only when that leaves too little room are
 // the exact counters read (one synchronisation), the call's new keys counted, and keys evicted
-// or arrays rebuilt or grown. Export synchronises to size its output. Every call is ordered on the stream it is given; the
-// table's own mutex serialises callers.
+// or arrays rebuilt or grown. Export synchronises to size its output. Every call is ordered
+// on the context's stream; the table's own mutex serialises callers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,21 +31,13 @@
 #include <vector>
 
 #include "kit_src/core/gpu_memory.h"
-#include "kit_src/core/hash_table/cpu_hash_table.h"
+#include "kit_src/core/hash_table/dynamic_table.h"
+#include "kit_src/core/hash_table/row_initializer.h"
 #include "kit_src/core/status.h"
 
 namespace sok {
 
-// The keys of one call, in device memory: key i is data[i] (stride 1), or data[2 i + 1] of
-// a (table, key) pair when data[2 i] == table (stride 2; the other pairs are skipped).
-struct GpuKeys {
-  const int64_t* data = nullptr;
-  int64_t n = 0;
-  int stride = 1;
-  int64_t table = 0;
-};
-
-class GpuHashTable {
+class GpuHashTable final : public DynamicTable {
  public:
   // Allocates through `memory`, which must outlive the table.
   GpuHashTable(const HashTableOptions& options, const RowInitializer& initializer,
@@ -57,82 +49,58 @@ class GpuHashTable {
   // The allocation the constructor made; a table that failed it refuses every call.
   Status Init(cudaStream_t stream);
 
-  int64_t dim() const { return options_.dim; }
-  int64_t state_dim() const { return options_.state_dim; }
-
-  // The live key count, written to *size_device (stream-ordered, no synchronisation).
-  Status Size(int64_t* size_device, cudaStream_t stream);
-
-  // values ([keys.n, dim], device) row i receives key i's row; a missing key is inserted with
-  // its initial row when `insert` (admitted with `admit_probability`), else it reads as zeros.
-  // Rows of pairs naming another table are left as they are.
-  // When a find-or-insert evicts keys to make room and `evicted` is given, the evicted keys
-  // and their rows (float32) go to the arrays evicted->allocate hands out for their count
-  // (called once, only when the lookup evicts; device memory).
-  struct Evicted {
-    std::function<Status(int64_t count, int64_t** keys, float** values)> allocate;
-    int64_t count = 0;
-  };
-  Status Lookup(const GpuKeys& keys, bool insert, float* values, float admit_probability,
-                cudaStream_t stream, Evicted* evicted = nullptr);
-
-  // Inserts or overwrites the values ([n, dim]) and, when `state` ([n, state_dim]) is not
-  // null, the optimizer state of `keys` (distinct).
-  Status Assign(const int64_t* keys, int64_t n, const float* values, const float* state,
-                cudaStream_t stream);
-
-  // As CpuHashTable::EnsureState.
-  Status EnsureState(int64_t state_dim, float initial_value, cudaStream_t stream);
-
-  // Replaces the whole content (all or nothing), as CpuHashTable::Replace.
+  // DynamicTable, in GPU memory, every call ordered on the context's stream. Size, Erase and
+  // the lookups do not synchronise while the table has room; Export synchronises twice (its
+  // row count sizes the outputs). Plain SGD on float rows of a multiple of 4 without state adds each use's share
+  // by atomics (equal to summing duplicates first, up to float rounding); other rules claim
+  // rows. ApplySparseUpdate reads the hyper-parameters in device memory (no step waits for a
+  // copy): what the rule's type needs with any values is checked before anything runs, and
+  // the kernel refuses values that need more state than the rows keep.
+  bool in_device_memory() const override { return true; }
+  int64_t dim() const override { return options_.dim; }
+  int64_t state_dim() const override { return options_.state_dim; }
+  int64_t max_capacity() const override { return options_.max_capacity; }
+  Status Size(int64_t* size, const TableContext& context) override;
+  Status Find(const TableKeys& keys, float* values, const TableContext& context) override;
+  Status FindOrInsert(const TableKeys& keys, float* values, float admit_probability,
+                      EvictedRows* evicted, const TableContext& context) override;
+  Status InsertOrAssign(const int64_t* keys, int64_t n, const float* values, const float* state,
+                        const TableContext& context) override;
   Status Replace(const int64_t* keys, int64_t n, const float* values, const float* state,
-                 int64_t state_dim, cudaStream_t stream);
-
-  // Removes the present keys; *erased_device (device) receives how many were.
-  Status Erase(const int64_t* keys, int64_t n, int64_t* erased_device, cudaStream_t stream);
-
-  // Hands out the output arrays for `n` keys: keys [n], values [n, dim], state
-  // [n, state_dim] (state only when asked for), device memory.
-  using ExportOutputs =
-      std::function<Status(int64_t n, int64_t** keys, float** values, float** state)>;
-  // Every key with its value (and state), in row order; with `written_after_us`, only rows
-  // written since then (CpuHashTable::Export's rule). Synchronises twice.
+                 int64_t state_dim, const TableContext& context) override;
+  Status Erase(const int64_t* keys, int64_t n, int64_t* erased,
+               const TableContext& context) override;
   Status Export(int64_t written_after_us, bool with_state, const ExportOutputs& outputs,
-                cudaStream_t stream);
-
-  // One optimizer step (Sok>DynamicApply's rule and hyper-parameters, in device memory: the
-  // kernels read them, no step waits for a copy) of the rows of `keys` ([n], duplicates
-  // summed) with gradients `grads` ([n, dim]); missing keys are skipped, and so is every row
-  // when the values need more state than the rows keep. Widens the state first (EnsureState).
-  // Plain SGD on float rows of a multiple of 4 without state adds each use's share by atomics
-  // (equal to summing duplicates first, up to float rounding); other rules claim rows.
-  Status Apply(const std::string& rule, const float* hyper, int64_t hyper_count, bool nesterov,
-               int64_t state_dim, float state_initial_value, const int64_t* keys, int64_t n,
-               const float* grads, cudaStream_t stream);
+                const TableContext& context) override;
+  Status ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) override;
 
   struct Counters;  // device-side counts (gpu_hash_table.cu)
 
  private:
+  // The lookup behind Find (insert false) and FindOrInsert.
+  Status Lookup(const TableKeys& keys, bool insert, float* values, float admit_probability,
+                cudaStream_t stream, EvictedRows* evicted);
+  // As CpuHashTable::EnsureState.
+  Status EnsureState(int64_t state_dim, float initial_value, cudaStream_t stream);
   struct Exact {  // the counters as read on the host
     int64_t size = 0, used = 0, next_row = 0, free_count = 0;
   };
   Status ReadCounters(Exact* exact, cudaStream_t stream);
   // Makes room for the new keys among `keys` (admitted at `clock`): lowers the bounds, or
   // reads the counters and evicts, rebuilds or grows; fails (changing nothing) when full.
-  Status Reserve(const GpuKeys& keys, float admit_probability, uint64_t clock,
-                 cudaStream_t stream, Evicted* evicted = nullptr);
-  Status CountNewKeys(const GpuKeys& keys, float admit_probability, uint64_t clock,
+  Status Reserve(const TableKeys& keys, float admit_probability, uint64_t clock,
+                 cudaStream_t stream, EvictedRows* evicted = nullptr);
+  Status CountNewKeys(const TableKeys& keys, float admit_probability, uint64_t clock,
                       int64_t* count, cudaStream_t stream);
-  Status Evict(int64_t count, int64_t next_row, cudaStream_t stream, Evicted* evicted);
+  Status Evict(int64_t count, int64_t next_row, cudaStream_t stream, EvictedRows* evicted);
   Status Rebuild(int64_t slots, int64_t next_row, cudaStream_t stream);
   Status GrowRows(int64_t rows, int64_t next_row, cudaStream_t stream);
   void SetBounds(const Exact& exact);
   // rows ([keys.n], device): each selected key's row, -1 when missing (or not admitted); with
   // `insert`, missing keys get rows (reserved first) initialised as new.
   // Without initial_values the fresh rows' values are left for the caller to write.
-  Status FindOrInsert(const GpuKeys& keys, bool insert, float admit_probability,
-                      uint64_t clock, uint32_t now, int64_t* rows, cudaStream_t stream,
-                      bool initial_values = true);
+  Status FindRows(const TableKeys& keys, bool insert, float admit_probability, uint64_t clock,
+                  uint32_t now, int64_t* rows, cudaStream_t stream, bool initial_values = true);
   uint32_t StampNow() const;
   uint32_t StampAt(int64_t time_us) const;
   template <typename T>

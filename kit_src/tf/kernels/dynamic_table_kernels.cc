@@ -1,14 +1,13 @@
-// CPU kernels of the dynamic table ops: validate, allocate, call kit_src/core/hash_table.
-#include <algorithm>
-#include <cstring>
+// The dynamic table ops, one OpKernel each for both devices: validate, allocate, call the
+// table through the core's interface (kit_src/core/hash_table/dynamic_table.h) on the op's
+// device; what differs by device is in dynamic_table_functor.h. A GPU table's calls are
+// enqueued on TensorFlow's stream and do not wait for it while the table has room; the ops
+// whose output sizes depend on the data wait once, documented at each.
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "kit_src/core/optimizers/sum_duplicates.h"
-#include "kit_src/core/optimizers/rule_by_name.h"
 #include "kit_src/tf/kernels/core_bridge.h"
-#include "kit_src/tf/kernels/pooled_output.h"
+#include "kit_src/tf/kernels/dynamic_table_functor.h"
 #include "kit_src/tf/kernels/dynamic_table_resource.h"
 #include "kit_src/tf/kernels/dynamic_table_validation.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -19,31 +18,41 @@ namespace sok {
 
 namespace tf = ::tensorflow;
 
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableHandle").Device(tf::DEVICE_CPU),
-                        tf::ResourceHandleOp<DynamicTableResource>);
-
 namespace {
 
-// Allocates output `index` with `shape` and copies `data` (row-major, shape's elements) in.
-template <typename T>
-tf::Status CopyToOutput(tf::OpKernelContext* ctx, int index, const tf::TensorShape& shape,
-                        const std::vector<T>& data) {
-  tf::Tensor* out = nullptr;
-  TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &out));
-  if (!data.empty()) std::memcpy(out->flat<T>().data(), data.data(), data.size() * sizeof(T));
-  return tf::Status();
+using TableRef = tf::core::RefCountPtr<DynamicTableResource>;
+
+template <typename Device>
+tf::Status GetDeviceTable(tf::OpKernelContext* ctx, int input, TableRef* table) {
+  return GetTable(ctx, input, kOnGpu<Device>, table);
+}
+
+// Hands a table's data-sized outputs (evicted or exported rows) out of the op's outputs,
+// starting at output `first`.
+Status AllocateOutputs(tf::OpKernelContext* ctx, int first,
+                       const std::vector<tf::TensorShape>& shapes,
+                       const std::vector<void**>& data) {
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (data[i] == nullptr) continue;
+    tf::Tensor* out = nullptr;
+    SOK_RETURN_IF_ERROR(ToCoreStatus(ctx->allocate_output(first + static_cast<int>(i), shapes[i], &out)));
+    *data[i] = out->data();
+  }
+  return Status::Ok();
 }
 
 }  // namespace
 
+template <typename Device>
 class DynamicTableCreateOp : public tf::OpKernel {
  public:
   explicit DynamicTableCreateOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ReadTableAttrs(ctx, &options_, &initializer_));
   }
-
   void Compute(tf::OpKernelContext* ctx) override {
-    auto* resource = new DynamicTableResource(options_, initializer_);
+    std::shared_ptr<DynamicTable> table;
+    OP_REQUIRES_OK(ctx, functor::NewDynamicTable<Device>()(ctx, options_, initializer_, &table));
+    auto* resource = new DynamicTableResource(std::move(table));
     OP_REQUIRES_OK(ctx, tf::CreateResource(ctx, tf::HandleFromInput(ctx, 0), resource));
   }
 
@@ -51,23 +60,26 @@ class DynamicTableCreateOp : public tf::OpKernel {
   HashTableOptions options_;
   RowInitializer initializer_;
 };
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableCreate").Device(tf::DEVICE_CPU), DynamicTableCreateOp);
 
+template <typename Device>
 class DynamicTableSizeOp : public tf::OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
-    tf::core::RefCountPtr<DynamicTableResource> table;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
+    TableRef table;
+    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &table));
     tf::Tensor* size = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({}), &size));
-    size->scalar<int64_t>()() = table->table().size();
+    SOK_OP_REQUIRES_OK(ctx, table->table().Size(size->flat<int64_t>().data(),
+                                                functor::TableContextOf<Device>()(ctx)));
   }
 };
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableSize").Device(tf::DEVICE_CPU), DynamicTableSizeOp);
 
 // Sok>DynamicTableLookup and Sok>DynamicTableLookupEvict (always inserts, and also outputs
-// the keys the insertion evicted with their rows).
+// the keys the insertion evicted with their rows). The evicted count is known on the host
+// only when the lookup evicts, which on the GPU already waits for the stream (the table's
+// exact path); otherwise nothing waits.
+template <typename Device>
 class DynamicTableLookupOp : public tf::OpKernel {
  public:
   explicit DynamicTableLookupOp(tf::OpKernelConstruction* ctx)
@@ -75,199 +87,196 @@ class DynamicTableLookupOp : public tf::OpKernel {
     if (!reports_evictions_) OP_REQUIRES_OK(ctx, ctx->GetAttr("insert", &insert_));
   }
   void Compute(tf::OpKernelContext* ctx) override {
-    tf::core::RefCountPtr<DynamicTableResource> table;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
+    TableRef resource;
+    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &resource));
+    DynamicTable& table = resource->table();
     const tf::Tensor& keys = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
-    const int64_t dim = table->table().dim();
+    const int64_t n = keys.NumElements(), dim = table.dim();
     tf::Tensor* values = nullptr;
-    OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, 0, tf::TensorShape({keys.NumElements(), dim}),
-                                             &values));
-    CpuHashTable::EvictedRows evicted;
-    SOK_OP_REQUIRES_OK(ctx, table->table().Lookup(keys.flat<int64_t>().data(), keys.NumElements(),
-                                                  insert_, values->flat<float>().data(),
-                                                  CpuParallelFor(ctx), 1.0f,
-                                                  reports_evictions_ ? &evicted : nullptr));
-    if (!reports_evictions_) return;
-    const int64_t count = static_cast<int64_t>(evicted.keys.size());
-    tf::Tensor *evicted_keys = nullptr, *evicted_values = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tf::TensorShape({count}), &evicted_keys));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({count, dim}), &evicted_values));
-    std::copy(evicted.keys.begin(), evicted.keys.end(), evicted_keys->flat<int64_t>().data());
-    std::copy(evicted.values.begin(), evicted.values.end(), evicted_values->flat<float>().data());
+    OP_REQUIRES_OK(ctx, functor::AllocateRows<Device>()(ctx, 0, tf::TensorShape({n, dim}),
+                                                        &values));
+    const TableKeys view{keys.flat<int64_t>().data(), n, 1, 0};
+    const TableContext context = functor::TableContextOf<Device>()(ctx);
+    float* rows = values->flat<float>().data();
+    if (!insert_) {
+      SOK_OP_REQUIRES_OK(ctx, table.Find(view, rows, context));
+      return;
+    }
+    EvictedRows evicted;
+    evicted.allocate = [ctx, dim](int64_t count, int64_t** keys_out, float** values_out) {
+      return AllocateOutputs(ctx, 1, {tf::TensorShape({count}), tf::TensorShape({count, dim})},
+                             {reinterpret_cast<void**>(keys_out),
+                              reinterpret_cast<void**>(values_out)});
+    };
+    SOK_OP_REQUIRES_OK(ctx, table.FindOrInsert(view, rows, 1.0f,
+                                               reports_evictions_ ? &evicted : nullptr, context));
+    if (reports_evictions_ && evicted.count == 0) {  // nothing evicted: empty outputs
+      tf::Tensor* unused = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tf::TensorShape({0}), &unused));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({0, dim}), &unused));
+    }
   }
 
  private:
   const bool reports_evictions_;
   bool insert_ = true;
 };
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableLookup").Device(tf::DEVICE_CPU), DynamicTableLookupOp);
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableLookupEvict").Device(tf::DEVICE_CPU),
-                        DynamicTableLookupOp);
 
+template <typename Device>
 class DynamicTableAssignOp : public tf::OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
-    tf::core::RefCountPtr<DynamicTableResource> table;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
+    TableRef resource;
+    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &resource));
+    DynamicTable& table = resource->table();
     const tf::Tensor& keys = ctx->input(1);
     const tf::Tensor& values = ctx->input(2);
     const tf::Tensor& state = ctx->input(3);
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
-    const int64_t n = keys.NumElements(), dim = table->table().dim();
-    OP_REQUIRES_OK(ctx, CheckMatrix(values, n, dim, "values"));
+    const int64_t n = keys.NumElements();
+    OP_REQUIRES_OK(ctx, CheckMatrix(values, n, table.dim(), "values"));
     const bool with_state = state.NumElements() > 0;
-    if (with_state) {
-      OP_REQUIRES_OK(ctx, CheckMatrix(state, n, table->table().state_dim(), "state"));
-    }
-    SOK_OP_REQUIRES_OK(ctx, table->table().Assign(keys.flat<int64_t>().data(), n,
-                                                  values.flat<float>().data(),
-                                                  with_state ? state.flat<float>().data() : nullptr));
+    if (with_state) OP_REQUIRES_OK(ctx, CheckMatrix(state, n, table.state_dim(), "state"));
+    SOK_OP_REQUIRES_OK(ctx, table.InsertOrAssign(keys.flat<int64_t>().data(), n,
+                                                 values.flat<float>().data(),
+                                                 with_state ? state.flat<float>().data() : nullptr,
+                                                 functor::TableContextOf<Device>()(ctx)));
   }
 };
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableAssign").Device(tf::DEVICE_CPU), DynamicTableAssignOp);
 
+template <typename Device>
 class DynamicTableImportOp : public tf::OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
-    tf::core::RefCountPtr<DynamicTableResource> table;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
+    TableRef resource;
+    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &resource));
     const tf::Tensor& keys = ctx->input(1);
     const tf::Tensor& values = ctx->input(2);
     const tf::Tensor& state = ctx->input(3);
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
-    const int64_t n = keys.NumElements(), dim = table->table().dim();
-    OP_REQUIRES_OK(ctx, CheckMatrix(values, n, dim, "restored values"));
+    const int64_t n = keys.NumElements();
+    OP_REQUIRES_OK(ctx, CheckMatrix(values, n, resource->dim(), "restored values"));
     OP_REQUIRES_OK(ctx, CheckRestoredState(state, n));
     const int64_t state_dim = state.dim_size(1);
-    SOK_OP_REQUIRES_OK(ctx, table->table().Replace(
+    SOK_OP_REQUIRES_OK(ctx, resource->table().Replace(
                                 keys.flat<int64_t>().data(), n, values.flat<float>().data(),
-                                state_dim > 0 ? state.flat<float>().data() : nullptr, state_dim));
+                                state_dim > 0 ? state.flat<float>().data() : nullptr, state_dim,
+                                functor::TableContextOf<Device>()(ctx)));
   }
 };
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableImport").Device(tf::DEVICE_CPU), DynamicTableImportOp);
 
+template <typename Device>
 class DynamicTableEraseOp : public tf::OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
-    tf::core::RefCountPtr<DynamicTableResource> table;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
+    TableRef resource;
+    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &resource));
     const tf::Tensor& keys = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     tf::Tensor* erased = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({}), &erased));
-    erased->scalar<int64_t>()() = table->table().Erase(keys.flat<int64_t>().data(), keys.NumElements());
+    SOK_OP_REQUIRES_OK(ctx, resource->table().Erase(keys.flat<int64_t>().data(),
+                                                    keys.NumElements(),
+                                                    erased->flat<int64_t>().data(),
+                                                    functor::TableContextOf<Device>()(ctx)));
   }
 };
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableErase").Device(tf::DEVICE_CPU), DynamicTableEraseOp);
 
+// Sok>DynamicTableExport (every row with its state) and Sok>DynamicTableExportWritten (the
+// rows written after a time, without state). The GPU waits for the stream: the number of
+// rows sizes the outputs.
+template <typename Device>
 class DynamicTableExportOp : public tf::OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit DynamicTableExportOp(tf::OpKernelConstruction* ctx)
+      : OpKernel(ctx), written_only_(ctx->def().op() == "Sok>DynamicTableExportWritten") {}
   void Compute(tf::OpKernelContext* ctx) override {
-    tf::core::RefCountPtr<DynamicTableResource> table;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
-    std::vector<int64_t> keys;
-    std::vector<float> values, state;
-    table->table().Export(&keys, &values, &state);
-    const int64_t n = static_cast<int64_t>(keys.size());
-    const int64_t dim = table->table().dim(), state_dim = table->table().state_dim();
-    OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 0, tf::TensorShape({n}), keys));
-    OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 1, tf::TensorShape({n, dim}), values));
-    OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 2, tf::TensorShape({n, state_dim}), state));
-  }
-};
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableExport").Device(tf::DEVICE_CPU), DynamicTableExportOp);
-
-class DynamicTableExportWrittenOp : public tf::OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(tf::OpKernelContext* ctx) override {
-    tf::core::RefCountPtr<DynamicTableResource> table;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &table));
-    const tf::Tensor& since = ctx->input(1);
-    OP_REQUIRES(ctx, tf::TensorShapeUtils::IsScalar(since.shape()),
-                tf::errors::InvalidArgument("written_after_us must be a scalar, got shape ",
-                                            since.shape().DebugString()));
-    std::vector<int64_t> keys;
-    std::vector<float> values;
-    table->table().Export(&keys, &values, nullptr, since.scalar<int64_t>()());
-    const int64_t n = static_cast<int64_t>(keys.size()), dim = table->table().dim();
-    OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 0, tf::TensorShape({n}), keys));
-    OP_REQUIRES_OK(ctx, CopyToOutput(ctx, 1, tf::TensorShape({n, dim}), values));
-  }
-};
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableExportWritten").Device(tf::DEVICE_CPU),
-                        DynamicTableExportWrittenOp);
-
-// keys: [R, 2] (table index, key) pairs naming tables [0, num_tables).
-tf::Status CheckKeyPairs(const tf::Tensor& keys, int64_t num_tables) {
-  TF_RETURN_IF_ERROR(CheckKeyPairsShape(keys));
-  const auto pairs = keys.matrix<int64_t>();
-  for (int64_t i = 0; i < keys.dim_size(0); ++i) {
-    if (pairs(i, 0) < 0 || pairs(i, 0) >= num_tables) {
-      return PairNamesNoTable(i, pairs(i, 0), num_tables);
+    TableRef resource;
+    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &resource));
+    DynamicTable& table = resource->table();
+    int64_t written_after_us = kExportAll;
+    if (written_only_) {
+      const tf::Tensor& since = ctx->input(1);
+      OP_REQUIRES(ctx, tf::TensorShapeUtils::IsScalar(since.shape()),
+                  tf::errors::InvalidArgument("written_after_us must be a scalar, got shape ",
+                                              since.shape().DebugString()));
+      written_after_us = since.scalar<int64_t>()();
     }
+    const int64_t dim = table.dim(), state_dim = table.state_dim();
+    const ExportOutputs outputs = [&](int64_t n, int64_t** keys, float** values,
+                                      float** state) {
+      return AllocateOutputs(
+          ctx, 0,
+          {tf::TensorShape({n}), tf::TensorShape({n, dim}), tf::TensorShape({n, state_dim})},
+          {reinterpret_cast<void**>(keys), reinterpret_cast<void**>(values),
+           reinterpret_cast<void**>(state)});
+    };
+    SOK_OP_REQUIRES_OK(ctx, table.Export(written_after_us, !written_only_, outputs,
+                                         functor::TableContextOf<Device>()(ctx)));
   }
-  return tf::Status();
-}
 
-// Rows of each table's keys, grouped: per table the positions (in `keys`) of its pairs.
-std::vector<std::vector<int64_t>> PositionsByTable(const tf::Tensor& keys, int64_t num_tables) {
-  std::vector<std::vector<int64_t>> positions(num_tables);
-  const auto pairs = keys.matrix<int64_t>();
-  for (int64_t i = 0; i < keys.dim_size(0); ++i) positions[pairs(i, 0)].push_back(i);
-  return positions;
-}
+ private:
+  const bool written_only_;
+};
 
+// The owner's read of a distributed lookup: rows of (table, key) pairs. With validate a
+// pair naming no table fails the op before any table is read (the GPU waits for the stream
+// once for that check); without, its row is zeros (pairs Sok>PartitionKeys built need none).
+template <typename Device>
 class DynamicGatherRowsOp : public tf::OpKernel {
  public:
   explicit DynamicGatherRowsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("insert", &insert_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("admit_probability", &admit_probability_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("validate", &validate_));
   }
   void Compute(tf::OpKernelContext* ctx) override {
     const int num_tables = ctx->num_inputs() - 1;
     OP_REQUIRES_OK(ctx, CheckAdmitProbability(admit_probability_, num_tables));
     const tf::Tensor& keys = ctx->input(num_tables);
-    OP_REQUIRES_OK(ctx, CheckKeyPairs(keys, num_tables));
+    OP_REQUIRES_OK(ctx, CheckKeyPairsShape(keys));
     const int64_t n = keys.dim_size(0);
-    tf::Tensor* rows = nullptr;
-    OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, 0, tf::TensorShape({n, dim_}), &rows));
-    const auto pairs = keys.matrix<int64_t>();
-    const std::vector<std::vector<int64_t>> positions = PositionsByTable(keys, num_tables);
-    for (int t = 0; t < num_tables; ++t) {
-      if (positions[t].empty()) continue;
-      tf::core::RefCountPtr<DynamicTableResource> table;
-      OP_REQUIRES_OK(ctx, GetTable(ctx, t, false, &table));
-      OP_REQUIRES(ctx, table->table().dim() == dim_,
-                  tf::errors::InvalidArgument("dynamic table ", t, " has dim ",
-                                              table->table().dim(), ", expected ", dim_));
-      const int64_t count = static_cast<int64_t>(positions[t].size());
-      std::vector<int64_t> table_keys(count);
-      for (int64_t j = 0; j < count; ++j) table_keys[j] = pairs(positions[t][j], 1);
-      std::vector<float> values(count * dim_);
-      const float admit = admit_probability_.empty() ? 1.0f : admit_probability_[t];
-      SOK_OP_REQUIRES_OK(ctx, table->table().Lookup(table_keys.data(), count, insert_,
-                                                    values.data(), CpuParallelFor(ctx), admit));
-      float* out = rows->flat<float>().data();
-      for (int64_t j = 0; j < count; ++j) {
-        std::memcpy(out + positions[t][j] * dim_, values.data() + j * dim_, dim_ * sizeof(float));
-      }
+    const int64_t* pairs = keys.flat<int64_t>().data();
+    if (validate_) {
+      tf::Tensor order;
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tf::DT_INT32, tf::TensorShape({n}), &order));
+      PairGroups groups;
+      OP_REQUIRES_OK(ctx, functor::GroupPairs<Device>()(ctx, pairs, n, num_tables, &order,
+                                                        &groups));
     }
+    std::vector<TableRef> held(num_tables);
+    std::vector<DynamicTable*> tables(num_tables);
+    for (int t = 0; t < num_tables; ++t) {
+      OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, t, &held[t]));
+      OP_REQUIRES(ctx, held[t]->dim() == dim_,
+                  tf::errors::InvalidArgument("dynamic table ", t, " has dim ", held[t]->dim(),
+                                              ", expected ", dim_));
+      tables[t] = &held[t]->table();
+    }
+    std::vector<float> admit = admit_probability_;
+    if (admit.empty()) admit.assign(num_tables, 1.0f);
+    tf::Tensor* rows = nullptr;
+    OP_REQUIRES_OK(ctx, functor::AllocateRows<Device>()(ctx, 0, tf::TensorShape({n, dim_}),
+                                                        &rows));
+    OP_REQUIRES_OK(ctx, functor::ReadPairRows<Device>()(ctx, tables, pairs, n, dim_, insert_,
+                                                        admit, rows->flat<float>().data()));
   }
 
  private:
   int64_t dim_ = 0;
   bool insert_ = true;
+  bool validate_ = true;
   std::vector<float> admit_probability_;
 };
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicGatherRows").Device(tf::DEVICE_CPU), DynamicGatherRowsOp);
 
+// The gradient of Sok>DynamicGatherRows split into (keys, rows) per table. The GPU waits for
+// the stream once: the per-table counts size the outputs.
+template <typename Device>
 class SplitDynamicGradientOp : public tf::OpKernel {
  public:
   explicit SplitDynamicGradientOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -276,78 +285,152 @@ class SplitDynamicGradientOp : public tf::OpKernel {
   void Compute(tf::OpKernelContext* ctx) override {
     const tf::Tensor& keys = ctx->input(0);
     const tf::Tensor& grad = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckKeyPairs(keys, num_tables_));
+    OP_REQUIRES_OK(ctx, CheckKeyPairsShape(keys));
     OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == keys.dim_size(0),
                 tf::errors::InvalidArgument("grad must be [keys, dim], got ",
                                             grad.shape().DebugString()));
-    const int64_t dim = grad.dim_size(1);
-    const auto pairs = keys.matrix<int64_t>();
-    const std::vector<std::vector<int64_t>> positions = PositionsByTable(keys, num_tables_);
+    const int64_t n = keys.dim_size(0), dim = grad.dim_size(1);
+    const int64_t* pairs = keys.flat<int64_t>().data();
+    tf::Tensor order;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tf::DT_INT32, tf::TensorShape({n}), &order));
+    PairGroups groups;
+    OP_REQUIRES_OK(ctx, functor::GroupPairs<Device>()(ctx, pairs, n,
+                                                      static_cast<int32_t>(num_tables_), &order,
+                                                      &groups));
+    int64_t start = 0;
     for (int64_t t = 0; t < num_tables_; ++t) {
-      const int64_t count = static_cast<int64_t>(positions[t].size());
+      const int64_t count = groups.counts[t];
       tf::Tensor *indices = nullptr, *values = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(t, tf::TensorShape({count}), &indices));
-      OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, num_tables_ + t,
-                                               tf::TensorShape({count, dim}), &values));
-      for (int64_t j = 0; j < count; ++j) {
-        indices->flat<int64_t>()(j) = pairs(positions[t][j], 1);
-        std::memcpy(values->flat<float>().data() + j * dim,
-                    grad.flat<float>().data() + positions[t][j] * dim, dim * sizeof(float));
-      }
+      OP_REQUIRES_OK(ctx, functor::AllocateRows<Device>()(ctx, num_tables_ + t,
+                                                          tf::TensorShape({count, dim}), &values));
+      OP_REQUIRES_OK(ctx, functor::GatherPairRows<Device>()(
+                              ctx, pairs, groups.order + start, count, dim,
+                              grad.flat<float>().data(), indices->flat<int64_t>().data(),
+                              values->flat<float>().data()));
+      start += count;
     }
   }
 
  private:
   int64_t num_tables_ = 0;
 };
-REGISTER_KERNEL_BUILDER(Name("Sok>SplitDynamicGradient").Device(tf::DEVICE_CPU), SplitDynamicGradientOp);
 
+// One optimizer step of a table's rows; the hyper-parameters stay in the device's memory.
+template <typename Device>
 class DynamicApplyOp : public tf::OpKernel {
  public:
   explicit DynamicApplyOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, attrs_.Read(ctx));
   }
-
   void Compute(tf::OpKernelContext* ctx) override {
-    tf::core::RefCountPtr<DynamicTableResource> resource;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, 0, false, &resource));
-    CpuHashTable& table = resource->table();
+    TableRef resource;
+    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &resource));
     const tf::Tensor& keys = ctx->input(1);
     const tf::Tensor& grads = ctx->input(2);
     const tf::Tensor& hyper = ctx->input(3);
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
-    const int64_t n = keys.NumElements(), dim = table.dim();
-    OP_REQUIRES_OK(ctx, CheckMatrix(grads, n, dim, "grads"));
+    const int64_t n = keys.NumElements();
+    OP_REQUIRES_OK(ctx, CheckMatrix(grads, n, resource->dim(), "grads"));
     OP_REQUIRES_OK(ctx, attrs_.CheckHyper(hyper));
-    // The rule must find the state it reads and writes (past it lies the next row).
-    bool fits = true;
-    SOK_OP_REQUIRES_OK(ctx, VisitRule(attrs_.rule, hyper.flat<float>().data(),
-                                      hyper.NumElements(), attrs_.nesterov,
-                                      [&](const auto& rule) {
-      fits = RuleStateFloats(rule, dim) <= std::max(attrs_.state_dim, table.state_dim());
-    }));
-    OP_REQUIRES(ctx, fits && attrs_.state_dim % dim == 0 && attrs_.state_dim <= 3 * dim,
-                tf::errors::InvalidArgument("rule ", attrs_.rule, " does not fit a state of ",
-                                            attrs_.state_dim, " floats per key"));
-    // Sum the gradients of duplicate keys so each row is updated once.
-    std::vector<int64_t> unique_keys;
-    std::vector<float> summed;
-    SumDuplicates(keys.flat<int64_t>().data(), GradientUses{grads.flat<float>().data()}, n, dim,
-                  &unique_keys, &summed);
-    table.EnsureState(attrs_.state_dim, attrs_.state_initial_value);
-    const float* g = summed.data();
-    SOK_OP_REQUIRES_OK(ctx, VisitRule(attrs_.rule, hyper.flat<float>().data(), hyper.NumElements(),
-                                      attrs_.nesterov, [&](const auto& rule) {
-      table.UpdateRows(
-          unique_keys.data(), unique_keys.size(),
-          [&](int64_t i, float* w, float* state) { ApplyRule(w, state, g + i * dim, dim, rule); },
-          CpuParallelFor(ctx));
-    }));
+    SparseUpdate update;
+    update.rule = attrs_.rule;
+    update.hyper = hyper.flat<float>().data();
+    update.hyper_count = hyper.NumElements();
+    update.nesterov = attrs_.nesterov;
+    update.state_dim = attrs_.state_dim;
+    update.state_initial_value = attrs_.state_initial_value;
+    update.keys = keys.flat<int64_t>().data();
+    update.n = n;
+    update.grads = grads.flat<float>().data();
+    SOK_OP_REQUIRES_OK(ctx, resource->table().ApplySparseUpdate(
+                                update, functor::TableContextOf<Device>()(ctx)));
   }
 
  private:
   DynamicApplyAttrs attrs_;
 };
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicApply").Device(tf::DEVICE_CPU), DynamicApplyOp);
 
+// A GPU kernel takes the table's handle in host memory: the resource lives on the host.
+#define SOK_REGISTER_TABLE_OP(name, Op)                                                   \
+  REGISTER_KERNEL_BUILDER(Name(name).Device(tf::DEVICE_CPU), Op<CpuDevice>);              \
+  SOK_REGISTER_TABLE_OP_GPU(name, Op)
+#if GOOGLE_CUDA
+#define SOK_REGISTER_TABLE_OP_GPU(name, Op) \
+  REGISTER_KERNEL_BUILDER(Name(name).Device(tf::DEVICE_GPU).HostMemory("handle"), Op<GpuDevice>);
+#else
+#define SOK_REGISTER_TABLE_OP_GPU(name, Op)
+#endif
+
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableCreate", DynamicTableCreateOp)
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableSize", DynamicTableSizeOp)
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableLookup", DynamicTableLookupOp)
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableLookupEvict", DynamicTableLookupOp)
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableAssign", DynamicTableAssignOp)
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableImport", DynamicTableImportOp)
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableErase", DynamicTableEraseOp)
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableExport", DynamicTableExportOp)
+SOK_REGISTER_TABLE_OP("Sok>DynamicApply", DynamicApplyOp)
+
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableHandle").Device(tf::DEVICE_CPU),
+                        tf::ResourceHandleOp<DynamicTableResource>);
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableExportWritten").Device(tf::DEVICE_CPU),
+                        DynamicTableExportOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicGatherRows").Device(tf::DEVICE_CPU),
+                        DynamicGatherRowsOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("Sok>SplitDynamicGradient").Device(tf::DEVICE_CPU),
+                        SplitDynamicGradientOp<CpuDevice>);
+#if GOOGLE_CUDA
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableHandle").Device(tf::DEVICE_GPU).HostMemory("handle"),
+                        tf::ResourceHandleOp<DynamicTableResource>);
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableExportWritten")
+                            .Device(tf::DEVICE_GPU)
+                            .HostMemory("handle")
+                            .HostMemory("written_after_us"),
+                        DynamicTableExportOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("Sok>DynamicGatherRows").Device(tf::DEVICE_GPU).HostMemory("tables"),
+                        DynamicGatherRowsOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("Sok>SplitDynamicGradient").Device(tf::DEVICE_GPU),
+                        SplitDynamicGradientOp<GpuDevice>);
+#endif
+
+namespace functor {
+
+template <>
+::tensorflow::Status ReadPairRows<CpuDevice>::operator()(tf::OpKernelContext* ctx,
+                                                         const std::vector<DynamicTable*>& tables,
+                                                         const int64_t* pairs, int64_t n,
+                                                         int64_t dim, bool insert,
+                                                         const std::vector<float>& admit,
+                                                         float* rows) {
+  const int64_t num_tables = static_cast<int64_t>(tables.size());
+  std::vector<std::vector<int64_t>> positions(num_tables);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = pairs[2 * i];
+    if (t >= 0 && t < num_tables) {
+      positions[t].push_back(i);
+    } else {
+      std::fill(rows + i * dim, rows + (i + 1) * dim, 0.0f);
+    }
+  }
+  const TableContext context = TableContextOf<CpuDevice>()(ctx);
+  for (int64_t t = 0; t < num_tables; ++t) {
+    const int64_t count = static_cast<int64_t>(positions[t].size());
+    if (count == 0) continue;
+    std::vector<int64_t> keys(count);
+    for (int64_t j = 0; j < count; ++j) keys[j] = pairs[2 * positions[t][j] + 1];
+    std::vector<float> values(count * dim);
+    const TableKeys view{keys.data(), count, 1, 0};
+    const Status status = insert ? tables[t]->FindOrInsert(view, values.data(), admit[t],
+                                                           nullptr, context)
+                                 : tables[t]->Find(view, values.data(), context);
+    TF_RETURN_IF_ERROR(ToTfStatus(status));
+    for (int64_t j = 0; j < count; ++j) {
+      CopyFloats(values.data() + j * dim, dim, rows + positions[t][j] * dim);
+    }
+  }
+  return tf::Status();
+}
+
+}  // namespace functor
 }  // namespace sok

@@ -1,38 +1,30 @@
-// The TensorFlow resource that owns a dynamic table (kit_src/core/hash_table): in host memory
-// when created on the CPU, in GPU memory when created on a GPU (the GPU kernels make it; the
-// table's type stays out of code nvcc does not compile).
+// The TensorFlow resource that owns a dynamic table: any implementation of the core's table
+// interface (kit_src/core/hash_table/dynamic_table.h), made by Sok>DynamicTableCreate on the
+// op's device.
 #pragma once
 
 #include <memory>
 #include <string>
 
-#include "kit_src/core/hash_table/cpu_hash_table.h"
+#include "kit_src/core/hash_table/dynamic_table.h"
 #include "tensorflow/core/framework/resource_base.h"
 
 namespace sok {
 
-class GpuHashTable;  // kit_src/core/hash_table/gpu_hash_table.cuh
-
 class DynamicTableResource : public ::tensorflow::ResourceBase {
  public:
-  DynamicTableResource(const HashTableOptions& options, const RowInitializer& initializer)
-      : cpu_(std::make_unique<CpuHashTable>(options, initializer)), dim_(options.dim) {}
-  DynamicTableResource(std::shared_ptr<GpuHashTable> gpu, int64_t dim)
-      : gpu_(std::move(gpu)), dim_(dim) {}
+  explicit DynamicTableResource(std::shared_ptr<DynamicTable> table) : table_(std::move(table)) {}
 
-  bool on_gpu() const { return gpu_ != nullptr; }
-  CpuHashTable& table() { return *cpu_; }
-  GpuHashTable& gpu_table() { return *gpu_; }
-  int64_t dim() const { return dim_; }
+  DynamicTable& table() { return *table_; }
+  bool on_gpu() const { return table_->in_device_memory(); }
+  int64_t dim() const { return table_->dim(); }
   std::string DebugString() const override {
     return std::string("sok dynamic table in ") + (on_gpu() ? "GPU" : "host") +
-           " memory, dim " + std::to_string(dim_);
+           " memory, dim " + std::to_string(dim());
   }
 
  private:
-  std::unique_ptr<CpuHashTable> cpu_;
-  std::shared_ptr<GpuHashTable> gpu_;
-  int64_t dim_ = 0;
+  std::shared_ptr<DynamicTable> table_;
 };
 
 }  // namespace sok

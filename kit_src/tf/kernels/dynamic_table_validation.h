@@ -6,7 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "kit_src/core/hash_table/cpu_hash_table.h"
+#include "kit_src/core/hash_table/dynamic_table.h"
+#include "kit_src/core/hash_table/row_initializer.h"
 #include "kit_src/core/optimizers/rule_by_name.h"
 #include "kit_src/tf/kernels/dynamic_table_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
