@@ -278,16 +278,19 @@ def _single_id_group(lookups, dim):
     tables = [lookup.table for lookup in lookups]
     for table in {id(t): t for t in tables}.values():
         resource_variable_ops.variable_accessed(table)
-    ids = [tf.cast(lookup.ids, tf.int64) for lookup in lookups]  # int64: as _fused_group
+    checked = _ids_checked_on_host(lookups)
+    ids = [tf.cast(i, tf.int64)  # int64: as _fused_group
+           for i in (checked or [lookup.ids for lookup in lookups])]
     names = [t.name for t in tables]
     outputs, check = raw_ops.sok_gather_single_ids(
         tables=[t.handle for t in tables], ids=ids,
         row_splits=[lookup.row_splits for lookup in lookups], dtype=tf.float32, dim=dim,
         table_names=names)
     # Reports an out-of-range id (stateful: it runs in a tf.function even though nothing reads
-    # it); on the GPU the gather itself does not wait for that verdict.
+    # it); on the GPU the gather itself does not wait for that verdict, nor the step where the
+    # ids were checked on the host.
     raw_ops.sok_check_gathered_ids(check, table_names=names,
-                                   deferred=id_checks.mode() == "deferred")
+                                   deferred=checked is not None or id_checks.mode() == "deferred")
     return outputs
 
 
@@ -303,16 +306,19 @@ def _pool_from_tables(lookups, dim, stacked=False, ids_checked=False):
     """Sok>PoolFromTables: each sample's weighted rows pooled straight from its table, with no
     dedup, sort or exchange, so nothing waits for the device; the gradients are IndexedSlices
     over the ids (Sok>SpreadPooledGrad), repeats summed by the update. With stacked, one
-    [batch, lookups, dim] output for all the lookups. With ids_checked (a staged batch's ids,
-    checked on the host already), the device's own check of the ids is deferred, as in the
-    "deferred" mode: the step does not wait for it."""
+    [batch, lookups, dim] output for all the lookups. With ids checked on the host (a staged
+    batch's, or any from an input pipeline: _ids_checked_on_host), the device's own check of
+    the ids is deferred, as in the "deferred" mode: the step does not wait for it."""
     tables = [lookup.table for lookup in lookups]
     for table in {id(t): t for t in tables}.values():
         resource_variable_ops.variable_accessed(table)
     names = [t.name for t in tables]
     empty = tf.zeros([0], tf.float32)
+    checked = None if ids_checked else _ids_checked_on_host(lookups)
+    ids_checked = ids_checked or checked is not None
     outputs, check = raw_ops.sok_pool_from_tables(
-        tables=[t.handle for t in tables], ids=[tf.cast(l.ids, tf.int64) for l in lookups],
+        tables=[t.handle for t in tables],
+        ids=[tf.cast(i, tf.int64) for i in (checked or [l.ids for l in lookups])],
         row_splits=[lookup.row_splits for lookup in lookups],
         weights=[empty if lookup.weights is None else lookup.weights for lookup in lookups],
         num_outputs=1 if stacked else len(lookups), stacked=stacked,
@@ -639,6 +645,28 @@ def _in_host_memory(tensor):
     return op.type in _HOST_PRODUCERS
 
 
+def _from_input_pipeline(tensor):
+    """Whether `tensor` is in host memory as an input pipeline hands it over (an iterator's
+    element, an eager CPU tensor); a function's argument may be on a device, so it is not."""
+    if isinstance(tensor, ops.EagerTensor):
+        return "CPU" in tensor.device.upper()
+    return tensor.op.type != "Placeholder" and _in_host_memory(tensor)
+
+
+def _ids_checked_on_host(lookups):
+    """The lookups' ids checked against their static tables in host memory, on their way to
+    the GPU (Sok>CheckIdsOnHost), where every lookup's ids come from an input pipeline; then
+    no step waits for the GPU's own check. None where some ids may be on a device already."""
+    if not all(_from_input_pipeline(lookup.ids) for lookup in lookups):
+        return None
+    with tf.device("CPU:0"):
+        return raw_ops.sok_check_ids_on_host(
+            ids=[tf.cast(lookup.ids, tf.int64) for lookup in lookups],
+            rows=[_placement_attrs(lookup.table)[0] for lookup in lookups],
+            table_names=[lookup.table.name for lookup in lookups])
+
+
+tf.no_gradient("Sok>CheckIdsOnHost")
 tf.no_gradient("Sok>PooledGradShares")
 tf.no_gradient("Sok>UnpackFeatures")
 tf.no_gradient("Sok>UnpackFeaturesFromHost")

@@ -759,6 +759,73 @@ def test_bad_id_in_a_training_step_changes_nothing(device, one_id):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_ids_from_a_pipeline_are_checked_on_the_host(device):
+    """Ids a tf.data iterator hands over in host memory are checked against their static
+    tables there, on their way to a GPU (Sok>CheckIdsOnHost; the GPU's own check is then
+    deferred, so no step waits for it): good steps train as the same steps with the ids
+    as arguments (checked on the device); a step with an id out of range fails at once,
+    naming the table and the id, and no update lands."""
+    init = np.arange(40, dtype=np.float32).reshape(10, 4)
+    with tf.device(f"{device}:0"):
+        tables = [sok.Variable(init, name="piped"), sok.Variable(init, name="argued")]
+    optimizers = [sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.25)) for _ in tables]
+    batches = [[1, 7, 1, 3], [2, 12, 5, 0], [9, 9, 0, 4]]  # the second holds id 12
+    rows = tf.RaggedTensor.from_row_lengths(tf.constant(sum(batches, []), tf.int64),
+                                            [2, 2] * len(batches))
+    dataset = tf.data.Dataset.from_tensor_slices(
+        tf.RaggedTensor.from_uniform_row_length(rows, 2)).prefetch(1)
+    iterator = iter(dataset)
+
+    def step(table, optimizer, ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse([table], [ids], combiners=["sum"])[0] ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+
+    piped = tf.function(lambda: step(tables[0], optimizers[0], next(iterator)))
+    argued = tf.function(lambda ids: step(tables[1], optimizers[1], ids))
+    if device == "GPU":  # (the CPU's lookup checks its ids as it reads them)
+        assert any(n.op == "Sok>CheckIdsOnHost" for n in graph_nodes(piped))
+    for k, batch in enumerate(batches):
+        ids = tf.RaggedTensor.from_row_lengths(tf.constant(batch, tf.int64), [2, 2])
+        if k == 1:
+            before = tables[0].numpy()
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match=r"id 12 of table 'piped:0' is out of range \[0, 10\)"):
+                on(device, piped)
+            np.testing.assert_array_equal(tables[0].numpy(), before)
+            continue
+        on(device, piped)
+        on(device, argued, ids)
+        np.testing.assert_allclose(tables[0].numpy(), tables[1].numpy(), rtol=1e-6)
+    assert not np.array_equal(tables[0].numpy(), init)
+
+
+def test_check_ids_on_host_names_the_first_bad_id():
+    """Sok>CheckIdsOnHost against NumPy: in-range ids pass through unchanged (int32 and
+    int64); the first id outside [0, rows) in order is named with its table, negative ids
+    and ids of 2^40 included; attrs of the wrong length are refused."""
+    rng = np.random.default_rng(21)
+    ids = [rng.integers(0, 1000, size=100_000).astype(np.int64),
+           rng.integers(0, 7, size=37).astype(np.int32)]
+    for want, rows in zip(ids, [1000, 7]):  # one dtype a call
+        got = raw_ops.sok_check_ids_on_host(ids=[want, want[::-1]], rows=[rows, rows],
+                                            table_names=["a", "b"])
+        np.testing.assert_array_equal(got[0].numpy(), want)
+        np.testing.assert_array_equal(got[1].numpy(), want[::-1])
+        assert got[0].dtype == want.dtype
+    for bad in ([-5], [1000], [1 << 40], [1000, -1]):
+        values = ids[0].copy()
+        positions = sorted(rng.choice(len(values), size=len(bad), replace=False))
+        values[positions] = bad
+        first = values[positions[0]]
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=rf"id {first} of table 'a' is out of range \[0, 1000\)"):
+            raw_ops.sok_check_ids_on_host(ids=[values], rows=[1000], table_names=["a"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one entry an input"):
+        raw_ops.sok_check_ids_on_host(ids=ids[:1] * 2, rows=[1000], table_names=["a", "b"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_one_id_gradients_guarded_on_the_device(device, monkeypatch):
     """The one-id path's gradients as on a GPU, forced on every device: nothing waits for the
     id check (one Sok>CheckGatheredIds, the forward's); a good step trains as Keras' SGD on a

@@ -1,6 +1,7 @@
 #include "kit_src/core/embedding/key_partition.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <numeric>
 
@@ -122,6 +123,33 @@ Status IdOutOfRange(const std::string& table_name, int64_t id, int64_t rows) {
                                  "' is out of range [0, " + std::to_string(rows) +
                                  "); ids of a static table must index one of its rows");
 }
+
+template <typename Tindex>
+Status CheckIdsInRange(const Tindex* ids, int64_t n, int64_t rows, const std::string& table_name,
+                       const ParallelFor& parallel_for) {
+  std::atomic<int64_t> first_bad{n};
+  parallel_for(n, 2, [&](int64_t begin, int64_t end) {
+    bool any_bad = false;  // a branch-free pass first: it vectorises
+    for (int64_t i = begin; i < end; ++i) {
+      any_bad |= static_cast<uint64_t>(static_cast<int64_t>(ids[i])) >= static_cast<uint64_t>(rows);
+    }
+    if (!any_bad) return;
+    for (int64_t i = begin; i < end; ++i) {
+      if (static_cast<uint64_t>(static_cast<int64_t>(ids[i])) < static_cast<uint64_t>(rows)) continue;
+      int64_t seen = first_bad.load();
+      while (i < seen && !first_bad.compare_exchange_weak(seen, i)) {
+      }
+      return;
+    }
+  });
+  const int64_t bad = first_bad.load();
+  return bad < n ? IdOutOfRange(table_name, static_cast<int64_t>(ids[bad]), rows) : Status::Ok();
+}
+
+template Status CheckIdsInRange<int32_t>(const int32_t*, int64_t, int64_t, const std::string&,
+                                         const ParallelFor&);
+template Status CheckIdsInRange<int64_t>(const int64_t*, int64_t, int64_t, const std::string&,
+                                         const ParallelFor&);
 
 template <typename Tindex>
 Status PartitionKeys(const std::vector<LookupIds<Tindex>>& lookups,

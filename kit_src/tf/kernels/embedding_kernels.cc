@@ -290,6 +290,38 @@ class CheckGatheredIdsOp : public tf::OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("Sok>CheckGatheredIds").Device(tf::DEVICE_CPU), CheckGatheredIdsOp);
+class CheckIdsOnHostOp : public tf::OpKernel {
+ public:
+  explicit CheckIdsOnHostOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rows", &rows_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
+    OP_REQUIRES(ctx, rows_.size() == table_names_.size() &&
+                         static_cast<int>(rows_.size()) == ctx->num_inputs(),
+                tf::errors::InvalidArgument("rows and table_names need one entry an input, got ",
+                                            rows_.size(), " and ", table_names_.size(), " for ",
+                                            ctx->num_inputs()));
+  }
+  void Compute(tf::OpKernelContext* ctx) override {
+    for (int l = 0; l < ctx->num_inputs(); ++l) {
+      const tf::Tensor& ids = ctx->input(l);
+      const Status status =
+          ids.dtype() == tf::DT_INT32
+              ? CheckIdsInRange(ids.flat<int32_t>().data(), ids.NumElements(), rows_[l],
+                                table_names_[l], CpuParallelFor(ctx))
+              : CheckIdsInRange(ids.flat<int64_t>().data(), ids.NumElements(), rows_[l],
+                                table_names_[l], CpuParallelFor(ctx));
+      SOK_OP_REQUIRES_OK(ctx, status);
+      ctx->set_output(l, ids);
+    }
+  }
+
+ private:
+  std::vector<int64_t> rows_;
+  std::vector<std::string> table_names_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>CheckIdsOnHost").Device(tf::DEVICE_CPU), CheckIdsOnHostOp);
+
 class GuardIdsOp : public tf::OpKernel {
  public:
   explicit GuardIdsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}

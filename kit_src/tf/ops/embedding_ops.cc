@@ -400,6 +400,24 @@ process (normally the next step); until then Sok>GuardIds on the GPU turns every
 into -1, so no update lands. The CPU kernels fail at once either way.
 )doc");
 
+REGISTER_OP("Sok>CheckIdsOnHost")
+    .Input("ids: N * Tindex")
+    .Output("checked: N * Tindex")
+    .Attr("N: int >= 1")
+    .Attr("Tindex: {int32, int64}")
+    .Attr("rows: list(int)")
+    .Attr("table_names: list(string)")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
+      return Status();
+    })
+    .Doc(R"doc(
+The ids of N lookups, in host memory on their way to a GPU, checked there: fails with the
+out-of-range error (naming table_names[i], the id and [0, rows[i])) for the first id outside
+its table, else gives the ids on (no copy). A lookup whose ids pass it need not wait for the
+GPU's own check. CPU only.
+)doc");
+
 REGISTER_OP("Sok>GuardIds")
     .Input("ids: N * int64")
     .Input("check: int64")
