@@ -653,15 +653,25 @@ def _from_input_pipeline(tensor):
     return tensor.op.type != "Placeholder" and _in_host_memory(tensor)
 
 
+# The most lookups of one call whose ids are checked on the host. The host pass over the ids
+# lies on the step's path: for one table's batch (T3) it costs less than the wait for the
+# GPU's verdict it saves; for 26 tables' (T1's list form) it cost more on an H100.
+_HOST_CHECK_MAX_LOOKUPS = 4
+
+
 def _ids_checked_on_host(lookups):
     """The lookups' ids checked against their static tables in host memory, on their way to
-    the GPU (Sok>CheckIdsOnHost), where every lookup's ids come from an input pipeline; then
-    no step waits for the GPU's own check. None where some ids may be on a device already."""
+    the GPU (Sok>CheckIdsOnHost), where every lookup's ids come from an input pipeline and
+    they are few; then no step waits for the GPU's own check. None otherwise."""
+    if len(lookups) > _HOST_CHECK_MAX_LOOKUPS:
+        return None
     if not all(_from_input_pipeline(lookup.ids) for lookup in lookups):
         return None
-    with tf.device("CPU:0"):
+    dtypes = {lookup.ids.dtype for lookup in lookups}
+    with tf.device("CPU:0"):  # ids of one dtype checked as they are: cast (if) on the device
         return raw_ops.sok_check_ids_on_host(
-            ids=[tf.cast(lookup.ids, tf.int64) for lookup in lookups],
+            ids=[lookup.ids if len(dtypes) == 1 else tf.cast(lookup.ids, tf.int64)
+                 for lookup in lookups],
             rows=[_placement_attrs(lookup.table)[0] for lookup in lookups],
             table_names=[lookup.table.name for lookup in lookups])
 
