@@ -26,8 +26,9 @@ def timings(value, prefix=""):
                 yield from timings(inner, path)
 
 
-def side(directory, name):
-    """{file/path: [ms per round]} of one side's rounds."""
+def side(directory, name, made=None):
+    """{file/path: [ms per round]} of one side's rounds; `made` (a dict) receives the first
+    file's provenance."""
     found = {}
     for round_dir in sorted(glob.glob(os.path.join(directory, f"{name}_*"))):
         if not os.path.isdir(round_dir):
@@ -35,6 +36,8 @@ def side(directory, name):
         for path in sorted(glob.glob(os.path.join(round_dir, "*.json"))):
             with open(path) as handle:
                 result = json.load(handle)
+            if made is not None and not made and "provenance" in result:
+                made.update(result["provenance"])
             stem = os.path.splitext(os.path.basename(path))[0]
             for key, ms in timings(result.get("results", result)):
                 found.setdefault(f"{stem}:{key}", []).append(ms)
@@ -47,7 +50,8 @@ def main():
     parser.add_argument("directory")
     parser.add_argument("--tolerance", type=float, default=0.03)
     args = parser.parse_args()
-    base, new = side(args.directory, "base"), side(args.directory, "new")
+    made = {}
+    base, new = side(args.directory, "base"), side(args.directory, "new", made)
     rows = []
     for key in sorted(set(base) & set(new)):
         b, n = statistics.median(base[key]), statistics.median(new[key])
@@ -56,7 +60,11 @@ def main():
                      "rounds": [len(base[key]), len(new[key])]})
     rows.sort(key=lambda row: -row["new_over_base"])
     with open(os.path.join(args.directory, "ab_compare.json"), "w") as handle:
-        json.dump({"tolerance": args.tolerance, "timings": rows}, handle, indent=1)
+        json.dump({"tolerance": args.tolerance, "timings": rows,
+                   "provenance": {"device": made.get("device"), "versions": made.get("versions"),
+                                  "command": f"python benchmarks/ab_compare.py over runs of: "
+                                             f"{made.get('command')}",
+                                  "date": made.get("date")}}, handle, indent=1)
     slower = [row for row in rows if row["new_over_base"] > 1 + args.tolerance]
     for row in rows:
         mark = "  SLOWER" if row in slower else ""
