@@ -12,6 +12,8 @@ mkdir -p "$OUT"
 : "${HKV_INCLUDE:?set HKV_INCLUDE to the include folder of a HierarchicalKV checkout}"
 nvcc -std=c++17 -O3 -arch=sm_${SOK_CUDA_ARCHS:-90} --expt-relaxed-constexpr -I. -I"$HKV_INCLUDE" \
   benchmarks/gpu/g4_vs_hkv.cu kit_src/core/hash_table/gpu_hash_table.cu \
+  kit_src/core/hash_table/gpu_table_lookup.cu kit_src/core/hash_table/gpu_table_write.cu \
+  kit_src/core/hash_table/gpu_table_apply.cu kit_src/core/hash_table/gpu_table_evict.cu \
   kit_src/core/optimizers/sparse_apply.cu kit_src/core/embedding/lookup_gpu.cu \
   kit_src/core/optimizers/rule_by_name.cc -o "$OUT/g4_vs_hkv"
 "$OUT/g4_vs_hkv" > "$OUT/g4_vs_hkv_raw.json"

@@ -1,0 +1,111 @@
+// The GPU table's removals (gpu_hash_table.cuh): erase by key, and eviction of the
+// lowest-scored rows when a find-or-insert needs room.
+#include "kit_src/core/hash_table/gpu_table_internal.cuh"
+
+namespace sok {
+namespace {
+
+// Removes the key of slot p if its row is still `row` (one of several erasers wins).
+__device__ bool EraseAt(Slot* slots, int64_t p, unsigned long long row, Counters* c,
+                        int64_t* free_rows, uint64_t* row_meta) {
+  if (atomicCAS(&slots[p].row, row, kErasedRow) != row) return false;
+  row_meta[row] = 0;
+  free_rows[atomicAdd(&c->free_count, 1ull)] = static_cast<int64_t>(row);
+  atomicAdd(&c->size, ~0ull);  // -1
+  return true;
+}
+__global__ void EraseKeys(const int64_t* keys, int64_t n, Slot* slots, int64_t mask, Counters* c,
+                          int64_t* free_rows, uint64_t* row_meta, unsigned long long* erased) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t p = FindSlot(slots, mask, keys[i]);
+    if (p < 0) continue;
+    const unsigned long long row = slots[p].row;
+    if (row < kClaimedRow && EraseAt(slots, p, row, c, free_rows, row_meta)) atomicAdd(erased, 1ull);
+  }
+}
+// The first `count` rows of `sorted_rows` (lowest scores first) are evicted.
+__global__ void EvictRows(const int64_t* sorted_rows, int64_t count, const int64_t* row_keys,
+                          Slot* slots, int64_t mask, Counters* c, int64_t* free_rows,
+                          uint64_t* row_meta) {
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < count;
+       j += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = sorted_rows[j];
+    const int64_t p = FindSlot(slots, mask, row_keys[row]);
+    if (p >= 0) EraseAt(slots, p, static_cast<unsigned long long>(row), c, free_rows, row_meta);
+  }
+}
+// Eviction order: live rows by score, then free rows last.
+__global__ void ScoreRows(const uint64_t* row_meta, int64_t n, uint64_t* scores, int64_t* rows) {
+  for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r < n;
+       r += int64_t{gridDim.x} * blockDim.x) {
+    const uint64_t meta = row_meta[r];
+    scores[r] = (meta & kRowLive) ? (meta & kScoreBits) >> kScoreShift : ~0ull;
+    rows[r] = r;
+  }
+}
+// Evicts the `count` lowest-scored keys (ties: lower rows first).
+// The keys and widened rows of the rows about to be evicted, before EvictRows frees them.
+template <typename V>
+__global__ void CopyEvictedRows(const int64_t* rows, int64_t count, const int64_t* row_keys,
+                                const V* values, int64_t dim, int64_t* keys_out,
+                                float* values_out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count * dim;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = i / dim, d = i - j * dim, row = rows[j];
+    if (d == 0) keys_out[j] = row_keys[row];
+    values_out[i] = Widen(values[row * dim + d]);
+  }
+}
+
+}  // namespace
+
+Status GpuHashTable::Evict(int64_t count, int64_t next_row, cudaStream_t stream,
+                           EvictedRows* evicted) {
+  uint64_t *scores = nullptr, *sorted_scores = nullptr;
+  int64_t *rows = nullptr, *sorted_rows = nullptr;
+  SOK_RETURN_IF_ERROR(Scratch(next_row, &scores));
+  SOK_RETURN_IF_ERROR(Scratch(next_row, &sorted_scores));
+  SOK_RETURN_IF_ERROR(Scratch(next_row, &rows));
+  SOK_RETURN_IF_ERROR(Scratch(next_row, &sorted_rows));
+  ScoreRows<<<Blocks(next_row), kThreads, 0, stream>>>(row_meta_, next_row, scores, rows);
+  size_t bytes = 0;
+  const int items = static_cast<int>(next_row);
+  cub::DeviceRadixSort::SortPairs(nullptr, bytes, scores, sorted_scores, rows, sorted_rows, items,
+                                  0, 64, stream);
+  char* temp = nullptr;
+  SOK_RETURN_IF_ERROR(Scratch(bytes, &temp));
+  cub::DeviceRadixSort::SortPairs(temp, bytes, scores, sorted_scores, rows, sorted_rows, items, 0,
+                                  64, stream);
+  if (evicted != nullptr) {
+    int64_t* keys_out = nullptr;
+    float* values_out = nullptr;
+    SOK_RETURN_IF_ERROR(evicted->allocate(count, &keys_out, &values_out));
+    evicted->count = count;
+    VisitValueType(options_.value_type, [&](auto value) {
+      using V = decltype(value);
+      CopyEvictedRows<V><<<Blocks(count * options_.dim), kThreads, 0, stream>>>(
+          sorted_rows, count, row_keys_, static_cast<const V*>(values_), options_.dim, keys_out,
+          values_out);
+    });
+  }
+  EvictRows<<<Blocks(count), kThreads, 0, stream>>>(sorted_rows, count, row_keys_,
+                                                    static_cast<Slot*>(slots_), num_slots_ - 1,
+                                                    counters_, free_rows_, row_meta_);
+  return CudaStatus(cudaGetLastError(), "evict");
+}
+Status GpuHashTable::Erase(const int64_t* keys, int64_t n, int64_t* erased_device,
+                           const TableContext& context) {
+  const cudaStream_t stream = StreamOf(context);
+  std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(init_status_);
+  cudaMemsetAsync(erased_device, 0, sizeof(int64_t), stream);
+  if (n > 0) {
+    EraseKeys<<<Blocks(n), kThreads, 0, stream>>>(
+        keys, n, static_cast<Slot*>(slots_), num_slots_ - 1, counters_, free_rows_, row_meta_,
+        reinterpret_cast<unsigned long long*>(erased_device));
+  }
+  return CudaStatus(cudaGetLastError(), "erase");
+}
+
+}  // namespace sok
