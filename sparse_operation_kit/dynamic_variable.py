@@ -24,7 +24,8 @@ from tensorflow.python.saved_model import registration
 
 from sparse_operation_kit import communication
 from sparse_operation_kit._ops import raw_ops
-from sparse_operation_kit.variables import PlacedTable, Variable, parse_mode
+from sparse_operation_kit.placement import parse_mode
+from sparse_operation_kit.variables import PlacedTable, Variable
 
 EVICT_STRATEGIES = ("lru", "lfu")
 # SOK's (HierarchicalKV's) names for them; kCustomized takes user scores, which sok's API has

@@ -29,7 +29,8 @@ from tensorflow.python.ops import resource_variable_ops
 from sparse_operation_kit import communication, id_checks, staging
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable
-from sparse_operation_kit.variables import DISTRIBUTED, Variable
+from sparse_operation_kit.placement import DISTRIBUTED
+from sparse_operation_kit.variables import Variable
 
 COMBINERS = ("sum", "mean", "sqrtn")
 _WEIGHT_DTYPES = (tf.float32, tf.float16, tf.bfloat16, tf.float64)

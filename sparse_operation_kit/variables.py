@@ -1,68 +1,14 @@
 """Static embedding tables placed across workers.
 
-`Variable` is a `tf.Variable` whose value on each worker is that worker's local shard:
-- distributed: global row r lives on worker r % N at local row r // N;
-- localized:K: the whole table on worker K, an empty [0, dim] variable elsewhere.
+`Variable` is a `tf.Variable` whose value on each worker is that worker's local shard
+(sparse_operation_kit/placement.py says which rows): distributed over the workers, or
+localized:K, the whole table on worker K and an empty [0, dim] variable elsewhere.
 """
-import dataclasses
-import re
-
-import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from sparse_operation_kit import communication
-
-_LOCALIZED = re.compile(r"^localized:(\d+)$")
-DISTRIBUTED = -1  # `Placement.owner` of a distributed table
-
-
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    """Where the rows of a static table live."""
-
-    owner: int  # DISTRIBUTED, or the worker holding the whole table
-    num_workers: int
-
-    def local_rows(self, global_rows, rank):
-        if self.owner == DISTRIBUTED:
-            return max(0, (global_rows - rank + self.num_workers - 1) // self.num_workers)
-        return global_rows if rank == self.owner else 0
-
-    def mode(self):
-        return "distributed" if self.owner == DISTRIBUTED else f"localized:{self.owner}"
-
-    def owner_of(self, ids):
-        """The worker holding each of `ids` (global rows of a static table, keys of a dynamic
-        one): uint64(id) % N when distributed, as the lookup kernels route them."""
-        ids = np.asarray(ids, np.int64)
-        if self.owner != DISTRIBUTED:
-            return np.full(ids.shape, self.owner, np.int64)
-        return (ids.astype(np.uint64) % np.uint64(self.num_workers)).astype(np.int64)
-
-
-def parse_mode(mode, num_workers):
-    """Parses SOK's `mode` string into a Placement; ValueError names the valid forms."""
-    if mode is None or mode == "distributed":
-        return Placement(DISTRIBUTED, num_workers)
-    match = _LOCALIZED.match(mode) if isinstance(mode, str) else None
-    if not match:
-        raise ValueError(f"unknown mode {mode!r}; valid modes are None, 'distributed' and "
-                         "'localized:K' with K a worker index")
-    owner = int(match.group(1))
-    if owner >= num_workers:
-        raise ValueError(f"mode {mode!r} places the table on worker {owner}, but there are "
-                         f"only {num_workers} workers")
-    return Placement(owner, num_workers)
-
-
-def _local_shard(global_value, placement, rank):
-    """The rows of the global table that this worker holds, in increasing global row."""
-    if placement.owner == DISTRIBUTED:
-        return global_value[rank::placement.num_workers]
-    if rank == placement.owner:
-        return global_value
-    return global_value[:0]
+from sparse_operation_kit.placement import parse_mode
 
 
 class PlacedTable:
@@ -130,7 +76,7 @@ class Variable(PlacedTable, resource_variable_ops.ResourceVariable):
                 raise ValueError("a sok.Variable holds a [rows, dim] table, got initial value of "
                                  f"shape {global_value.shape}")
             global_rows, dim = global_value.shape
-            local_value = _local_shard(global_value, placement, rank)
+            local_value = placement.local_shard(global_value, rank)
         else:
             if shape is None or len(shape) != 2:
                 raise ValueError(f"give initial_value, or shape=[rows, dim] with an initializer; "
@@ -151,10 +97,7 @@ class Variable(PlacedTable, resource_variable_ops.ResourceVariable):
 
     def global_row_ids(self):
         """The global row of each local row, as an int64 numpy array."""
-        rank = communication.rank()
-        if self._placement.owner == DISTRIBUTED:
-            return np.arange(rank, self._global_rows, self._placement.num_workers, dtype=np.int64)
-        return np.arange(self._placement.local_rows(self._global_rows, rank), dtype=np.int64)
+        return self._placement.held_rows(self._global_rows, communication.rank())
 
 
 class DistributedVariable(Variable):

@@ -26,11 +26,11 @@ def test_single_worker_variable_is_the_whole_table():
 
 def test_placement_shards_rows_round_robin():
     """The local shard of worker `rank` among N: rows r with r % N == rank, increasing r."""
-    from sparse_operation_kit.variables import DISTRIBUTED, Placement, _local_shard
+    from sparse_operation_kit.placement import DISTRIBUTED, Placement
 
     table = np.arange(7 * 2).reshape(7, 2)
     placement = Placement(DISTRIBUTED, 3)
-    shards = [np.asarray(_local_shard(table, placement, r)) for r in range(3)]
+    shards = [np.asarray(placement.local_shard(table, r)) for r in range(3)]
     assert [s.shape[0] for s in shards] == [placement.local_rows(7, r) for r in range(3)] == [3, 2, 2]
     np.testing.assert_array_equal(shards[1], table[[1, 4]])
     localized = Placement(2, 3)
@@ -41,6 +41,10 @@ def test_placement_shards_rows_round_robin():
     keys = np.array([-1, -7, 5, 2**62 + 1], np.int64)
     np.testing.assert_array_equal(placement.owner_of(keys), keys.astype(np.uint64) % np.uint64(3))
     np.testing.assert_array_equal(localized.owner_of(keys), [2, 2, 2, 2])
+    # the global rows a worker holds are its shard's rows, in local order
+    for p in (placement, localized):
+        for r in range(3):
+            np.testing.assert_array_equal(table[p.held_rows(7, r)], np.asarray(p.local_shard(table, r)))
 
 
 def test_variable_from_shape_and_initializer():

@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "kit_src/core/embedding/packed_key.h"
+#include "kit_src/core/embedding/row_owner.h"
 
 namespace sok {
 namespace {
@@ -20,13 +21,13 @@ struct TableKeys {
 
 
 int32_t OwnerOf(const TablePlacement& table, int64_t id, int32_t num_workers) {
-  if (table.owner >= 0) return table.owner;
-  if (table.dynamic) return static_cast<int32_t>(static_cast<uint64_t>(id) % num_workers);
-  return static_cast<int32_t>(id % num_workers);
+  if (table.dynamic) return static_cast<int32_t>(DynamicKeyOwner(id, table.owner, num_workers));
+  return static_cast<int32_t>(StaticRowOwner(id, table.owner, num_workers));
 }
 
+// A dynamic table's keys are sent as they are.
 int64_t LocalRowOf(const TablePlacement& table, int64_t id, int32_t num_workers) {
-  return table.owner >= 0 || table.dynamic ? id : id / num_workers;
+  return table.dynamic ? id : StaticLocalRow(id, table.owner, num_workers);
 }
 
 // Dedup through a bitmap of the table's rows, for tables not much larger than the number of

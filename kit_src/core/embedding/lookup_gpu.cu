@@ -8,6 +8,7 @@
 #include "kit_src/core/cuda_atomic.cuh"
 #include "kit_src/core/cuda_scratch.cuh"
 #include "kit_src/core/embedding/packed_key.h"
+#include "kit_src/core/embedding/row_owner.h"
 
 namespace sok {
 namespace {
@@ -97,8 +98,8 @@ __global__ void PartitionSortKeysKernel(const GpuPartitionLookup* lookups, int32
       sort_keys[i] = ~0ull;
       continue;
     }
-    const uint64_t worker = lookup.owner >= 0 ? lookup.owner : id % num_workers;
-    const uint64_t row = lookup.owner >= 0 ? id : id / num_workers;
+    const uint64_t worker = StaticRowOwner(id, lookup.owner, num_workers);
+    const uint64_t row = StaticLocalRow(id, lookup.owner, num_workers);
     sort_keys[i] = (worker << (table_bits + row_bits)) |
                    (static_cast<uint64_t>(lookup.table) << row_bits) | row;
   }

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "kit_src/core/cuda_scratch.cuh"
+#include "kit_src/core/embedding/row_owner.h"
 
 namespace sok {
 namespace {
@@ -25,9 +26,7 @@ __global__ void PairSortKeys(const GpuPartitionLookup* lookups, int32_t num_look
     const int64_t j = i - lookup.first;
     const int64_t id = ids64 ? static_cast<const int64_t*>(lookup.ids)[j]
                              : static_cast<const int32_t*>(lookup.ids)[j];
-    const uint32_t worker = lookup.owner >= 0
-                                ? static_cast<uint32_t>(lookup.owner)
-                                : static_cast<uint32_t>(static_cast<uint64_t>(id) % num_workers);
+    const uint32_t worker = DynamicKeyOwner(id, lookup.owner, num_workers);
     ids[i] = static_cast<uint64_t>(id);
     group[i] = (worker << table_bits) | static_cast<uint32_t>(lookup.table);
     order[i] = static_cast<int32_t>(i);

@@ -16,6 +16,7 @@
 #include "kit_src/core/embedding/key_partition.h"
 #include "kit_src/core/embedding/packed_key.h"
 #include "kit_src/core/embedding/pair_keys_gpu.cuh"
+#include "kit_src/core/embedding/row_owner.h"
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/embedding_validation.h"
 #include "kit_src/tf/kernels/gathered_ids_check.h"
@@ -438,9 +439,8 @@ class PartitionKeysGpuOp : public tf::OpKernel {
     const int64_t num_workers = attrs_.options.num_workers;
     uint64_t max_local_rows = 1;
     for (const TablePlacement& table : attrs_.tables) {
-      const int64_t local = table.owner >= 0 ? table.rows
-                                             : (table.rows + num_workers - 1) / num_workers;
-      max_local_rows = std::max<uint64_t>(max_local_rows, local);
+      max_local_rows = std::max<uint64_t>(
+          max_local_rows, MostLocalRows(table.rows, table.owner, static_cast<int32_t>(num_workers)));
     }
     for (int64_t table : attrs_.lookup_table) {
       OP_REQUIRES(ctx, table >= 0 && table < static_cast<int64_t>(attrs_.tables.size()),
