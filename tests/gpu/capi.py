@@ -19,6 +19,9 @@ def load():
                                             ctypes.c_float, ptr]
     lib.sok_sparse_apply.argtypes = [ctypes.c_char_p, ptr, i64, ctypes.c_int, ptr, ptr, i64,
                                      i64, i64, ptr, ptr, i64, ptr]
+    i32 = ctypes.c_int32
+    lib.sok_partition_keys.argtypes = [ptr, ptr, ptr, i32, ptr, ptr, i32, i32, ctypes.c_int,
+                                       ptr, ptr, ptr, ptr, ptr, ptr, ptr]
     return lib
 
 

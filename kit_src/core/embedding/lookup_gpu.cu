@@ -818,6 +818,53 @@ cudaError_t DescribeBadId(const GpuPartitionLookup* partition_lookups, bool ids6
   return cudaGetLastError();
 }
 
+cudaError_t SortPartitionKeys(const GpuPartitionLookup* lookups_device, int32_t num_lookups,
+                              bool ids64, int64_t total, int32_t num_workers, int table_bits,
+                              int row_bits, int key_bits, bool dedup, int32_t num_tables,
+                              const DeviceAllocate& allocate, LookupCheck* check,
+                              SortedPartitionKeys* out, cudaStream_t stream) {
+  auto get = [&](auto** array, int64_t count) {
+    *array = static_cast<std::remove_reference_t<decltype(**array)>*>(
+        allocate(std::max<size_t>(count * sizeof(**array), 1)));
+    return *array != nullptr;
+  };
+  uint64_t* keys = nullptr;
+  int32_t *order = nullptr, *head = nullptr;
+  if (!(get(&keys, total) && get(&out->sorted, total) && get(&order, total) &&
+        get(&out->order, total) && get(&head, total) && get(&out->slot, total) &&
+        get(&out->worker_counts, num_workers + num_tables))) {
+    return cudaErrorMemoryAllocation;
+  }
+  out->table_counts = num_tables > 0 ? out->worker_counts + num_workers : nullptr;
+  key_bits = std::max(key_bits, 1);
+  cudaError_t status = BuildPartitionSortKeys(lookups_device, num_lookups, ids64, total,
+                                              num_workers, table_bits, row_bits, keys, order,
+                                              check, stream);
+  if (status != cudaSuccess) return status;
+  const int items = static_cast<int>(total);
+  if (total > 0) {
+    size_t sort_bytes = 0, scan_bytes = 0;
+    cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, out->sorted, order, out->order,
+                                    items, 0, key_bits, stream);
+    cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, head, out->slot, items, stream);
+    char* temp = nullptr;
+    if (!get(&temp, static_cast<int64_t>(std::max(sort_bytes, scan_bytes)))) {
+      return cudaErrorMemoryAllocation;
+    }
+    cub::DeviceRadixSort::SortPairs(temp, sort_bytes, keys, out->sorted, order, out->order,
+                                    items, 0, key_bits, stream);
+    status = MarkUniqueKeys(out->sorted, total, dedup, row_bits, table_bits, num_workers,
+                            num_tables, head, out->worker_counts, out->table_counts, stream);
+    if (status != cudaSuccess) return status;
+    cub::DeviceScan::InclusiveSum(temp, scan_bytes, head, out->slot, items, stream);
+  } else {
+    status = MarkUniqueKeys(out->sorted, total, dedup, row_bits, table_bits, num_workers,
+                            num_tables, head, out->worker_counts, out->table_counts, stream);
+    if (status != cudaSuccess) return status;
+  }
+  return DescribeBadId(lookups_device, ids64, check, stream);
+}
+
 cudaError_t CountKeysPerTableGpu(const int64_t* keys, int64_t n, int32_t num_tables,
                                  int64_t* counts, int32_t* grouped, LookupCheck* check,
                                  cudaStream_t stream) {

@@ -85,6 +85,26 @@ cudaError_t ScatterPartition(const uint64_t* sorted, const int32_t* order, const
                              int64_t total, int row_bits, int table_bits, int64_t* send_keys,
                              int32_t* position, cudaStream_t stream);
 
+// Phases 1 and 2 and the scan in one call (the CPU's PartitionKeys in key_partition.h is its
+// twin): every static lookup's id sorted by (owner worker, table, local row) with CUB's radix
+// sort, the heads of equal keys marked (every key without dedup) and scanned. Scratch comes
+// from `allocate`; nothing synchronises. key_bits: the sort keys' width (worker, table and
+// row bits). The unique count is out->slot[total - 1]; bad ids are
+// in `check` (described: DescribeBadId). With num_tables > 0 (one worker, num_tables small
+// enough for shared memory) each table's key count is taken too.
+struct SortedPartitionKeys {
+  uint64_t* sorted = nullptr;         // [total] sort keys, sorted
+  int32_t* order = nullptr;           // [total] each sorted key's index among all ids
+  int32_t* slot = nullptr;            // [total] inclusive scan of the heads
+  int64_t* worker_counts = nullptr;   // [num_workers] unique keys for each worker
+  int64_t* table_counts = nullptr;    // [num_tables], or null
+};
+cudaError_t SortPartitionKeys(const GpuPartitionLookup* lookups_device, int32_t num_lookups,
+                              bool ids64, int64_t total, int32_t num_workers, int table_bits,
+                              int row_bits, int key_bits, bool dedup, int32_t num_tables,
+                              const DeviceAllocate& allocate, LookupCheck* check,
+                              SortedPartitionKeys* out, cudaStream_t stream);
+
 // ---- Owner side (Sok>GatherShardRows, Sok>GatherSingleIds, Sok>SplitGradientByTable) ----
 
 // out[i] = row PackedRow(keys[i]) of shard PackedTable(keys[i]); bad keys give zero rows and

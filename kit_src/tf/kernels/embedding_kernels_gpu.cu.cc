@@ -428,9 +428,9 @@ REGISTER_SINGLE_IDS_GPU(int64_t);
 
 // ------------------------------------------------------------------ Sok>PartitionKeys
 
-// Sorts every id by (owner worker, table, local row) with CUB's radix sort, marks the first of
-// each run of equal keys (every key without dedup), and scans the marks into each id's
-// position. Synchronises once: the number of unique keys sizes send_keys. splits is an output
+// The core's SortPartitionKeys (lookup_gpu.cuh) sorts every id by (owner worker, table, local
+// row), marks the first of each run of equal keys (every key without dedup) and scans the
+// marks into each id's position; ScatterPartition lays out the keys. Synchronises once: the number of unique keys sizes send_keys. splits is an output
 // in host memory (Horovod's all-to-all reads it there).
 class PartitionKeysGpuOp : public tf::OpKernel {
  public:
@@ -486,9 +486,6 @@ class PartitionKeysGpuOp : public tf::OpKernel {
     const cudaStream_t stream = GpuStream(ctx);
     GpuCallMemory memory;
     GpuPartitionLookup* lookups_device = nullptr;
-    uint64_t *keys = nullptr, *sorted = nullptr;
-    int32_t *order = nullptr, *sorted_order = nullptr, *head = nullptr, *slot = nullptr;
-    int64_t *worker_counts = nullptr, *table_counts = nullptr;
     // One worker: each table's key count too, for Sok>SplitGradientByTable (no count, no
     // synchronisation there).
     const int64_t num_workers = attrs_.options.num_workers;
@@ -504,55 +501,27 @@ class PartitionKeysGpuOp : public tf::OpKernel {
     HostView* host = nullptr;
     GpuCheck check;
     OP_REQUIRES_OK(ctx, memory.Upload(ctx, lookups, &lookups_device));
-    for (tf::Status s : {memory.Device(ctx, total, &keys), memory.Device(ctx, total, &sorted),
-                         memory.Device(ctx, total, &order), memory.Device(ctx, total, &sorted_order),
-                         memory.Device(ctx, total, &head), memory.Device(ctx, total, &slot),
-                         memory.Device(ctx, num_workers + num_tables, &worker_counts),
-                         memory.Pinned(ctx, sizeof(HostView) + 8 * (num_workers + num_tables),
-                                       reinterpret_cast<char**>(&host))}) {
-      OP_REQUIRES_OK(ctx, s);
-    }
+    OP_REQUIRES_OK(ctx, memory.Pinned(ctx, sizeof(HostView) + 8 * (num_workers + num_tables),
+                                      reinterpret_cast<char**>(&host)));
     OP_REQUIRES_OK(ctx, check.Init(ctx, &memory));
-    const int key_bits = row_bits_ + table_bits_ + BitsFor(attrs_.options.num_workers);
-    OP_REQUIRES_OK(ctx, CudaToTf(BuildPartitionSortKeys(lookups_device, n, ids64, total,
-                                                        static_cast<int32_t>(attrs_.options.num_workers),
-                                                        table_bits_, row_bits_, keys, order,
-                                                        check.device, stream),
+    SortedPartitionKeys sorted;
+    const int key_bits = row_bits_ + table_bits_ + BitsFor(num_workers);
+    OP_REQUIRES_OK(ctx, CudaToTf(SortPartitionKeys(lookups_device, n, ids64, total,
+                                                   static_cast<int32_t>(num_workers), table_bits_,
+                                                   row_bits_, key_bits, attrs_.options.dedup,
+                                                   static_cast<int32_t>(num_tables),
+                                                   ScratchFrom(ctx, &memory), check.device,
+                                                   &sorted, stream),
                                  "partition keys"));
-    if (total > 0) {
-      size_t sort_bytes = 0, scan_bytes = 0;
-      cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, sorted, order, sorted_order,
-                                      static_cast<int>(total), 0, std::max(key_bits, 1), stream);
-      cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, head, slot, static_cast<int>(total),
-                                    stream);
-      char* temp = nullptr;
-      OP_REQUIRES_OK(ctx, memory.Device(ctx, std::max(sort_bytes, scan_bytes), &temp));
-      cub::DeviceRadixSort::SortPairs(temp, sort_bytes, keys, sorted, order, sorted_order,
-                                      static_cast<int>(total), 0, std::max(key_bits, 1), stream);
-    }
-    if (num_tables > 0) table_counts = worker_counts + num_workers;
-    OP_REQUIRES_OK(ctx, CudaToTf(MarkUniqueKeys(sorted, total, attrs_.options.dedup, row_bits_,
-                                                table_bits_, static_cast<int32_t>(num_workers),
-                                                static_cast<int32_t>(num_tables), head,
-                                                worker_counts, table_counts, stream),
-                                 "mark unique keys"));
     host->unique = 0;
     if (total > 0) {
-      size_t scan_bytes = 0;
-      cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, head, slot, static_cast<int>(total),
-                                    stream);
-      char* temp = nullptr;
-      OP_REQUIRES_OK(ctx, memory.Device(ctx, scan_bytes, &temp));
-      cub::DeviceScan::InclusiveSum(temp, scan_bytes, head, slot, static_cast<int>(total), stream);
-      cudaMemcpyAsync(&host->unique, slot + total - 1, sizeof(int32_t), cudaMemcpyDeviceToHost,
-                      stream);
+      cudaMemcpyAsync(&host->unique, sorted.slot + total - 1, sizeof(int32_t),
+                      cudaMemcpyDeviceToHost, stream);
     }
-    OP_REQUIRES_OK(ctx, CudaToTf(DescribeBadId(lookups_device, ids64, check.device, stream),
-                                 "describe"));
     cudaMemcpyAsync(&host->check, check.device, sizeof(LookupCheck), cudaMemcpyDeviceToHost,
                     stream);
-    cudaMemcpyAsync(host->counts, worker_counts, (num_workers + num_tables) * sizeof(int64_t),
-                    cudaMemcpyDeviceToHost, stream);
+    cudaMemcpyAsync(host->counts, sorted.worker_counts,
+                    (num_workers + num_tables) * sizeof(int64_t), cudaMemcpyDeviceToHost, stream);
     // The one synchronisation: the unique count sizes send_keys.
     OP_REQUIRES_OK(ctx, CudaToTf(cudaStreamSynchronize(stream), "partition keys"));
     if (host->check.first_bad != kNoError) {
@@ -572,9 +541,10 @@ class PartitionKeysGpuOp : public tf::OpKernel {
     for (int64_t t = 0; t < num_tables; ++t) {
       counts_out->flat<int32_t>()(t) = static_cast<int32_t>(host->counts[num_workers + t]);
     }
-    OP_REQUIRES_OK(ctx, CudaToTf(ScatterPartition(sorted, sorted_order, slot, total, row_bits_,
-                                                  table_bits_, send_keys->flat<int64_t>().data(),
-                                                  reinterpret_cast<int32_t*>(position->flat<uint32_t>().data()),
+    int32_t* positions = reinterpret_cast<int32_t*>(position->flat<uint32_t>().data());
+    OP_REQUIRES_OK(ctx, CudaToTf(ScatterPartition(sorted.sorted, sorted.order, sorted.slot, total,
+                                                  row_bits_, table_bits_,
+                                                  send_keys->flat<int64_t>().data(), positions,
                                                   stream),
                                  "scatter partition"));
   }
