@@ -3,9 +3,14 @@
 // tags keep the CPU build free of Eigen's GPU headers).
 #pragma once
 
+#include <type_traits>
+
 namespace sok {
 
 struct CpuDevice {};
 struct GpuDevice {};
+
+template <typename Device>
+constexpr bool kOnGpu = std::is_same<Device, GpuDevice>::value;
 
 }  // namespace sok

@@ -20,9 +20,6 @@
 
 namespace sok {
 
-template <typename Device>
-constexpr bool kOnGpu = std::is_same<Device, GpuDevice>::value;
-
 // The pairs ([n, 2] (table, key)) of a call grouped by table, in the device's memory.
 struct PairGroups {
   std::vector<int64_t> counts;  // host: pairs naming each table
@@ -44,15 +41,6 @@ struct NewDynamicTable {
 template <typename Device>
 struct TableContextOf {
   TableContext operator()(::tensorflow::OpKernelContext* ctx);
-};
-
-// An output of table rows: a pooled block on the CPU (pooled_output.h), TensorFlow's GPU
-// allocator on a GPU.
-template <typename Device>
-struct AllocateRows {
-  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx, int index,
-                                  const ::tensorflow::TensorShape& shape,
-                                  ::tensorflow::Tensor** output);
 };
 
 // Groups `pairs` ([n, 2]) by table into `groups` (order from `order_memory`, an int32 [n]
@@ -104,15 +92,6 @@ struct TableContextOf<CpuDevice> {
     TableContext context;
     context.parallel_for = CpuParallelFor(ctx);
     return context;
-  }
-};
-
-template <>
-struct AllocateRows<CpuDevice> {
-  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx, int index,
-                                  const ::tensorflow::TensorShape& shape,
-                                  ::tensorflow::Tensor** output) {
-    return AllocatePooledOutput(ctx, index, shape, output);
   }
 };
 

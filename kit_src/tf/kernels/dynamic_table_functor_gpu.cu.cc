@@ -49,13 +49,6 @@ TableContext TableContextOf<GpuDevice>::operator()(tf::OpKernelContext* ctx) {
 }
 
 template <>
-tf::Status AllocateRows<GpuDevice>::operator()(tf::OpKernelContext* ctx, int index,
-                                               const tf::TensorShape& shape,
-                                               tf::Tensor** output) {
-  return ctx->allocate_output(index, shape, output);
-}
-
-template <>
 tf::Status GroupPairs<GpuDevice>::operator()(tf::OpKernelContext* ctx, const int64_t* pairs,
                                              int64_t n, int32_t num_tables,
                                              tf::Tensor* order_memory, PairGroups* groups) {

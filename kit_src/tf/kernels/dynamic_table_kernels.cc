@@ -94,7 +94,7 @@ class DynamicTableLookupOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, CheckKeys(keys));
     const int64_t n = keys.NumElements(), dim = table.dim();
     tf::Tensor* values = nullptr;
-    OP_REQUIRES_OK(ctx, functor::AllocateRows<Device>()(ctx, 0, tf::TensorShape({n, dim}),
+    OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(ctx, 0, tf::TensorShape({n, dim}),
                                                         &values));
     const TableKeys view{keys.flat<int64_t>().data(), n, 1, 0};
     const TableContext context = functor::TableContextOf<Device>()(ctx);
@@ -261,7 +261,7 @@ class DynamicGatherRowsOp : public tf::OpKernel {
     std::vector<float> admit = admit_probability_;
     if (admit.empty()) admit.assign(num_tables, 1.0f);
     tf::Tensor* rows = nullptr;
-    OP_REQUIRES_OK(ctx, functor::AllocateRows<Device>()(ctx, 0, tf::TensorShape({n, dim_}),
+    OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(ctx, 0, tf::TensorShape({n, dim_}),
                                                         &rows));
     OP_REQUIRES_OK(ctx, functor::ReadPairRows<Device>()(ctx, tables, pairs, n, dim_, insert_,
                                                         admit, rows->flat<float>().data()));
@@ -302,7 +302,7 @@ class SplitDynamicGradientOp : public tf::OpKernel {
       const int64_t count = groups.counts[t];
       tf::Tensor *indices = nullptr, *values = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(t, tf::TensorShape({count}), &indices));
-      OP_REQUIRES_OK(ctx, functor::AllocateRows<Device>()(ctx, num_tables_ + t,
+      OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(ctx, num_tables_ + t,
                                                           tf::TensorShape({count, dim}), &values));
       OP_REQUIRES_OK(ctx, functor::GatherPairRows<Device>()(
                               ctx, pairs, groups.order + start, count, dim,

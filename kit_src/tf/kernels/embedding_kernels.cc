@@ -1,175 +1,200 @@
-// CPU kernels of the fused lookup chain: validate, allocate, call kit_src/core/embedding.
+// The fused lookup chain's ops, one OpKernel each for both devices: check the shapes, lock the
+// tables, allocate the outputs, then call the device's work in embedding_functor.h (CPU) or
+// embedding_functor_gpu.cu.cc (GPU). The ops whose GPU work reports bad values once the stream
+// has passed are asynchronous on both devices (the CPU's finish before returning).
+#include <algorithm>
 #include <cstring>
-#include <memory>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "kit_src/core/embedding/combine.h"
-#include "kit_src/core/embedding/key_partition.h"
 #include "kit_src/core/embedding/packed_key.h"
-#include "kit_src/core/embedding/shard_rows.h"
+#include "kit_src/core/embedding/row_owner.h"
 #include "kit_src/tf/kernels/core_bridge.h"
+#include "kit_src/tf/kernels/embedding_functor.h"
 #include "kit_src/tf/kernels/embedding_validation.h"
 #include "kit_src/tf/kernels/gathered_ids_check.h"
 #include "kit_src/tf/kernels/pooled_output.h"
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/resource_mgr.h"
-#include "tensorflow/core/framework/resource_var.h"
 
 namespace sok {
 
 namespace tf = ::tensorflow;
 
-template <typename Tindex>
+namespace {
+
+int BitsFor(uint64_t values) {  // bits to hold 0 .. values - 1
+  int bits = 0;
+  while (bits < 64 && (uint64_t{1} << bits) < values) ++bits;
+  return bits;
+}
+
+tf::Status CheckVector(const tf::Tensor& tensor, const std::string& what) {
+  if (tf::TensorShapeUtils::IsVector(tensor.shape())) return tf::Status();
+  return tf::errors::InvalidArgument(what, " must be a vector, got shape ",
+                                     tensor.shape().DebugString());
+}
+
+// A combine op's lookups from their row_splits and weights inputs (from `first_splits`: N
+// row_splits, then N weights): shapes checked here, values by the device work.
+tf::Status ReadPooledArgs(tf::OpKernelContext* ctx, int first_splits,
+                          const std::vector<Combiner>& combiners,
+                          std::vector<PooledArgs>* lookups) {
+  const int n = static_cast<int>(combiners.size());
+  for (int l = 0; l < n; ++l) {
+    const tf::Tensor& splits = ctx->input(first_splits + l);
+    const tf::Tensor& weights = ctx->input(first_splits + n + l);
+    if (!tf::TensorShapeUtils::IsVector(splits.shape()) || splits.NumElements() < 1) {
+      return tf::errors::InvalidArgument("row_splits of lookup ", l,
+                                         " must be a non-empty vector, got shape ",
+                                         splits.shape().DebugString());
+    }
+    PooledArgs lookup;
+    lookup.row_splits = splits.flat<int64_t>().data();
+    lookup.batch = splits.NumElements() - 1;
+    lookup.weights = weights.NumElements() > 0 ? weights.flat<float>().data() : nullptr;
+    lookup.weights_count = weights.NumElements();
+    lookup.combiner = combiners[l];
+    lookups->push_back(lookup);
+  }
+  return tf::Status();
+}
+
+// Each lookup's [batch, dim] output, from output 0.
+template <typename Device>
+tf::Status AllocatePooledOutputs(tf::OpKernelContext* ctx, int64_t dim,
+                                 std::vector<PooledArgs>* lookups) {
+  for (size_t l = 0; l < lookups->size(); ++l) {
+    tf::Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(AllocateRowsOutput<Device>(
+        ctx, static_cast<int>(l), tf::TensorShape({(*lookups)[l].batch, dim}), &out));
+    (*lookups)[l].output = out->flat<float>().data();
+  }
+  return tf::Status();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ Sok>PartitionKeys
+
+template <typename Device>
 class PartitionKeysOp : public tf::OpKernel {
  public:
   explicit PartitionKeysOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ReadPartitionAttrs(ctx, &attrs_));
+    for (int64_t table : attrs_.lookup_table) {
+      OP_REQUIRES(ctx, table >= 0 && table < static_cast<int64_t>(attrs_.tables.size()),
+                  tf::errors::InvalidArgument("lookup_table names table ", table, " of ",
+                                              attrs_.tables.size()));
+    }
+    const int32_t num_workers = attrs_.options.num_workers;
+    uint64_t max_local_rows = 1;
+    for (const TablePlacement& table : attrs_.tables) {
+      max_local_rows =
+          std::max<uint64_t>(max_local_rows, MostLocalRows(table.rows, table.owner, num_workers));
+    }
+    bits_.row_bits = BitsFor(max_local_rows);
+    bits_.table_bits = BitsFor(attrs_.tables.size());
+    if (!kOnGpu<Device>) return;  // the GPU sorts keys of these widths
+    if (attrs_.options.pair_keys) {  // (worker, table) in 32 bits, ids in another 64
+      OP_REQUIRES(ctx, bits_.table_bits + BitsFor(num_workers) <= 32,
+                  tf::errors::InvalidArgument(attrs_.tables.size(), " tables and ", num_workers,
+                                              " workers do not fit a 32-bit sort key"));
+      return;
+    }
+    OP_REQUIRES(ctx, bits_.row_bits <= kPackedRowBits &&
+                         bits_.row_bits + bits_.table_bits + BitsFor(num_workers) <= 64,
+                tf::errors::InvalidArgument("tables of ", max_local_rows, " local rows, ",
+                                            attrs_.tables.size(), " tables and ", num_workers,
+                                            " workers do not fit a 64-bit sort key"));
   }
 
   void Compute(tf::OpKernelContext* ctx) override {
-    std::vector<LookupIds<Tindex>> lookups(ctx->num_inputs());
+    std::vector<PartitionInput> inputs(ctx->num_inputs());
+    int64_t total = 0;
     for (int l = 0; l < ctx->num_inputs(); ++l) {
       const tf::Tensor& ids = ctx->input(l);
-      OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(ids.shape()),
-                  tf::errors::InvalidArgument("ids of lookup ", l, " must be a vector, got shape ",
-                                              ids.shape().DebugString()));
-      lookups[l] = LookupIds<Tindex>{ids.flat<Tindex>().data(), ids.NumElements(),
-                                     static_cast<int32_t>(attrs_.lookup_table[l])};
+      OP_REQUIRES_OK(ctx, CheckVector(ids, "ids of lookup " + std::to_string(l)));
+      inputs[l] = PartitionInput{ids.data(), ids.NumElements(), total,
+                                 static_cast<int32_t>(attrs_.lookup_table[l])};
+      total += ids.NumElements();
     }
-    PartitionResult result;
-    SOK_OP_REQUIRES_OK(ctx, PartitionKeys(lookups, attrs_.tables, attrs_.options,
-                                          CpuParallelFor(ctx), &result));
-    if (attrs_.options.pair_keys) {
-      tf::Tensor* keys = nullptr;
-      const int64_t k = static_cast<int64_t>(result.send_keys.size()) / 2;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({k, 2}), &keys));
-      if (k > 0) std::memcpy(keys->flat<int64_t>().data(), result.send_keys.data(), 2 * k * sizeof(int64_t));
-    } else {
-      CopyToOutput(ctx, 0, result.send_keys);
-    }
-    std::vector<int32_t> splits(result.splits.begin(), result.splits.end());
-    CopyToOutput(ctx, 1, splits);
-    CopyToOutput(ctx, 3, TableCounts(result.send_keys));
-    tf::Tensor* position = nullptr;  // uint32 (see the op), the same bits as the core's int32
-    const int64_t p = static_cast<int64_t>(result.position.size());
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({p}), &position));
-    if (p > 0) std::memcpy(position->data(), result.position.data(), p * sizeof(int32_t));
+    OP_REQUIRES(ctx, total <= INT32_MAX,
+                tf::errors::InvalidArgument("more than 2^31 ids in one lookup call"));
+    const bool ids64 = ctx->num_inputs() == 0 || ctx->input(0).dtype() == tf::DT_INT64;
+    const bool pairs = attrs_.options.pair_keys;
+    AllocatePartition allocate = [ctx, total, pairs](
+                                     int64_t unique, const std::vector<int32_t>& splits,
+                                     const std::vector<int32_t>& table_counts,
+                                     int64_t** send_keys, int32_t** position) {
+      tf::Tensor *keys_out = nullptr, *splits_out = nullptr, *position_out = nullptr,
+                 *counts_out = nullptr;
+      const tf::TensorShape key_shape = pairs ? tf::TensorShape({unique, 2})
+                                              : tf::TensorShape({unique});
+      TF_RETURN_IF_ERROR(ctx->allocate_output(0, key_shape, &keys_out));
+      TF_RETURN_IF_ERROR(ctx->allocate_output(
+          1, tf::TensorShape({static_cast<int64_t>(splits.size())}), &splits_out));
+      TF_RETURN_IF_ERROR(ctx->allocate_output(2, tf::TensorShape({total}), &position_out));
+      TF_RETURN_IF_ERROR(ctx->allocate_output(
+          3, tf::TensorShape({static_cast<int64_t>(table_counts.size())}), &counts_out));
+      // splits and table_counts live in host memory on both devices.
+      if (!splits.empty()) {
+        std::memcpy(splits_out->data(), splits.data(), splits.size() * sizeof(int32_t));
+      }
+      if (!table_counts.empty()) {
+        std::memcpy(counts_out->data(), table_counts.data(),
+                    table_counts.size() * sizeof(int32_t));
+      }
+      *send_keys = keys_out->flat<int64_t>().data();
+      // uint32 (see the op), the same bits as the core's int32
+      *position = reinterpret_cast<int32_t*>(position_out->flat<uint32_t>().data());
+      return tf::Status();
+    };
+    OP_REQUIRES_OK(ctx, functor::PartitionKeys<Device>()(ctx, attrs_, bits_, inputs, ids64,
+                                                         total, allocate));
   }
 
  private:
-  // One worker's packed keys: how many name each table (they come grouped by table); for
-  // several workers or pair keys, none.
-  template <typename Keys>
-  std::vector<int32_t> TableCounts(const Keys& send_keys) const {
-    if (attrs_.options.num_workers != 1 || attrs_.options.pair_keys) return {};
-    std::vector<int32_t> counts(attrs_.tables.size(), 0);
-    for (int64_t key : send_keys) ++counts[PackedTable(key)];
-    return counts;
-  }
-
-  template <typename Vector>
-  static void CopyToOutput(tf::OpKernelContext* ctx, int index, const Vector& values) {
-    using T = typename Vector::value_type;
-    tf::Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            index, tf::TensorShape({static_cast<int64_t>(values.size())}), &out));
-    if (!values.empty()) std::memcpy(out->flat<T>().data(), values.data(), values.size() * sizeof(T));
-  }
-
   PartitionAttrs attrs_;
+  PartitionKeyBits bits_;
 };
 
-#define REGISTER_PARTITION(Tindex)                                                   \
-  REGISTER_KERNEL_BUILDER(                                                           \
-      Name("Sok>PartitionKeys").Device(tf::DEVICE_CPU).TypeConstraint<Tindex>("Tindex"), \
-      PartitionKeysOp<Tindex>)
-REGISTER_PARTITION(int32_t);
-REGISTER_PARTITION(int64_t);
-#undef REGISTER_PARTITION
+// ------------------------------------------------------------------ Sok>GatherShardRows
 
-// Holds shared locks on the variables of the first `num_tables` inputs for its lifetime, so
-// an update cannot tear a row while a kernel reads it.
-template <typename T>
-class LockedShards {
+template <typename Device, typename T>
+class GatherShardRowsOp : public tf::AsyncOpKernel {
  public:
-  tf::Status Lock(tf::OpKernelContext* ctx, int num_tables, int64_t dim) {
-    vars_.resize(num_tables);
-    for (int t = 0; t < num_tables; ++t) {
-      TF_RETURN_IF_ERROR(tf::LookupResource(ctx, tf::HandleFromInput(ctx, t), &vars_[t]));
-      locks_.push_back(std::make_unique<tf::tf_shared_lock>(*vars_[t]->mu()));
-      const tf::Tensor& shard = *vars_[t]->tensor();
-      if (shard.dtype() != tf::DataTypeToEnum<T>::value) {
-        return tf::errors::InvalidArgument("table ", t, " holds ", tf::DataTypeString(shard.dtype()),
-                                           ", expected ",
-                                           tf::DataTypeString(tf::DataTypeToEnum<T>::value));
-      }
-      if (shard.dims() != 2 || shard.dim_size(1) != dim) {
-        return tf::errors::InvalidArgument("table ", t, " must have shape [rows, ", dim, "], got ",
-                                           shard.shape().DebugString());
-      }
-      views_.push_back(ShardView<T>{shard.flat<T>().data(), shard.dim_size(0)});
-      // Rows are only read through this pointer; the core's row accessors are non-const.
-      bases_.push_back(const_cast<T*>(shard.flat<T>().data()));
-    }
-    return tf::Status();
-  }
-  const std::vector<ShardView<T>>& views() const { return views_; }
-  const std::vector<T*>& bases() const { return bases_; }
-
- private:
-  std::vector<tf::core::RefCountPtr<tf::Var>> vars_;
-  std::vector<std::unique_ptr<tf::tf_shared_lock>> locks_;
-  std::vector<ShardView<T>> views_;
-  std::vector<T*> bases_;
-};
-
-template <typename T>
-class GatherShardRowsOp : public tf::OpKernel {
- public:
-  explicit GatherShardRowsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit GatherShardRowsOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
   }
 
-  void Compute(tf::OpKernelContext* ctx) override {
+  void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
     const int num_tables = ctx->num_inputs() - 1;
     const tf::Tensor& keys = ctx->input(num_tables);
-    OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(keys.shape()),
-                tf::errors::InvalidArgument("keys must be a vector, got shape ",
-                                            keys.shape().DebugString()));
-    LockedShards<T> shards;
-    OP_REQUIRES_OK(ctx, shards.Lock(ctx, num_tables, dim_));
+    OP_REQUIRES_OK_ASYNC(ctx, CheckVector(keys, "keys"), done);
+    LockedTables tables;
+    OP_REQUIRES_OK_ASYNC(ctx, tables.Lock(ctx, 0, num_tables, dim_, tf::DataTypeToEnum<T>::value,
+                                          nullptr),
+                         done);
     tf::Tensor* rows = nullptr;
-    OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, 0, tf::TensorShape({keys.NumElements(), dim_}),
-                                             &rows));
-    // The gather copies rows bit for bit: 16-bit tables reach the core as uint16_t words.
-    using Word = typename std::conditional<sizeof(T) == 2, uint16_t, T>::type;
-    std::vector<ShardView<Word>> words;
-    for (const ShardView<T>& shard : shards.views()) {
-      words.push_back(ShardView<Word>{reinterpret_cast<const Word*>(shard.data), shard.rows});
-    }
-    SOK_OP_REQUIRES_OK(ctx, GatherShardRows(words, dim_, keys.flat<int64_t>().data(),
-                                            keys.NumElements(),
-                                            reinterpret_cast<Word*>(rows->flat<T>().data()),
-                                            CpuParallelFor(ctx)));
+    OP_REQUIRES_OK_ASYNC(ctx, AllocateRowsOutput<Device>(
+                                  ctx, 0, tf::TensorShape({keys.NumElements(), dim_}), &rows),
+                         done);
+    functor::GatherShardRows<Device, T>()(ctx, done, tables.tables(), dim_,
+                                          keys.flat<int64_t>().data(), keys.NumElements(),
+                                          rows->flat<T>().data());
   }
 
  private:
   int64_t dim_ = 0;
 };
 
-#define REGISTER_GATHER(T)                                                                 \
-  REGISTER_KERNEL_BUILDER(                                                                 \
-      Name("Sok>GatherShardRows").Device(tf::DEVICE_CPU).TypeConstraint<T>("dtype"),      \
-      GatherShardRowsOp<T>)
-REGISTER_GATHER(float);
-REGISTER_GATHER(Eigen::half);
-REGISTER_GATHER(tf::bfloat16);
-#undef REGISTER_GATHER
+// ------------------------------------------------------------------ Sok>GatherSingleIds
 
-// One worker, one id per sample: rows straight from the tables (see Sok>GatherSingleIds).
-template <typename Tindex>
+// One worker, one id per sample: rows straight from the tables. On the GPU the first
+// out-of-range id is recorded in the check output, which Sok>CheckGatheredIds reports (so
+// TensorFlow keeps queueing work meanwhile).
+template <typename Device, typename Tindex>
 class GatherSingleIdsOp : public tf::OpKernel {
  public:
   explicit GatherSingleIdsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -181,40 +206,22 @@ class GatherSingleIdsOp : public tf::OpKernel {
 
   void Compute(tf::OpKernelContext* ctx) override {
     const int n = ctx->num_inputs() / 3;
-    // Lookups may share a table: lock each variable once.
-    std::vector<tf::core::RefCountPtr<tf::Var>> vars(n);
-    std::vector<std::unique_ptr<tf::tf_shared_lock>> locks;
-    std::vector<ShardView<float>> views(n);
-    for (int l = 0; l < n; ++l) {
-      OP_REQUIRES_OK(ctx, tf::LookupResource(ctx, tf::HandleFromInput(ctx, l), &vars[l]));
-      bool seen = false;
-      for (int k = 0; k < l; ++k) seen = seen || vars[k].get() == vars[l].get();
-      if (!seen) locks.push_back(std::make_unique<tf::tf_shared_lock>(*vars[l]->mu()));
-      const tf::Tensor& table = *vars[l]->tensor();
-      OP_REQUIRES(ctx, table.dtype() == tf::DT_FLOAT && table.dims() == 2 &&
-                           table.dim_size(1) == dim_,
-                  tf::errors::InvalidArgument("table '", table_names_[l], "' must be float32 [rows, ",
-                                              dim_, "], got ", tf::DataTypeString(table.dtype()),
-                                              " ", table.shape().DebugString()));
-      views[l] = ShardView<float>{table.flat<float>().data(), table.dim_size(0)};
-    }
-    std::vector<SingleIdLookup<float, Tindex>> lookups(n);
+    LockedTables tables;  // lookups may share a table
+    OP_REQUIRES_OK(ctx, tables.Lock(ctx, 0, n, dim_, tf::DT_FLOAT, &table_names_));
+    std::vector<functor::SingleIdArgs> lookups(n);
     for (int l = 0; l < n; ++l) {
       const tf::Tensor& ids = ctx->input(n + l);
-      const tf::Tensor& splits = ctx->input(2 * n + l);
-      OP_REQUIRES_OK(ctx, CheckSingleIdLookup(l, ids, splits));
+      OP_REQUIRES_OK(ctx, CheckSingleIdLookup(l, ids, ctx->input(2 * n + l)));
       tf::Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, l, tf::TensorShape({ids.NumElements(), dim_}),
-                                               &out));
-      lookups[l] = SingleIdLookup<float, Tindex>{ids.flat<Tindex>().data(), ids.NumElements(),
-                                                 &views[l], &table_names_[l],
-                                                 out->flat<float>().data()};
+      OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(
+                              ctx, l, tf::TensorShape({ids.NumElements(), dim_}), &out));
+      lookups[l] = functor::SingleIdArgs{ids.data(), ids.NumElements(), tables.tables()[l],
+                                         &table_names_[l], out->flat<float>().data()};
     }
-    SOK_OP_REQUIRES_OK(ctx, GatherSingleIds(lookups, dim_, CpuParallelFor(ctx)));
-    tf::Tensor* check = nullptr;  // the CPU kernel fails at once: a clean record
+    tf::Tensor* check = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(n, tf::TensorShape({3}), &check));
-    const LookupCheck clean = CleanCheck();
-    std::memcpy(check->data(), &clean, sizeof(clean));
+    OP_REQUIRES_OK(ctx, functor::GatherSingleIds<Device, Tindex>()(
+                            ctx, lookups, dim_, check->flat<int64_t>().data()));
   }
 
  private:
@@ -222,10 +229,205 @@ class GatherSingleIdsOp : public tf::OpKernel {
   std::vector<std::string> table_names_;
 };
 
-// Sok>EverySampleHoldsOneId: one scalar from all the lookups' row splits.
+// ------------------------------------------------------------------ Sok>GuardIds
+
+template <typename Device>
+class GuardIdsOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* ctx) override {
+    const int n = ctx->num_inputs() - 1;
+    const tf::Tensor& check = ctx->input(n);
+    OP_REQUIRES_OK(ctx, CheckRecordShape(check));
+    OP_REQUIRES_OK(ctx, functor::GuardIds<Device>()(ctx, n, check));
+  }
+};
+
+// ------------------------------------------------------------------ Sok>SparseRowSplits
+
+// Each SparseTensor's row splits, checked, in one op.
+template <typename Device>
+class SparseRowSplitsOp : public tf::OpKernel {
+ public:
+  explicit SparseRowSplitsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadSparseNames(ctx, &names_));
+  }
+  void Compute(tf::OpKernelContext* ctx) override {
+    const int n = static_cast<int>(names_.size());
+    std::vector<functor::RowSplitsArgs> tensors(n);
+    for (int l = 0; l < n; ++l) {
+      int64_t rows = 0;
+      tf::Tensor* row_splits = nullptr;
+      OP_REQUIRES_OK(ctx, PrepareRowSplits(ctx, l, n, names_[l], &rows, &row_splits));
+      const tf::Tensor& indices = ctx->input(l);
+      tensors[l] = functor::RowSplitsArgs{indices.flat<int64_t>().data(), indices.dim_size(0),
+                                          rows, row_splits->flat<int64_t>().data(), &names_[l]};
+    }
+    OP_REQUIRES_OK(ctx, functor::SparseRowSplits<Device>()(ctx, tensors));
+  }
+
+ private:
+  std::vector<std::string> names_;
+};
+
+// ------------------------------------------------------------------ Sok>CheckGatheredIds
+
+template <typename Device>
+class CheckGatheredIdsOp : public tf::AsyncOpKernel {
+ public:
+  explicit CheckGatheredIdsOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("deferred", &deferred_));
+  }
+  void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+    const tf::Tensor& check = ctx->input(0);
+    OP_REQUIRES_OK_ASYNC(ctx, CheckRecordShape(check), done);
+    functor::CheckGatheredIds<Device>()(ctx, done, check, table_names_, deferred_);
+  }
+
+ private:
+  std::vector<std::string> table_names_;
+  bool deferred_ = false;
+};
+
+// ------------------------------------------------------------------ Sok>SplitGradientByTable
+
+template <typename Device>
+class SplitGradientByTableOp : public tf::OpKernel {
+ public:
+  explicit SplitGradientByTableOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const tf::Tensor& keys = ctx->input(0);
+    const tf::Tensor& grad = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckKeysAndGrad(keys, grad));
+    std::vector<int64_t> given_first;
+    OP_REQUIRES_OK(ctx, ReadTableCounts(ctx->input(2), num_tables_, keys.NumElements(),
+                                        &given_first));
+    GradientSplitOutputs<Device> outputs(ctx, grad, num_tables_);
+    OP_REQUIRES_OK(ctx, functor::SplitGradientByTable<Device>()(ctx, keys, grad, num_tables_,
+                                                                given_first, &outputs));
+  }
+
+ private:
+  int64_t num_tables_ = 0;
+};
+
+// ------------------------------------------------------------------ combine ops
+
+// Sok>CombineForward: pools rows of a dense [num_rows, dim] matrix.
+template <typename Device>
+class CombineForwardOp : public tf::AsyncOpKernel {
+ public:
+  explicit CombineForwardOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadCombiners(ctx, &combiners_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("validate", &validate_));
+  }
+
+  void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+    const tf::Tensor& rows = ctx->input(0);
+    OP_REQUIRES_ASYNC(ctx, rows.dims() == 2,
+                      tf::errors::InvalidArgument("rows must be a matrix, got ",
+                                                  rows.shape().DebugString()),
+                      done);
+    const tf::Tensor& position = ctx->input(1);
+    OP_REQUIRES_OK_ASYNC(ctx, CheckVector(position, "position"), done);
+    std::vector<PooledArgs> lookups;
+    OP_REQUIRES_OK_ASYNC(ctx, ReadPooledArgs(ctx, 2, combiners_, &lookups), done);
+    PooledSource source;
+    source.rows = rows.flat<float>().data();
+    source.num_rows = rows.dim_size(0);
+    source.dim = rows.dim_size(1);
+    OP_REQUIRES_OK_ASYNC(ctx, AllocatePooledOutputs<Device>(ctx, source.dim, &lookups), done);
+    functor::CombineForward<Device>()(ctx, done, lookups, position, source, validate_);
+  }
+
+ private:
+  std::vector<Combiner> combiners_;
+  bool validate_ = true;
+};
+
+// Sok>CombineFromShards: pools the rows that packed keys name, read in place from the local
+// shards (one worker: no gather, no exchange).
+template <typename Device>
+class CombineFromShardsOp : public tf::AsyncOpKernel {
+ public:
+  explicit CombineFromShardsOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadCombiners(ctx, &combiners_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("validate", &validate_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+  }
+
+  void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+    const int num_tables = static_cast<int>(num_tables_);
+    const tf::Tensor& keys = ctx->input(num_tables);
+    const tf::Tensor& position = ctx->input(num_tables + 1);
+    OP_REQUIRES_OK_ASYNC(ctx, CheckVector(keys, "keys"), done);
+    OP_REQUIRES_OK_ASYNC(ctx, CheckVector(position, "position"), done);
+    LockedTables tables;
+    OP_REQUIRES_OK_ASYNC(ctx, tables.Lock(ctx, 0, num_tables, dim_, tf::DT_FLOAT, nullptr), done);
+    std::vector<PooledArgs> lookups;
+    OP_REQUIRES_OK_ASYNC(ctx, ReadPooledArgs(ctx, num_tables + 2, combiners_, &lookups), done);
+    OP_REQUIRES_OK_ASYNC(ctx, AllocatePooledOutputs<Device>(ctx, dim_, &lookups), done);
+    PooledSource source;
+    source.keys = keys.flat<int64_t>().data();
+    source.tables = tables.tables();
+    source.num_rows = keys.NumElements();
+    source.dim = dim_;
+    functor::CombineForward<Device>()(ctx, done, lookups, position, source, validate_);
+  }
+
+ private:
+  std::vector<Combiner> combiners_;
+  bool validate_ = true;
+  int64_t num_tables_ = 0;
+  int64_t dim_ = 0;
+};
+
+template <typename Device>
+class CombineBackwardOp : public tf::AsyncOpKernel {
+ public:
+  explicit CombineBackwardOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadCombiners(ctx, &combiners_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("validate", &validate_));
+  }
+
+  void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+    const int n = static_cast<int>(combiners_.size());
+    const tf::Tensor& position = ctx->input(n);
+    OP_REQUIRES_OK_ASYNC(ctx, CheckVector(position, "position"), done);
+    std::vector<PooledArgs> lookups;
+    OP_REQUIRES_OK_ASYNC(ctx, ReadPooledArgs(ctx, n + 1, combiners_, &lookups), done);
+    int64_t num_rows = 0;
+    OP_REQUIRES_OK_ASYNC(ctx, ReadNumRows(ctx->input(3 * n + 1), &num_rows), done);
+    const int64_t dim = n > 0 && ctx->input(0).dims() == 2 ? ctx->input(0).dim_size(1) : 0;
+    for (int l = 0; l < n; ++l) {
+      const tf::Tensor& grad = ctx->input(l);
+      OP_REQUIRES_OK_ASYNC(ctx, CheckOutputGrad(l, grad, lookups[l].batch, dim), done);
+      lookups[l].output_grad = grad.flat<float>().data();
+    }
+    tf::Tensor* rows_grad = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, AllocateRowsOutput<Device>(ctx, 0, tf::TensorShape({num_rows, dim}),
+                                                         &rows_grad),
+                         done);
+    functor::CombineBackward<Device>()(ctx, done, lookups, position, num_rows, dim,
+                                       rows_grad->flat<float>().data(), validate_);
+  }
+
+ private:
+  std::vector<Combiner> combiners_;
+  bool validate_ = true;
+};
+
+// ------------------------------------------------------------------ CPU-only ops
+
+// Sok>EverySampleHoldsOneId: one scalar from all the lookups' row splits (host values).
 class EverySampleHoldsOneIdOp : public tf::OpKernel {
  public:
-  explicit EverySampleHoldsOneIdOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
     bool one_id = true;
     for (int l = 0; l < ctx->num_inputs(); ++l) {
@@ -242,54 +444,7 @@ class EverySampleHoldsOneIdOp : public tf::OpKernel {
   }
 };
 
-REGISTER_KERNEL_BUILDER(Name("Sok>EverySampleHoldsOneId").Device(tf::DEVICE_CPU),
-                        EverySampleHoldsOneIdOp);
-
-// Sok>SparseRowSplits: each SparseTensor's row splits, checked, in one op.
-class SparseRowSplitsOp : public tf::OpKernel {
- public:
-  explicit SparseRowSplitsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ReadSparseNames(ctx, &names_));
-  }
-  void Compute(tf::OpKernelContext* ctx) override {
-    const int n = static_cast<int>(names_.size());
-    for (int l = 0; l < n; ++l) {
-      int64_t rows = 0;
-      tf::Tensor* row_splits = nullptr;
-      OP_REQUIRES_OK(ctx, PrepareRowSplits(ctx, l, n, names_[l], &rows, &row_splits));
-      const tf::Tensor& indices = ctx->input(l);
-      SOK_OP_REQUIRES_OK(ctx, RowSplitsOfSortedRows(indices.flat<int64_t>().data(), 2,
-                                                    indices.dim_size(0), rows,
-                                                    row_splits->flat<int64_t>().data(),
-                                                    names_[l]));
-    }
-  }
-
- private:
-  std::vector<std::string> names_;
-};
-
-REGISTER_KERNEL_BUILDER(Name("Sok>SparseRowSplits").Device(tf::DEVICE_CPU), SparseRowSplitsOp);
-
-class CheckGatheredIdsOp : public tf::OpKernel {
- public:
-  // `deferred` only matters on the GPU: the CPU gather fails at once, leaving a clean record.
-  explicit CheckGatheredIdsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
-  }
-  void Compute(tf::OpKernelContext* ctx) override {
-    const tf::Tensor& check = ctx->input(0);
-    OP_REQUIRES_OK(ctx, CheckRecordShape(check));
-    LookupCheck record;
-    std::memcpy(&record, check.data(), sizeof(record));
-    OP_REQUIRES_OK(ctx, GatheredIdsStatus(record, table_names_));
-  }
-
- private:
-  std::vector<std::string> table_names_;
-};
-
-REGISTER_KERNEL_BUILDER(Name("Sok>CheckGatheredIds").Device(tf::DEVICE_CPU), CheckGatheredIdsOp);
+// Sok>CheckIdsOnHost: pipeline ids checked on the host before they reach a device.
 class CheckIdsOnHostOp : public tf::OpKernel {
  public:
   explicit CheckIdsOnHostOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -320,276 +475,83 @@ class CheckIdsOnHostOp : public tf::OpKernel {
   std::vector<std::string> table_names_;
 };
 
+REGISTER_KERNEL_BUILDER(Name("Sok>EverySampleHoldsOneId").Device(tf::DEVICE_CPU),
+                        EverySampleHoldsOneIdOp);
 REGISTER_KERNEL_BUILDER(Name("Sok>CheckIdsOnHost").Device(tf::DEVICE_CPU), CheckIdsOnHostOp);
 
-class GuardIdsOp : public tf::OpKernel {
- public:
-  explicit GuardIdsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
-  void Compute(tf::OpKernelContext* ctx) override {
-    const int n = ctx->num_inputs() - 1;
-    const tf::Tensor& check = ctx->input(n);
-    OP_REQUIRES_OK(ctx, CheckRecordShape(check));
-    LookupCheck record;
-    std::memcpy(&record, check.data(), sizeof(record));
-    for (int l = 0; l < n; ++l) {
-      if (record.first_bad == kNoError) {
-        ctx->set_output(l, ctx->input(l));  // the ids themselves
-        continue;
-      }
-      tf::Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(l, ctx->input(l).shape(), &out));
-      out->flat<int64_t>().setConstant(-1);
-    }
-  }
-};
+// ------------------------------------------------------------------ registration
 
-REGISTER_KERNEL_BUILDER(Name("Sok>GuardIds").Device(tf::DEVICE_CPU), GuardIdsOp);
-
-#define REGISTER_SINGLE_IDS(Tindex)                                                         \
+// Ops registered alike for both devices; the GPU's int64 ids only (TensorFlow keeps int32
+// tensors of GPU kernels in host memory; lookup_sparse passes int64 ids).
+#define SOK_REGISTER_EMBEDDING_OPS(DEVICE, Tag)                                          \
+  REGISTER_KERNEL_BUILDER(                                                                  \
+      Name("Sok>GatherShardRows").Device(DEVICE).TypeConstraint<float>("dtype"),            \
+      GatherShardRowsOp<Tag, float>);                                                    \
+  REGISTER_KERNEL_BUILDER(                                                                  \
+      Name("Sok>GatherShardRows").Device(DEVICE).TypeConstraint<Eigen::half>("dtype"),      \
+      GatherShardRowsOp<Tag, Eigen::half>);                                              \
+  REGISTER_KERNEL_BUILDER(                                                                  \
+      Name("Sok>GatherShardRows").Device(DEVICE).TypeConstraint<tf::bfloat16>("dtype"),     \
+      GatherShardRowsOp<Tag, tf::bfloat16>);                                             \
   REGISTER_KERNEL_BUILDER(Name("Sok>GatherSingleIds")                                      \
-                              .Device(tf::DEVICE_CPU)                                      \
-                              .TypeConstraint<Tindex>("Tindex")                            \
+                              .Device(DEVICE)                                              \
+                              .TypeConstraint<int64_t>("Tindex")                           \
                               .TypeConstraint<float>("dtype"),                             \
-                          GatherSingleIdsOp<Tindex>)
-REGISTER_SINGLE_IDS(int32_t);
-REGISTER_SINGLE_IDS(int64_t);
-#undef REGISTER_SINGLE_IDS
+                          GatherSingleIdsOp<Tag, int64_t>);                             \
+  REGISTER_KERNEL_BUILDER(Name("Sok>GuardIds").Device(DEVICE), GuardIdsOp<Tag>);         \
+  REGISTER_KERNEL_BUILDER(Name("Sok>CheckGatheredIds").Device(DEVICE),                      \
+                          CheckGatheredIdsOp<Tag>);                                      \
+  REGISTER_KERNEL_BUILDER(                                                                  \
+      Name("Sok>CombineForward").Device(DEVICE).TypeConstraint<float>("dtype"),             \
+      CombineForwardOp<Tag>);                                                            \
+  REGISTER_KERNEL_BUILDER(                                                                  \
+      Name("Sok>CombineFromShards").Device(DEVICE).TypeConstraint<float>("dtype"),          \
+      CombineFromShardsOp<Tag>)
 
-
-template <typename T>
-class SplitGradientByTableOp : public tf::OpKernel {
- public:
-  explicit SplitGradientByTableOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
-  }
-
-  void Compute(tf::OpKernelContext* ctx) override {
-    const tf::Tensor& keys = ctx->input(0);
-    const tf::Tensor& grad = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckKeysAndGrad(keys, grad));
-    const int64_t n = keys.NumElements(), dim = grad.dim_size(1);
-    const int64_t* key_data = keys.flat<int64_t>().data();
-    std::vector<int64_t> first, counts, given_first;
-    OP_REQUIRES_OK(ctx, ReadTableCounts(ctx->input(2), num_tables_, n, &given_first));
-    const bool grouped =
-        TableBlocks(key_data, n, static_cast<int32_t>(num_tables_), &first, &counts).ok();
-    // Given counts (Sok>PartitionKeys' own) must describe the keys: the GPU trusts them.
-    OP_REQUIRES(ctx, given_first.empty() || (grouped && given_first == first),
-                tf::errors::InvalidArgument("table_counts do not describe the keys: they must "
-                                            "come grouped by table, with these counts"));
-    if (grouped) {
-      SliceGroupedGradient(ctx, key_data, grad, first, counts);
-      return;
-    }
-    SOK_OP_REQUIRES_OK(ctx, CountKeysPerTable(key_data, n, static_cast<int32_t>(num_tables_),
-                                              &counts));
-    std::vector<int64_t*> indices(num_tables_);
-    std::vector<T*> values(num_tables_);
-    for (int64_t t = 0; t < num_tables_; ++t) {
-      tf::Tensor* index_out = nullptr;
-      tf::Tensor* value_out = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(t, tf::TensorShape({counts[t]}), &index_out));
-      OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, num_tables_ + t,
-                                               tf::TensorShape({counts[t], dim}), &value_out));
-      indices[t] = index_out->flat<int64_t>().data();
-      values[t] = value_out->flat<T>().data();
-    }
-    SplitGradientByTable(keys.flat<int64_t>().data(), n, dim, grad.flat<T>().data(), indices,
-                         values, CpuParallelFor(ctx));
-  }
-
- private:
-  // Keys grouped by table (one worker's own keys): each table's gradient is a block of rows
-  // of `grad`, handed out without a copy where the block is aligned.
-  void SliceGroupedGradient(tf::OpKernelContext* ctx, const int64_t* keys, const tf::Tensor& grad,
-                            const std::vector<int64_t>& first, const std::vector<int64_t>& counts) {
-    for (int64_t t = 0; t < num_tables_; ++t) {
-      tf::Tensor* index_out = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(t, tf::TensorShape({counts[t]}), &index_out));
-      int64_t* indices = index_out->flat<int64_t>().data();
-      for (int64_t j = 0; j < counts[t]; ++j) indices[j] = PackedRow(keys[first[t] + j]);
-      tf::Tensor block = grad.Slice(first[t], first[t] + counts[t]);
-      if (block.IsAligned()) {
-        ctx->set_output(num_tables_ + t, block);
-      } else {
-        tf::Tensor* value_out = nullptr;
-        OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, num_tables_ + t, block.shape(), &value_out));
-        if (block.NumElements() > 0) {
-          std::memcpy(value_out->flat<T>().data(), block.unaligned_flat<T>().data(),
-                      block.NumElements() * sizeof(T));
-        }
-      }
-    }
-  }
-
-  int64_t num_tables_ = 0;
-};
-
+SOK_REGISTER_EMBEDDING_OPS(tf::DEVICE_CPU, CpuDevice);
+REGISTER_KERNEL_BUILDER(Name("Sok>GatherSingleIds")
+                            .Device(tf::DEVICE_CPU)
+                            .TypeConstraint<int32_t>("Tindex")
+                            .TypeConstraint<float>("dtype"),
+                        GatherSingleIdsOp<CpuDevice, int32_t>);
+REGISTER_KERNEL_BUILDER(
+    Name("Sok>PartitionKeys").Device(tf::DEVICE_CPU).TypeConstraint<int32_t>("Tindex"),
+    PartitionKeysOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(
+    Name("Sok>PartitionKeys").Device(tf::DEVICE_CPU).TypeConstraint<int64_t>("Tindex"),
+    PartitionKeysOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("Sok>SparseRowSplits").Device(tf::DEVICE_CPU),
+                        SparseRowSplitsOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(
     Name("Sok>SplitGradientByTable").Device(tf::DEVICE_CPU).TypeConstraint<float>("dtype"),
-    SplitGradientByTableOp<float>);
-
-// Shared by CombineForward and CombineBackward: reads position / row_splits / weights inputs
-// starting at `first_input` and checks that they agree.
-template <typename T>
-tf::Status ReadPooledLookups(tf::OpKernelContext* ctx, int position_input,
-                             int first_splits_input, const std::vector<Combiner>& combiners,
-                             std::vector<PooledLookup<T>>* lookups) {
-  const int n = static_cast<int>(combiners.size());
-  const tf::Tensor& position = ctx->input(position_input);
-  if (!tf::TensorShapeUtils::IsVector(position.shape())) {
-    return tf::errors::InvalidArgument("position must be a vector, got ",
-                                       position.shape().DebugString());
-  }
-  int64_t offset = 0;
-  lookups->resize(n);
-  for (int l = 0; l < n; ++l) {
-    const tf::Tensor& splits = ctx->input(first_splits_input + l);
-    const tf::Tensor& weights = ctx->input(first_splits_input + n + l);
-    if (!tf::TensorShapeUtils::IsVector(splits.shape()) || splits.NumElements() < 1) {
-      return tf::errors::InvalidArgument("row_splits of lookup ", l,
-                                         " must be a non-empty vector, got shape ",
-                                         splits.shape().DebugString());
-    }
-    const int64_t batch = splits.NumElements() - 1;
-    const int64_t* row_splits = splits.flat<int64_t>().data();
-    const int64_t nnz = row_splits[batch];
-    if (nnz < 0 || offset + nnz > position.NumElements()) {
-      return tf::errors::InvalidArgument("lookup ", l, " has ", nnz, " ids but only ",
-                                         position.NumElements() - offset,
-                                         " positions are left");
-    }
-    TF_RETURN_IF_ERROR(ToTfStatus(
-        ValidateRowSplits(row_splits, batch, nnz, "lookup " + std::to_string(l))));
-    const bool weighted = weights.NumElements() > 0;
-    if (weighted && weights.NumElements() != nnz) {
-      return tf::errors::InvalidArgument("weights of lookup ", l, " have ", weights.NumElements(),
-                                         " values but its ids have ", nnz,
-                                         "; weights must match the ids one to one");
-    }
-    PooledLookup<T>& lookup = (*lookups)[l];
-    lookup.row_splits = row_splits;
-    lookup.batch = batch;
-    lookup.position = reinterpret_cast<const int32_t*>(position.flat<uint32_t>().data()) + offset;
-    lookup.weights = weighted ? weights.flat<float>().data() : nullptr;
-    lookup.combiner = combiners[l];
-    offset += nnz;
-  }
-  if (offset != position.NumElements()) {
-    return tf::errors::InvalidArgument("the lookups have ", offset, " ids but position has ",
-                                       position.NumElements());
-  }
-  return tf::Status();
-}
-
-
-template <typename T>
-class CombineForwardOp : public tf::OpKernel {
- public:
-  explicit CombineForwardOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ReadCombiners(ctx, &combiners_));
-  }
-
-  void Compute(tf::OpKernelContext* ctx) override {
-    const tf::Tensor& rows = ctx->input(0);
-    OP_REQUIRES(ctx, rows.dims() == 2,
-                tf::errors::InvalidArgument("rows must be a matrix, got ", rows.shape().DebugString()));
-    std::vector<PooledLookup<T>> lookups;
-    OP_REQUIRES_OK(ctx, ReadPooledLookups<T>(ctx, 1, 2, combiners_, &lookups));
-    const int64_t dim = rows.dim_size(1);
-    for (size_t l = 0; l < lookups.size(); ++l) {
-      tf::Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, static_cast<int>(l),
-                                               tf::TensorShape({lookups[l].batch, dim}), &out));
-      lookups[l].output = out->flat<T>().data();
-    }
-    const DenseRows<const T> source{rows.flat<T>().data(), dim};
-    SOK_OP_REQUIRES_OK(ctx, CombineForward(source, rows.dim_size(0), dim, lookups,
-                                           CpuParallelFor(ctx)));
-  }
-
- private:
-  std::vector<Combiner> combiners_;
-};
-
-REGISTER_KERNEL_BUILDER(Name("Sok>CombineForward").Device(tf::DEVICE_CPU).TypeConstraint<float>("dtype"),
-                        CombineForwardOp<float>);
-
-template <typename T>
-class CombineFromShardsOp : public tf::OpKernel {
- public:
-  explicit CombineFromShardsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ReadCombiners(ctx, &combiners_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
-  }
-
-  void Compute(tf::OpKernelContext* ctx) override {
-    const int num_tables = static_cast<int>(num_tables_);
-    const tf::Tensor& keys = ctx->input(num_tables);
-    OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(keys.shape()),
-                tf::errors::InvalidArgument("keys must be a vector, got ",
-                                            keys.shape().DebugString()));
-    LockedShards<T> shards;
-    OP_REQUIRES_OK(ctx, shards.Lock(ctx, num_tables, dim_));
-    const int64_t* key_data = keys.flat<int64_t>().data();
-    SOK_OP_REQUIRES_OK(ctx, ValidatePackedKeys(shards.views(), key_data, keys.NumElements()));
-    std::vector<PooledLookup<T>> lookups;
-    OP_REQUIRES_OK(ctx, ReadPooledLookups<T>(ctx, num_tables + 1, num_tables + 2, combiners_,
-                                             &lookups));
-    for (size_t l = 0; l < lookups.size(); ++l) {
-      tf::Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, static_cast<int>(l),
-                                               tf::TensorShape({lookups[l].batch, dim_}), &out));
-      lookups[l].output = out->flat<T>().data();
-    }
-    std::vector<const T*> bases(shards.bases().begin(), shards.bases().end());
-    const PackedKeyRows<T> source{key_data, bases.data(), dim_};
-    SOK_OP_REQUIRES_OK(ctx, CombineForward(source, keys.NumElements(), dim_, lookups,
-                                           CpuParallelFor(ctx)));
-  }
-
- private:
-  std::vector<Combiner> combiners_;
-  int64_t num_tables_ = 0;
-  int64_t dim_ = 0;
-};
-
+    SplitGradientByTableOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(
-    Name("Sok>CombineFromShards").Device(tf::DEVICE_CPU).TypeConstraint<float>("dtype"),
-    CombineFromShardsOp<float>);
+    Name("Sok>CombineBackward").Device(tf::DEVICE_CPU).TypeConstraint<float>("dtype"),
+    CombineBackwardOp<CpuDevice>);
 
-template <typename T>
-class CombineBackwardOp : public tf::OpKernel {
- public:
-  explicit CombineBackwardOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ReadCombiners(ctx, &combiners_));
-  }
-
-  void Compute(tf::OpKernelContext* ctx) override {
-    const int n = static_cast<int>(combiners_.size());
-    std::vector<PooledLookup<T>> lookups;
-    OP_REQUIRES_OK(ctx, ReadPooledLookups<T>(ctx, n, n + 1, combiners_, &lookups));
-    int64_t num_rows = 0;
-    OP_REQUIRES_OK(ctx, ReadNumRows(ctx->input(3 * n + 1), &num_rows));
-    const int64_t dim = ctx->input(0).dim_size(1);
-    for (int l = 0; l < n; ++l) {
-      const tf::Tensor& grad = ctx->input(l);
-      OP_REQUIRES_OK(ctx, CheckOutputGrad(l, grad, lookups[l].batch, dim));
-      lookups[l].output_grad = grad.flat<T>().data();
-    }
-    tf::Tensor* rows_grad = nullptr;
-    OP_REQUIRES_OK(ctx, AllocatePooledOutput(ctx, 0, tf::TensorShape({num_rows, dim}), &rows_grad));
-    const DenseRows<T> destination{rows_grad->flat<T>().data(), dim};
-    SOK_OP_REQUIRES_OK(ctx, CombineBackward(num_rows, dim, lookups, destination,
-                                            CpuParallelFor(ctx)));
-  }
-
- private:
-  std::vector<Combiner> combiners_;
-};
-
-REGISTER_KERNEL_BUILDER(Name("Sok>CombineBackward").Device(tf::DEVICE_CPU).TypeConstraint<float>("dtype"),
-                        CombineBackwardOp<float>);
+#if GOOGLE_CUDA
+// What the host reads (sizes, counts) stays in host memory.
+SOK_REGISTER_EMBEDDING_OPS(tf::DEVICE_GPU, GpuDevice);
+REGISTER_KERNEL_BUILDER(Name("Sok>PartitionKeys")
+                            .Device(tf::DEVICE_GPU)
+                            .TypeConstraint<int64_t>("Tindex")
+                            .HostMemory("splits")
+                            .HostMemory("table_counts"),
+                        PartitionKeysOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(
+    Name("Sok>SparseRowSplits").Device(tf::DEVICE_GPU).HostMemory("dense_shape"),
+    SparseRowSplitsOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("Sok>SplitGradientByTable")
+                            .Device(tf::DEVICE_GPU)
+                            .TypeConstraint<float>("dtype")
+                            .HostMemory("table_counts"),
+                        SplitGradientByTableOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("Sok>CombineBackward")
+                            .Device(tf::DEVICE_GPU)
+                            .TypeConstraint<float>("dtype")
+                            .HostMemory("num_rows"),
+                        CombineBackwardOp<GpuDevice>);
+#endif
+#undef SOK_REGISTER_EMBEDDING_OPS
 
 }  // namespace sok

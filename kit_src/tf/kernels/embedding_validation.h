@@ -1,6 +1,6 @@
-// The attrs and the shape checks of the lookup chain's ops, shared by their CPU kernels
-// (embedding_kernels.cc) and GPU kernels (embedding_kernels_gpu.cu.cc); the checks of the
-// values (ids, positions, row_splits) are each device's own.
+// The attrs and the shape checks of the lookup chain's ops (embedding_kernels.cc, one OpKernel
+// each for both devices); the checks of the values (ids, positions, row_splits) are each
+// device's own (embedding_functor.h, embedding_functor_gpu.cu.cc).
 #pragma once
 
 #include <string>

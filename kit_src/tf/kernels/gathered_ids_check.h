@@ -1,5 +1,5 @@
 // Sok>GatherSingleIds' check output ([code, id, rows], a LookupCheck) and the error it names:
-// shared by the CPU and GPU kernels of Sok>GatherSingleIds and Sok>CheckGatheredIds.
+// shared by both devices' work of Sok>GatherSingleIds and Sok>CheckGatheredIds.
 #pragma once
 
 #include <cstring>

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "kit_src/core/block_pool.h"
+#include "kit_src/tf/kernels/device_tags.h"
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
@@ -46,6 +47,16 @@ inline ::tensorflow::Status AllocatePooledOutput(::tensorflow::OpKernelContext* 
   ctx->set_output(index, tensor);
   *output = ctx->mutable_output(index);
   return ::tensorflow::Status();
+}
+
+// An output of rows on the op's device: pooled blocks on the CPU (above), TensorFlow's GPU
+// allocator on a GPU.
+template <typename Device>
+::tensorflow::Status AllocateRowsOutput(::tensorflow::OpKernelContext* ctx, int index,
+                                        const ::tensorflow::TensorShape& shape,
+                                        ::tensorflow::Tensor** output) {
+  if (kOnGpu<Device>) return ctx->allocate_output(index, shape, output);
+  return AllocatePooledOutput(ctx, index, shape, output);
 }
 
 }  // namespace sok

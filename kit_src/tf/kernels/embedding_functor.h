@@ -1,0 +1,559 @@
+// The device work of the fused lookup chain's ops (TensorFlow's gather_functor.h pattern): the
+// OpKernels in embedding_kernels.cc check shapes, lock the tables and allocate the outputs once
+// for both devices; what differs by device is here. The CPU specialisations (inline below) call
+// kit_src/core/embedding on the host and fail before writing on a bad value; the GPU ones
+// (embedding_functor_gpu.cu.cc) call lookup_gpu.cuh on TensorFlow's stream, where bad values
+// are recorded on the device and reported once the stream has passed (no host thread waits),
+// except where an output's size depends on the data (documented at each).
+#pragma once
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kit_src/core/embedding/combine.h"
+#include "kit_src/core/embedding/key_partition.h"
+#include "kit_src/core/embedding/lookup_check.h"
+#include "kit_src/core/embedding/packed_key.h"
+#include "kit_src/core/embedding/shard_rows.h"
+#include "kit_src/tf/kernels/core_bridge.h"
+#include "kit_src/tf/kernels/device_tags.h"
+#include "kit_src/tf/kernels/embedding_validation.h"
+#include "kit_src/tf/kernels/gathered_ids_check.h"
+#include "kit_src/tf/kernels/pooled_output.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+
+namespace sok {
+
+using DoneCallback = ::tensorflow::AsyncOpKernel::DoneCallback;
+
+// A table's rows as an op reads them: [rows, dim] row-major in the op's device memory.
+struct TableRows {
+  const void* data = nullptr;
+  int64_t rows = 0;
+};
+
+// The variables an op reads, locked shared for the lifetime of this object (each once when
+// several inputs share one), so an update cannot tear a row while the op reads it; on a GPU
+// the lock covers enqueueing the work, as TensorFlow's own GPU ops hold it.
+class LockedTables {
+ public:
+  // `count` table inputs from `first_input`, each of `dtype` and [rows, dim]; `names` (or
+  // null: the input's index) name them in errors.
+  ::tensorflow::Status Lock(::tensorflow::OpKernelContext* ctx, int first_input, int count,
+                            int64_t dim, ::tensorflow::DataType dtype,
+                            const std::vector<std::string>* names) {
+    namespace tf = ::tensorflow;
+    vars_.resize(count);
+    for (int t = 0; t < count; ++t) {
+      TF_RETURN_IF_ERROR(tf::LookupResource(ctx, tf::HandleFromInput(ctx, first_input + t),
+                                            &vars_[t]));
+      bool seen = false;
+      for (int k = 0; k < t; ++k) seen = seen || vars_[k].get() == vars_[t].get();
+      if (!seen) locks_.push_back(std::make_unique<tf::tf_shared_lock>(*vars_[t]->mu()));
+      const tf::Tensor& table = *vars_[t]->tensor();
+      if (table.dtype() != dtype || table.dims() != 2 || table.dim_size(1) != dim) {
+        const std::string name = names ? "'" + (*names)[t] + "'" : std::to_string(t);
+        return tf::errors::InvalidArgument("table ", name, " must be ", tf::DataTypeString(dtype),
+                                           " [rows, ", dim, "], got ",
+                                           tf::DataTypeString(table.dtype()), " ",
+                                           table.shape().DebugString());
+      }
+      tables_.push_back(TableRows{table.tensor_data().data(), table.dim_size(0)});
+    }
+    return tf::Status();
+  }
+  const std::vector<TableRows>& tables() const { return tables_; }
+
+ private:
+  std::vector<::tensorflow::core::RefCountPtr<::tensorflow::Var>> vars_;
+  std::vector<std::unique_ptr<::tensorflow::tf_shared_lock>> locks_;
+  std::vector<TableRows> tables_;
+};
+
+template <typename T>
+std::vector<ShardView<T>> HostShards(const std::vector<TableRows>& tables) {
+  std::vector<ShardView<T>> shards;
+  for (const TableRows& table : tables) {
+    shards.push_back(ShardView<T>{static_cast<const T*>(table.data), table.rows});
+  }
+  return shards;
+}
+
+// ---- Sok>PartitionKeys
+
+// One ids input of Sok>PartitionKeys (device memory; int64, or int32 on the CPU).
+struct PartitionInput {
+  const void* ids = nullptr;
+  int64_t count = 0;
+  int64_t first = 0;  // where its ids start among all inputs' ids
+  int32_t table = 0;
+};
+
+// Sok>PartitionKeys' outputs, allocated by the op once the device knows the number of unique
+// keys, the keys for each worker (splits) and, on one worker, each table's key count (empty
+// otherwise); returns where the keys and the positions go.
+using AllocatePartition = std::function<::tensorflow::Status(
+    int64_t unique_keys, const std::vector<int32_t>& splits,
+    const std::vector<int32_t>& table_counts, int64_t** send_keys, int32_t** position)>;
+
+// The bit widths of the GPU's sort keys (rows, tables) for these tables.
+struct PartitionKeyBits {
+  int row_bits = 0;
+  int table_bits = 0;
+};
+
+// ---- Sok>SplitGradientByTable
+
+// Sok>SplitGradientByTable's outputs: table t's row indices (output t) and gradient rows
+// (output num_tables + t).
+template <typename Device>
+class GradientSplitOutputs {
+ public:
+  GradientSplitOutputs(::tensorflow::OpKernelContext* ctx, const ::tensorflow::Tensor& grad,
+                       int64_t num_tables)
+      : ctx_(ctx), grad_(grad), num_tables_(num_tables) {}
+
+  // Table t's keys are rows [first, first + count) of keys and grad: its values are that
+  // block of grad, handed out without a copy where aligned (*values null), else a new output
+  // the caller fills with the block.
+  ::tensorflow::Status Block(int64_t t, int64_t first, int64_t count, int64_t** indices,
+                             float** values) {
+    TF_RETURN_IF_ERROR(Indices(t, count, indices));
+    ::tensorflow::Tensor block = grad_.Slice(first, first + count);
+    *values = nullptr;
+    if (block.IsAligned()) {
+      ctx_->set_output(num_tables_ + t, block);
+      return ::tensorflow::Status();
+    }
+    return Values(t, count, values);
+  }
+
+  // New outputs for table t's `count` keys.
+  ::tensorflow::Status Table(int64_t t, int64_t count, int64_t** indices, float** values) {
+    TF_RETURN_IF_ERROR(Indices(t, count, indices));
+    return Values(t, count, values);
+  }
+
+ private:
+  ::tensorflow::Status Indices(int64_t t, int64_t count, int64_t** indices) {
+    ::tensorflow::Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(ctx_->allocate_output(static_cast<int>(t),
+                                             ::tensorflow::TensorShape({count}), &out));
+    *indices = out->flat<int64_t>().data();
+    return ::tensorflow::Status();
+  }
+  ::tensorflow::Status Values(int64_t t, int64_t count, float** values) {
+    ::tensorflow::Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(AllocateRowsOutput<Device>(
+        ctx_, static_cast<int>(num_tables_ + t),
+        ::tensorflow::TensorShape({count, grad_.dim_size(1)}), &out));
+    *values = out->flat<float>().data();
+    return ::tensorflow::Status();
+  }
+
+  ::tensorflow::OpKernelContext* ctx_;
+  const ::tensorflow::Tensor& grad_;
+  int64_t num_tables_;
+};
+
+// ---- The combine ops
+
+// One pooled lookup of a combine op as the op reads it from its inputs' shapes; the values
+// (row splits, weights, positions) are checked by the device work.
+struct PooledArgs {
+  const int64_t* row_splits = nullptr;  // [batch + 1]
+  int64_t batch = 0;
+  const float* weights = nullptr;       // [weights_count], or null: all ones
+  int64_t weights_count = 0;
+  Combiner combiner = Combiner::kMean;
+  float* output = nullptr;              // forward: [batch, dim]
+  const float* output_grad = nullptr;   // backward: [batch, dim]
+};
+
+// What the positions of a combine op name: rows of a dense [num_rows, dim] matrix, or (keys
+// non-null) the rows of the local shards that packed keys[p] names.
+struct PooledSource {
+  const float* rows = nullptr;
+  const int64_t* keys = nullptr;
+  std::vector<TableRows> tables;
+  int64_t num_rows = 0;
+  int64_t dim = 0;
+};
+
+// The positions input (uint32, see the ops) as the core's int32.
+inline const int32_t* PositionsOf(const ::tensorflow::Tensor& position) {
+  return reinterpret_cast<const int32_t*>(position.flat<uint32_t>().data());
+}
+
+namespace functor {
+
+// Fills the partition's outputs, allocated through `allocate` once their sizes are known. The
+// GPU sorts on the device and waits for the stream once: the unique keys size send_keys.
+template <typename Device>
+struct PartitionKeys {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx, const PartitionAttrs& attrs,
+                                  const PartitionKeyBits& bits,
+                                  const std::vector<PartitionInput>& inputs, bool ids64,
+                                  int64_t total, const AllocatePartition& allocate);
+};
+
+// rows[i] = the row of the local shards that packed keys[i] names (a 16-bit table's rows copied
+// bit for bit); finishes the op through `done`.
+template <typename Device, typename T>
+struct GatherShardRows {
+  void operator()(::tensorflow::OpKernelContext* ctx, DoneCallback done,
+                  const std::vector<TableRows>& tables, int64_t dim, const int64_t* keys,
+                  int64_t n, T* rows);
+};
+
+// One lookup of Sok>GatherSingleIds: output row i = row ids[i] of its table.
+struct SingleIdArgs {
+  const void* ids = nullptr;  // [count], int64 (or int32 on the CPU)
+  int64_t count = 0;
+  TableRows table;
+  const std::string* table_name = nullptr;
+  float* output = nullptr;    // [count, dim]
+};
+
+// Fills every output; an id outside its table goes to `check` (3 int64: a LookupCheck) on the
+// GPU, which Sok>CheckGatheredIds reports, while the CPU fails at once and leaves it clean.
+template <typename Device, typename Tindex>
+struct GatherSingleIds {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx,
+                                  const std::vector<SingleIdArgs>& lookups, int64_t dim,
+                                  int64_t* check);
+};
+
+// Sok>GuardIds: output l = input l's ids, or all -1 when `check` (or, on the GPU, a deferred
+// check) holds an error; the outputs are the functor's to make.
+template <typename Device>
+struct GuardIds {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx, int n,
+                                  const ::tensorflow::Tensor& check);
+};
+
+// One SparseTensor of Sok>SparseRowSplits.
+struct RowSplitsArgs {
+  const int64_t* indices = nullptr;  // [nnz, 2]
+  int64_t nnz = 0;
+  int64_t rows = 0;
+  int64_t* row_splits = nullptr;     // [rows + 1]
+  const std::string* name = nullptr;
+};
+
+// The row splits of each SparseTensor; the CPU checks the rows are in order, the GPU does not
+// (it would make the step wait), as TensorFlow's own GPU lookups.
+template <typename Device>
+struct SparseRowSplits {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx,
+                                  const std::vector<RowSplitsArgs>& tensors);
+};
+
+// Fails the op when `check` names a bad id; on the GPU a deferred check raises an earlier
+// step's error instead and nothing waits for this one's. Finishes through `done`.
+template <typename Device>
+struct CheckGatheredIds {
+  void operator()(::tensorflow::OpKernelContext* ctx, DoneCallback done,
+                  const ::tensorflow::Tensor& check, const std::vector<std::string>& table_names,
+                  bool deferred);
+};
+
+// Splits keys ([n] packed keys) and grad ([n, dim]) by the table each key names. given_first
+// (from table_counts, or empty) says where each table's block starts when the caller knows
+// the keys come grouped by table (the CPU checks it; the GPU trusts it). Without it the GPU
+// counts on the device and waits for the stream once: the counts size the outputs.
+template <typename Device>
+struct SplitGradientByTable {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx,
+                                  const ::tensorflow::Tensor& keys,
+                                  const ::tensorflow::Tensor& grad, int64_t num_tables,
+                                  const std::vector<int64_t>& given_first,
+                                  GradientSplitOutputs<Device>* outputs);
+};
+
+// Each lookup's output = the combine of the rows its samples' positions name in `source`;
+// with `validate` off (inputs built by lookup_sparse) the GPU gives no verdict. Finishes
+// through `done`.
+template <typename Device>
+struct CombineForward {
+  void operator()(::tensorflow::OpKernelContext* ctx, DoneCallback done,
+                  const std::vector<PooledArgs>& lookups, const ::tensorflow::Tensor& position,
+                  const PooledSource& source, bool validate);
+};
+
+// rows_grad ([num_rows, dim], overwritten) = the sum over each row's uses of their share of
+// the lookups' output gradients. Finishes through `done`.
+template <typename Device>
+struct CombineBackward {
+  void operator()(::tensorflow::OpKernelContext* ctx, DoneCallback done,
+                  const std::vector<PooledArgs>& lookups, const ::tensorflow::Tensor& position,
+                  int64_t num_rows, int64_t dim, float* rows_grad, bool validate);
+};
+
+// ------------------------------------------------------------------ CPU
+
+template <>
+struct PartitionKeys<CpuDevice> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx, const PartitionAttrs& attrs,
+                                  const PartitionKeyBits&,
+                                  const std::vector<PartitionInput>& inputs, bool ids64,
+                                  int64_t, const AllocatePartition& allocate) {
+    PartitionResult result;
+    TF_RETURN_IF_ERROR(ids64 ? Partition<int64_t>(ctx, attrs, inputs, &result)
+                             : Partition<int32_t>(ctx, attrs, inputs, &result));
+    const int64_t stride = attrs.options.pair_keys ? 2 : 1;
+    const int64_t unique = static_cast<int64_t>(result.send_keys.size()) / stride;
+    const std::vector<int32_t> splits(result.splits.begin(), result.splits.end());
+    std::vector<int32_t> table_counts;
+    if (attrs.options.num_workers == 1 && !attrs.options.pair_keys) {
+      table_counts.assign(attrs.tables.size(), 0);
+      for (int64_t key : result.send_keys) ++table_counts[PackedTable(key)];
+    }
+    int64_t* send_keys = nullptr;
+    int32_t* position = nullptr;
+    TF_RETURN_IF_ERROR(allocate(unique, splits, table_counts, &send_keys, &position));
+    if (unique > 0) {
+      std::memcpy(send_keys, result.send_keys.data(), unique * stride * sizeof(int64_t));
+    }
+    if (!result.position.empty()) {
+      std::memcpy(position, result.position.data(), result.position.size() * sizeof(int32_t));
+    }
+    return ::tensorflow::Status();
+  }
+
+ private:
+  template <typename Tindex>
+  static ::tensorflow::Status Partition(::tensorflow::OpKernelContext* ctx,
+                                        const PartitionAttrs& attrs,
+                                        const std::vector<PartitionInput>& inputs,
+                                        PartitionResult* result) {
+    std::vector<LookupIds<Tindex>> lookups;
+    for (const PartitionInput& input : inputs) {
+      lookups.push_back(LookupIds<Tindex>{static_cast<const Tindex*>(input.ids), input.count,
+                                          input.table});
+    }
+    return ToTfStatus(::sok::PartitionKeys(lookups, attrs.tables, attrs.options,
+                                           CpuParallelFor(ctx), result));
+  }
+};
+
+template <typename T>
+struct GatherShardRows<CpuDevice, T> {
+  void operator()(::tensorflow::OpKernelContext* ctx, DoneCallback done,
+                  const std::vector<TableRows>& tables, int64_t dim, const int64_t* keys,
+                  int64_t n, T* rows) {
+    // Rows are copied bit for bit: 16-bit tables reach the core as uint16_t words.
+    using Word = typename std::conditional<sizeof(T) == 2, uint16_t, T>::type;
+    ctx->SetStatus(ToTfStatus(::sok::GatherShardRows(HostShards<Word>(tables), dim, keys, n,
+                                                     reinterpret_cast<Word*>(rows),
+                                                     CpuParallelFor(ctx))));
+    done();
+  }
+};
+
+template <typename Tindex>
+struct GatherSingleIds<CpuDevice, Tindex> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx,
+                                  const std::vector<SingleIdArgs>& lookups, int64_t dim,
+                                  int64_t* check) {
+    std::vector<ShardView<float>> views;
+    for (const SingleIdArgs& lookup : lookups) {
+      views.push_back(ShardView<float>{static_cast<const float*>(lookup.table.data),
+                                       lookup.table.rows});
+    }
+    std::vector<SingleIdLookup<float, Tindex>> core(lookups.size());
+    for (size_t l = 0; l < lookups.size(); ++l) {
+      core[l] = SingleIdLookup<float, Tindex>{static_cast<const Tindex*>(lookups[l].ids),
+                                              lookups[l].count, &views[l],
+                                              lookups[l].table_name, lookups[l].output};
+    }
+    TF_RETURN_IF_ERROR(ToTfStatus(::sok::GatherSingleIds(core, dim, CpuParallelFor(ctx))));
+    const LookupCheck clean = CleanCheck();
+    std::memcpy(check, &clean, sizeof(clean));
+    return ::tensorflow::Status();
+  }
+};
+
+template <>
+struct GuardIds<CpuDevice> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx, int n,
+                                  const ::tensorflow::Tensor& check) {
+    LookupCheck record;
+    std::memcpy(&record, check.data(), sizeof(record));
+    for (int l = 0; l < n; ++l) {
+      if (record.first_bad == kNoError) {
+        ctx->set_output(l, ctx->input(l));  // the ids themselves
+        continue;
+      }
+      ::tensorflow::Tensor* out = nullptr;
+      TF_RETURN_IF_ERROR(ctx->allocate_output(l, ctx->input(l).shape(), &out));
+      out->flat<int64_t>().setConstant(-1);
+    }
+    return ::tensorflow::Status();
+  }
+};
+
+template <>
+struct SparseRowSplits<CpuDevice> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext*,
+                                  const std::vector<RowSplitsArgs>& tensors) {
+    for (const RowSplitsArgs& sparse : tensors) {
+      TF_RETURN_IF_ERROR(ToTfStatus(RowSplitsOfSortedRows(sparse.indices, 2, sparse.nnz,
+                                                          sparse.rows, sparse.row_splits,
+                                                          *sparse.name)));
+    }
+    return ::tensorflow::Status();
+  }
+};
+
+template <>
+struct CheckGatheredIds<CpuDevice> {
+  // The CPU gather fails at once, so `deferred` changes nothing here.
+  void operator()(::tensorflow::OpKernelContext* ctx, DoneCallback done,
+                  const ::tensorflow::Tensor& check, const std::vector<std::string>& table_names,
+                  bool) {
+    LookupCheck record;
+    std::memcpy(&record, check.data(), sizeof(record));
+    ctx->SetStatus(GatheredIdsStatus(record, table_names));
+    done();
+  }
+};
+
+template <>
+struct SplitGradientByTable<CpuDevice> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx,
+                                  const ::tensorflow::Tensor& keys,
+                                  const ::tensorflow::Tensor& grad, int64_t num_tables,
+                                  const std::vector<int64_t>& given_first,
+                                  GradientSplitOutputs<CpuDevice>* outputs) {
+    const int64_t n = keys.NumElements(), dim = grad.dim_size(1);
+    const int64_t* key_data = keys.flat<int64_t>().data();
+    const int32_t tables = static_cast<int32_t>(num_tables);
+    std::vector<int64_t> first, counts;
+    const bool grouped = TableBlocks(key_data, n, tables, &first, &counts).ok();
+    if (!given_first.empty() && !(grouped && given_first == first)) {
+      return ::tensorflow::errors::InvalidArgument(
+          "table_counts do not describe the keys: they must come grouped by table, with these "
+          "counts");
+    }
+    if (grouped) {  // one worker's own keys: each table's gradient is a block of grad
+      for (int64_t t = 0; t < num_tables; ++t) {
+        int64_t* indices = nullptr;
+        float* values = nullptr;
+        TF_RETURN_IF_ERROR(outputs->Block(t, first[t], counts[t], &indices, &values));
+        for (int64_t j = 0; j < counts[t]; ++j) indices[j] = PackedRow(key_data[first[t] + j]);
+        if (values != nullptr && counts[t] > 0) {
+          std::memcpy(values, grad.flat<float>().data() + first[t] * dim,
+                      counts[t] * dim * sizeof(float));
+        }
+      }
+      return ::tensorflow::Status();
+    }
+    TF_RETURN_IF_ERROR(ToTfStatus(CountKeysPerTable(key_data, n, tables, &counts)));
+    std::vector<int64_t*> indices(num_tables);
+    std::vector<float*> values(num_tables);
+    for (int64_t t = 0; t < num_tables; ++t) {
+      TF_RETURN_IF_ERROR(outputs->Table(t, counts[t], &indices[t], &values[t]));
+    }
+    ::sok::SplitGradientByTable(key_data, n, dim, grad.flat<float>().data(), indices, values,
+                                CpuParallelFor(ctx));
+    return ::tensorflow::Status();
+  }
+};
+
+// The CPU's checks of the pooled lookups' values against the positions: row splits that start
+// at 0, never decrease and fit the positions left, weights one a id, every position used.
+inline ::tensorflow::Status HostPooledLookups(const std::vector<PooledArgs>& args,
+                                              const ::tensorflow::Tensor& position,
+                                              std::vector<PooledLookup<float>>* lookups) {
+  namespace tf = ::tensorflow;
+  int64_t offset = 0;
+  for (size_t l = 0; l < args.size(); ++l) {
+    const PooledArgs& arg = args[l];
+    const int64_t nnz = arg.row_splits[arg.batch];
+    if (nnz < 0 || offset + nnz > position.NumElements()) {
+      return tf::errors::InvalidArgument("lookup ", l, " has ", nnz, " ids but only ",
+                                         position.NumElements() - offset, " positions are left");
+    }
+    TF_RETURN_IF_ERROR(ToTfStatus(
+        ValidateRowSplits(arg.row_splits, arg.batch, nnz, "lookup " + std::to_string(l))));
+    if (arg.weights != nullptr && arg.weights_count != nnz) {
+      return tf::errors::InvalidArgument("weights of lookup ", l, " have ", arg.weights_count,
+                                         " values but its ids have ", nnz,
+                                         "; weights must match the ids one to one");
+    }
+    PooledLookup<float> lookup;
+    lookup.row_splits = arg.row_splits;
+    lookup.batch = arg.batch;
+    lookup.position = PositionsOf(position) + offset;
+    lookup.weights = arg.weights;
+    lookup.combiner = arg.combiner;
+    lookup.output = arg.output;
+    lookup.output_grad = arg.output_grad;
+    lookups->push_back(lookup);
+    offset += nnz;
+  }
+  if (offset != position.NumElements()) {
+    return tf::errors::InvalidArgument("the lookups have ", offset, " ids but position has ",
+                                       position.NumElements());
+  }
+  return tf::Status();
+}
+
+template <>
+struct CombineForward<CpuDevice> {
+  void operator()(::tensorflow::OpKernelContext* ctx, DoneCallback done,
+                  const std::vector<PooledArgs>& args, const ::tensorflow::Tensor& position,
+                  const PooledSource& source, bool) {
+    ctx->SetStatus(Pool(ctx, args, position, source));
+    done();
+  }
+
+ private:
+  static ::tensorflow::Status Pool(::tensorflow::OpKernelContext* ctx,
+                                   const std::vector<PooledArgs>& args,
+                                   const ::tensorflow::Tensor& position,
+                                   const PooledSource& source) {
+    std::vector<PooledLookup<float>> lookups;
+    if (source.keys == nullptr) {
+      TF_RETURN_IF_ERROR(HostPooledLookups(args, position, &lookups));
+      const DenseRows<const float> rows{source.rows, source.dim};
+      return ToTfStatus(::sok::CombineForward(rows, source.num_rows, source.dim, lookups,
+                                              CpuParallelFor(ctx)));
+    }
+    const std::vector<ShardView<float>> shards = HostShards<float>(source.tables);
+    TF_RETURN_IF_ERROR(ToTfStatus(ValidatePackedKeys(shards, source.keys, source.num_rows)));
+    TF_RETURN_IF_ERROR(HostPooledLookups(args, position, &lookups));
+    std::vector<const float*> bases;
+    for (const ShardView<float>& shard : shards) bases.push_back(shard.data);
+    const PackedKeyRows<float> rows{source.keys, bases.data(), source.dim};
+    return ToTfStatus(::sok::CombineForward(rows, source.num_rows, source.dim, lookups,
+                                            CpuParallelFor(ctx)));
+  }
+};
+
+template <>
+struct CombineBackward<CpuDevice> {
+  void operator()(::tensorflow::OpKernelContext* ctx, DoneCallback done,
+                  const std::vector<PooledArgs>& args, const ::tensorflow::Tensor& position,
+                  int64_t num_rows, int64_t dim, float* rows_grad, bool) {
+    std::vector<PooledLookup<float>> lookups;
+    ::tensorflow::Status status = HostPooledLookups(args, position, &lookups);
+    if (status.ok()) {
+      status = ToTfStatus(::sok::CombineBackward(num_rows, dim, lookups,
+                                                 DenseRows<float>{rows_grad, dim},
+                                                 CpuParallelFor(ctx)));
+    }
+    ctx->SetStatus(status);
+    done();
+  }
+};
+
+}  // namespace functor
+}  // namespace sok
