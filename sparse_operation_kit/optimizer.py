@@ -18,20 +18,36 @@ from sparse_operation_kit.dynamic_variable import DynamicSlot, DynamicVariable
 from sparse_operation_kit.id_checks import indices_are_checked
 from sparse_operation_kit.lookup import on_gpu_device
 from sparse_operation_kit.lookup_gradients import pooled_gradient_shares
+from sparse_operation_kit.optimizer_rules import hyper_vector, slot_names
 from sparse_operation_kit.variables import Variable
 
-_SUPPORTED = ("SGD", "Adagrad", "Adam", "Adamax", "Adadelta", "RMSprop", "Ftrl", "Nadam")
-# Legacy optimizers whose Keras sparse update is not lazy, and their slots in the order the
-# update rule packs a row's state.
-_LAZY_STATIC_SLOTS = {"Adam": ["m", "v"], "Nadam": ["m", "v"], "SGD": []}
+# The Keras optimizers with a fused sparse rule, and the rule's name in the rule table
+# (optimizer_rules.py: hyper-parameters and state slots by name).
+_RULE_OF = {"SGD": "sgd", "Adagrad": "adagrad", "Adam": "adam", "Adamax": "adamax",
+            "Adadelta": "adadelta", "RMSprop": "rmsprop", "Ftrl": "ftrl", "Nadam": "nadam"}
+_SUPPORTED = tuple(_RULE_OF)
+# Legacy optimizers whose Keras sparse update is not lazy (their slots, in the order the update
+# rule packs a row's state: _rule_slots).
+_LAZY_STATIC = ("Adam", "Nadam", "SGD")
 
 
-# A dynamic table's optimizer state: consecutive [dim] slots after each row, in this order
-# (the update rules' layout, kit_src/core/optimizers/update_rules.h).
-_DYNAMIC_SLOTS = {"SGD": ["momentum"], "Adagrad": ["accumulator"], "Adam": ["m", "v"],
-                  "Adamax": ["m", "v"], "Adadelta": ["accum_grad", "accum_var"],
-                  "RMSprop": ["rms", "momentum"], "Ftrl": ["accumulator", "linear"],
-                  "Nadam": ["m", "v"]}
+def _has_momentum(optimizer):  # SGD and RMSprop
+    if hasattr(optimizer, "_get_hyper"):  # tf.keras.optimizers.legacy
+        return bool(optimizer._momentum)
+    return float(optimizer.momentum) != 0.0
+
+
+def _rule_slots(optimizer):
+    """The fused rule's state slots under a Keras optimizer, in storage order (a dynamic
+    table keeps them as consecutive [dim] sections after each row)."""
+    kind = type(optimizer).__name__
+    if kind not in _RULE_OF or getattr(optimizer, "amsgrad", False):
+        return []
+    if kind == "SGD":
+        return slot_names("sgd", keep_last=_has_momentum(optimizer))
+    if kind == "RMSprop":
+        return slot_names("rmsprop", keep_last=optimizer.centered)
+    return slot_names(_RULE_OF[kind])
 
 
 def dynamic_slot_names(optimizer):
@@ -39,17 +55,7 @@ def dynamic_slot_names(optimizer):
     optimizer, or an OptimizerWrapper), in storage order; Keras' slot names."""
     if getattr(optimizer, "_fused", True) is False:
         return []  # the generic path keeps slots in their own tables (get_slot)
-    optimizer = getattr(optimizer, "optimizer", optimizer)
-    kind = type(optimizer).__name__
-    if getattr(optimizer, "amsgrad", False):
-        return []
-    if kind == "SGD":
-        legacy = hasattr(optimizer, "_get_hyper")
-        momentum = bool(optimizer._momentum) if legacy else float(optimizer.momentum) != 0.0
-        return ["momentum"] if momentum else []
-    if kind == "RMSprop" and optimizer.centered:
-        return ["rms", "momentum", "mg"]
-    return list(_DYNAMIC_SLOTS.get(kind, []))
+    return _rule_slots(getattr(optimizer, "optimizer", optimizer))
 
 
 def shown_slot_names(optimizer):
@@ -58,10 +64,8 @@ def shown_slot_names(optimizer):
     when its momentum is 0, and SOK shows none then)."""
     names = dynamic_slot_names(optimizer)
     inner = getattr(optimizer, "optimizer", optimizer)
-    if type(inner).__name__ == "RMSprop" and "momentum" in names:
-        legacy = hasattr(inner, "_get_hyper")
-        if not (bool(inner._momentum) if legacy else float(inner.momentum) > 0.0):
-            names.remove("momentum")
+    if type(inner).__name__ == "RMSprop" and "momentum" in names and not _has_momentum(inner):
+        names.remove("momentum")
     return names
 
 
@@ -420,7 +424,7 @@ class OptimizerWrapper:
         # Sok>StaticApply updates float32 tables; 16-bit ones go to the wrapped optimizer.
         return (isinstance(variable, Variable) and variable.dtype == tf.float32 and
                 isinstance(grad, tf.IndexedSlices) and
-                self._kind in _LAZY_STATIC_SLOTS and hasattr(self._optimizer, "_get_hyper") and
+                self._kind in _LAZY_STATIC and hasattr(self._optimizer, "_get_hyper") and
                 not getattr(self._optimizer, "amsgrad", False) and
                 (self._kind != "SGD" or self._plain_sgd()))
 
@@ -435,7 +439,7 @@ class OptimizerWrapper:
         with tf.init_scope():
             self._optimizer._create_all_weights([variable for _, variable, _ in group])
         slots = [self._optimizer.get_slot(variable, name)
-                 for _, variable, _ in group for name in _LAZY_STATIC_SLOTS[self._kind]]
+                 for _, variable, _ in group for name in _rule_slots(self._optimizer)]
         rule, hyper, _, _, nesterov = rule_of_step
         gathered = group[0][2] is not None
         return raw_ops.sok_static_apply(
@@ -477,58 +481,63 @@ class OptimizerWrapper:
         """(rule, hyper, state floats per row, their initial value, nesterov) of this step, as
         Sok>DynamicApply and Sok>StaticApply take them."""
         opt = self._optimizer
+        if self._kind not in _RULE_OF:
+            raise NotImplementedError(f"{self._kind} is not supported for sok dynamic tables "
+                                      f"yet; supported: {_SUPPORTED}")
+        rule = _RULE_OF[self._kind]
+        values, initial = self._hyper_values(lr, step, steps)
+        state_dim = len(_rule_slots(opt)) * dim
+        nesterov = self._kind == "SGD" and bool(getattr(opt, "nesterov", False))
+        return rule, hyper_vector(rule, **values), state_dim, initial, nesterov
+
+    def _hyper_values(self, lr, step, steps):
+        """The fused rule's hyper-parameters of this step by name (optimizer_rules.py), and
+        the initial value of its state."""
+        opt = self._optimizer
         legacy = hasattr(opt, "_get_hyper")
-        if self._kind == "SGD":
-            momentum = _hyper(opt, "momentum")
-            has_momentum = bool(opt._momentum) if legacy else float(opt.momentum) != 0.0
-            return ("sgd", tf.stack([lr, momentum]), dim if has_momentum else 0, 0.0,
-                    bool(getattr(opt, "nesterov", False)))
-        if self._kind == "Adagrad":
-            initial = opt._initial_accumulator_value if legacy else opt.initial_accumulator_value
-            epsilon = tf.cast(opt.epsilon, tf.float32)
-            return ("adagrad", tf.stack([lr, epsilon, tf.constant(0.0 if legacy else 1.0)]), dim,
-                    float(initial), False)
-        if self._kind == "Adam":
+        kind = self._kind
+        if kind == "SGD":
+            return {"lr": lr, "momentum": _hyper(opt, "momentum")}, 0.0
+        initial = 0.0
+        if kind in ("Adagrad", "Ftrl"):
+            initial = float(opt._initial_accumulator_value if legacy
+                            else opt.initial_accumulator_value)
+        epsilon = tf.cast(opt.epsilon, tf.float32) if hasattr(opt, "epsilon") else None
+        if kind == "Adagrad":  # Keras 3-style epsilon inside the square root; legacy outside
+            return {"lr": lr, "epsilon": epsilon,
+                    "epsilon_inside_sqrt": 0.0 if legacy else 1.0}, initial
+        if kind in ("Adam", "Adamax"):
             beta1, beta2 = _hyper(opt, "beta_1"), _hyper(opt, "beta_2")
-            epsilon = tf.cast(opt.epsilon, tf.float32)
-            corrected = lr * tf.sqrt(1.0 - tf.pow(beta2, step)) / (1.0 - tf.pow(beta1, step))
-            return "adam", tf.stack([corrected, beta1, beta2, epsilon]), 2 * dim, 0.0, False
-        epsilon = tf.constant(float(opt.epsilon), tf.float32) if hasattr(opt, "epsilon") else None
-        if self._kind == "Adamax":
-            beta1, beta2 = _hyper(opt, "beta_1"), _hyper(opt, "beta_2")
-            corrected = lr / (1.0 - tf.pow(beta1, step))
-            return "adamax", tf.stack([corrected, beta1, beta2, epsilon]), 2 * dim, 0.0, False
-        if self._kind == "Adadelta":
-            return ("adadelta", tf.stack([lr, _hyper(opt, "rho"), epsilon]), 2 * dim, 0.0,
-                    False)
-        if self._kind == "RMSprop":
-            momentum = _hyper(opt, "momentum")
-            if (not opt._momentum) if legacy else float(opt.momentum) == 0.0:
-                momentum = tf.constant(0.0)
-            hyper = tf.stack([lr, _hyper(opt, "rho"), momentum, epsilon,
-                              tf.constant(1.0 if opt.centered else 0.0),
-                              tf.constant(0.0 if legacy else 1.0)])
-            return "rmsprop", hyper, (3 if opt.centered else 2) * dim, 0.0, False
-        if self._kind == "Nadam":
+            if kind == "Adam":
+                corrected = lr * tf.sqrt(1.0 - tf.pow(beta2, step)) / (1.0 - tf.pow(beta1, step))
+            else:
+                corrected = lr / (1.0 - tf.pow(beta1, step))
+            return {"lr": corrected, "beta1": beta1, "beta2": beta2, "epsilon": epsilon}, initial
+        if kind == "Adadelta":
+            return {"lr": lr, "rho": _hyper(opt, "rho"), "epsilon": epsilon}, initial
+        if kind == "RMSprop":
+            momentum = _hyper(opt, "momentum") if _has_momentum(opt) else 0.0
+            return {"lr": lr, "rho": _hyper(opt, "rho"), "momentum": momentum,
+                    "epsilon": epsilon, "centered": 1.0 if opt.centered else 0.0,
+                    "epsilon_inside_sqrt": 0.0 if legacy else 1.0}, initial
+        if kind == "Nadam":
             now, following, schedule, schedule_next = self._nadam_step
             beta2 = _hyper(opt, "beta_2")
             if legacy:  # legacy Nadam uses `decay` for its momentum schedule, not the rate
                 rate = opt._get_hyper("learning_rate")
                 lr = tf.cast(rate(steps) if callable(rate) else rate, tf.float32)
-            hyper = tf.stack([lr, _hyper(opt, "beta_1"), beta2, epsilon, now, following,
-                              1.0 - schedule, 1.0 - schedule_next, 1.0 - tf.pow(beta2, step)])
-            return "nadam", hyper, 2 * dim, 0.0, False
-        if self._kind == "Ftrl":
-            l2 = _hyper(opt, "l2_regularization_strength") + _hyper(opt, "beta") / (2.0 * lr)
-            shrinkage = (opt._l2_shrinkage_regularization_strength if legacy
-                         else opt.l2_shrinkage_regularization_strength)
-            initial = opt._initial_accumulator_value if legacy else opt.initial_accumulator_value
-            hyper = tf.stack([lr, _hyper(opt, "learning_rate_power"),
-                              _hyper(opt, "l1_regularization_strength"), l2,
-                              tf.constant(float(shrinkage))])
-            return "ftrl", hyper, 2 * dim, float(initial), False
-        raise NotImplementedError(
-            f"{self._kind} is not supported for sok dynamic tables yet; supported: {_SUPPORTED}")
+            return {"lr": lr, "beta1": _hyper(opt, "beta_1"), "beta2": beta2,
+                    "epsilon": epsilon, "momentum_now": now, "momentum_next": following,
+                    "one_minus_schedule": 1.0 - schedule,
+                    "one_minus_schedule_next": 1.0 - schedule_next,
+                    "one_minus_beta2_power": 1.0 - tf.pow(beta2, step)}, initial
+        # Ftrl: beta folds into l2 as beta / (2 lr)
+        shrinkage = (opt._l2_shrinkage_regularization_strength if legacy
+                     else opt.l2_shrinkage_regularization_strength)
+        l2 = _hyper(opt, "l2_regularization_strength") + _hyper(opt, "beta") / (2.0 * lr)
+        return {"lr": lr, "lr_power": _hyper(opt, "learning_rate_power"),
+                "l1": _hyper(opt, "l1_regularization_strength"), "l2": l2,
+                "l2_shrinkage": float(shrinkage)}, initial
 
 
 def _static_update_groups(static):

@@ -3,13 +3,11 @@
 namespace sok {
 
 int64_t RuleHyperCount(const std::string& rule) {
-  if (rule == "sgd") return 2;
-  if (rule == "adagrad" || rule == "adadelta") return 3;
-  if (rule == "adam" || rule == "adamax") return 4;
-  if (rule == "ftrl") return 5;
-  if (rule == "rmsprop") return 6;
-  if (rule == "nadam") return 9;
-  return -1;
+  const int r = RuleIndex(rule.c_str());
+  if (r < 0) return -1;
+  int64_t count = 0;
+  while (count < kMaxRuleHypers && kRuleTable[r].hypers[count] != nullptr) ++count;
+  return count;
 }
 
 }  // namespace sok

@@ -1,54 +1,75 @@
 // A sparse optimizer rule chosen at run time: the op's rule name and its `hyper` vector
-// (layouts in the Sok>DynamicApply / Sok>StaticApply docs) become the rule's hyper-parameter
-// struct, which the CPU apply kernels and the GPU sparse apply hand to ApplyRule.
+// (laid out as kRuleTable says, rule_table.h) become the rule's hyper-parameter struct, which
+// the CPU apply kernels and the GPU sparse apply hand to ApplyRule.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "kit_src/core/optimizers/rule_table.h"
 #include "kit_src/core/optimizers/update_rules.h"
 #include "kit_src/core/status.h"
 
 namespace sok {
 
-// Hyper-parameters each rule takes, or -1 for an unknown rule.
+// Hyper-parameters each rule takes (its row of kRuleTable), or -1 for an unknown rule.
 int64_t RuleHyperCount(const std::string& rule);
 
-// The rule's hyper-parameter struct from its floats h[0 .. RuleHyperCount), on either side:
-// the CPU kernels build it from host memory, the GPU kernels from device memory.
+// The rule's hyper-parameter struct from its floats h[0 .. RuleHyperCount), read by name
+// through kRuleTable, on either side: the CPU kernels build it from host memory, the GPU
+// kernels from device memory.
 template <typename H>
 SOK_HOST_DEVICE H MakeHyper(const float* h, bool nesterov);
 template <>
 SOK_HOST_DEVICE inline SgdHyper MakeHyper<SgdHyper>(const float* h, bool nesterov) {
-  return SgdHyper{h[0], h[1], nesterov};
+  return SgdHyper{SOK_HYPER(h, "sgd", "lr"), SOK_HYPER(h, "sgd", "momentum"), nesterov};
 }
 template <>
 SOK_HOST_DEVICE inline AdagradHyper MakeHyper<AdagradHyper>(const float* h, bool) {
-  return AdagradHyper{h[0], h[1], h[2] != 0.0f};
+  return AdagradHyper{SOK_HYPER(h, "adagrad", "lr"), SOK_HYPER(h, "adagrad", "epsilon"),
+                      SOK_HYPER(h, "adagrad", "epsilon_inside_sqrt") != 0.0f};
 }
 template <>
 SOK_HOST_DEVICE inline AdamHyper MakeHyper<AdamHyper>(const float* h, bool) {
-  return AdamHyper{h[0], h[1], h[2], h[3]};
+  return AdamHyper{SOK_HYPER(h, "adam", "lr"), SOK_HYPER(h, "adam", "beta1"),
+                   SOK_HYPER(h, "adam", "beta2"), SOK_HYPER(h, "adam", "epsilon")};
 }
 template <>
 SOK_HOST_DEVICE inline AdamaxHyper MakeHyper<AdamaxHyper>(const float* h, bool) {
-  return AdamaxHyper{h[0], h[1], h[2], h[3]};
+  return AdamaxHyper{SOK_HYPER(h, "adamax", "lr"), SOK_HYPER(h, "adamax", "beta1"),
+                     SOK_HYPER(h, "adamax", "beta2"), SOK_HYPER(h, "adamax", "epsilon")};
 }
 template <>
 SOK_HOST_DEVICE inline AdadeltaHyper MakeHyper<AdadeltaHyper>(const float* h, bool) {
-  return AdadeltaHyper{h[0], h[1], h[2]};
+  return AdadeltaHyper{SOK_HYPER(h, "adadelta", "lr"), SOK_HYPER(h, "adadelta", "rho"),
+                       SOK_HYPER(h, "adadelta", "epsilon")};
 }
 template <>
 SOK_HOST_DEVICE inline NadamHyper MakeHyper<NadamHyper>(const float* h, bool) {
-  return NadamHyper{h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8]};
+  return NadamHyper{SOK_HYPER(h, "nadam", "lr"),
+                    SOK_HYPER(h, "nadam", "beta1"),
+                    SOK_HYPER(h, "nadam", "beta2"),
+                    SOK_HYPER(h, "nadam", "epsilon"),
+                    SOK_HYPER(h, "nadam", "momentum_now"),
+                    SOK_HYPER(h, "nadam", "momentum_next"),
+                    SOK_HYPER(h, "nadam", "one_minus_schedule"),
+                    SOK_HYPER(h, "nadam", "one_minus_schedule_next"),
+                    SOK_HYPER(h, "nadam", "one_minus_beta2_power")};
 }
 template <>
 SOK_HOST_DEVICE inline FtrlHyper MakeHyper<FtrlHyper>(const float* h, bool) {
-  return FtrlHyper{h[0], h[1], h[2], h[3], h[4]};
+  return FtrlHyper{SOK_HYPER(h, "ftrl", "lr"), SOK_HYPER(h, "ftrl", "lr_power"),
+                   SOK_HYPER(h, "ftrl", "l1"), SOK_HYPER(h, "ftrl", "l2"),
+                   SOK_HYPER(h, "ftrl", "l2_shrinkage")};
 }
 template <>
 SOK_HOST_DEVICE inline RmspropHyper MakeHyper<RmspropHyper>(const float* h, bool) {
-  return RmspropHyper{h[0], h[1], h[2], h[3], h[4] != 0.0f, h[5] != 0.0f};
+  return RmspropHyper{SOK_HYPER(h, "rmsprop", "lr"),
+                      SOK_HYPER(h, "rmsprop", "rho"),
+                      SOK_HYPER(h, "rmsprop", "momentum"),
+                      SOK_HYPER(h, "rmsprop", "epsilon"),
+                      SOK_HYPER(h, "rmsprop", "centered") != 0.0f,
+                      SOK_HYPER(h, "rmsprop", "epsilon_inside_sqrt") != 0.0f};
 }
 
 // Calls visit(H{}) with a default-built struct of the rule's type: for code that picks the

@@ -318,4 +318,39 @@ REGISTER_KERNEL_BUILDER(Name("Sok>StaticApply").Device(tf::DEVICE_GPU),
                         StaticApplyOp<GpuDevice>);
 #endif
 
+// Sok>OptimizerRules: kRuleTable as JSON, for Python to pack `hyper` and name the slots by.
+class OptimizerRulesOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* ctx) override {
+    tf::Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({}), &out));
+    out->scalar<tf::tstring>()() = RuleTableJson();
+  }
+
+ private:
+  template <size_t N>
+  static std::string NameList(const char* const (&names)[N]) {
+    std::string list = "[";
+    for (size_t i = 0; i < N && names[i] != nullptr; ++i) {
+      list += std::string(i > 0 ? ", " : "") + "\"" + names[i] + "\"";
+    }
+    return list + "]";
+  }
+  static std::string RuleTableJson() {
+    std::string json = "{";
+    for (int r = 0; r < kNumRules; ++r) {
+      const RuleSpec& rule = kRuleTable[r];
+      const std::string last_slot_if =
+          rule.last_slot_if ? "\"" + std::string(rule.last_slot_if) + "\"" : "null";
+      json += std::string(r > 0 ? ", " : "") + "\"" + rule.name + "\": {\"hyper\": " +
+              NameList(rule.hypers) + ", \"slots\": " + NameList(rule.slots) +
+              ", \"last_slot_if\": " + last_slot_if + "}";
+    }
+    return json + "}";
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("Sok>OptimizerRules").Device(tf::DEVICE_CPU), OptimizerRulesOp);
+
 }  // namespace sok

@@ -190,12 +190,9 @@ REGISTER_OP("Sok>DynamicApply")
     .Doc(R"doc(
 Fused lazy optimizer update of a dynamic table: duplicate keys' gradients are summed, then each
 touched row and its state are updated in place by kit_src/core/optimizers/update_rules.h.
-hyper: sgd [lr, momentum]; adagrad [lr, epsilon, epsilon inside sqrt (0/1)]; adam [bias-corrected lr, beta1, beta2, epsilon]; adamax [lr / (1 - beta1^t), beta1, beta2,
-epsilon]; adadelta [lr, rho, epsilon]; rmsprop [lr, rho, momentum, epsilon, centered (0/1), epsilon
-inside sqrt (0/1)]; ftrl [lr,
-lr_power, l1, l2 + beta / (2 lr), l2_shrinkage]; nadam [lr, beta1, beta2, epsilon, m_t, m_t+1,
-1 - schedule, 1 - next schedule, 1 - beta2^t]; in the device's memory (a GPU kernel reads it
-there): values needing more state than state_dim (a momentum without its state) write nothing
+hyper: the rule's hyper-parameters in the order Sok>OptimizerRules names them (the fields of
+its struct in update_rules.h: adam's lr already bias-corrected, ftrl's l2 including
+beta / (2 lr), flags as 0/1), in the device's memory (a GPU kernel reads it there): values needing more state than state_dim (a momentum without its state) write nothing
 on the GPU, while the CPU reports them.
 )doc");
 

@@ -574,4 +574,15 @@ i's gradient is grad_scales[t][i] times grads[t] row grad_rows[t][i] (Sok>Pooled
 so a pooled lookup's per-id gradient rows are never written.
 )doc");
 
+REGISTER_OP("Sok>OptimizerRules")
+    .Output("table: string")
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+The sparse optimizer rules that Sok>DynamicApply and Sok>StaticApply take
+(kit_src/core/optimizers/rule_table.h) as a JSON object: for each rule name, "hyper" (the
+names of its hyper-parameters in the order of the ops' hyper vector), "slots" (the Keras slot
+name of each [dim] section of its state, in storage order) and "last_slot_if" (the
+hyper-parameter that keeps the last slot when it is non-zero, or null).
+)doc");
+
 }  // namespace sok
