@@ -1,6 +1,8 @@
 """G3: pooled lookup from 8Mi rows (dim 128), 65,536 bags of U{1..10} power-law ids, sum:
-forward and train (forward + fused backward/SGD) through the C ABI vs torch EmbeddingBag
-(sparse gradients + torch.optim.SGD), CUDA events, same process and batches."""
+forward and train (forward, then the backward and SGD step) of the plugin's one-worker pooled
+lookup kernels (Sok>PoolFromTables, Sok>PooledGradShares and the sparse apply) through the C
+ABI vs torch EmbeddingBag (sparse gradients + torch.optim.SGD), CUDA events, same process and
+batches."""
 import json
 import os
 import sys
@@ -33,6 +35,7 @@ def main():
         batches.append((power_law(int(offsets[-1]), g), offsets))
     table = torch.randn(ROWS, DIM, device="cuda") * 0.01
     out = torch.empty(BAGS, DIM, device="cuda")
+    check = torch.zeros(3, dtype=torch.int64, device="cuda")
     grad = torch.randn(BAGS, DIM, device="cuda") * 1e-3
     stream = torch.cuda.current_stream().cuda_stream
     step = {"i": 0}
@@ -43,16 +46,16 @@ def main():
 
     def sok_forward():
         ids, offsets = next_batch()
-        capi.check(lib.sok_pooled_lookup_forward(table.data_ptr(), DIM, ids.data_ptr(),
+        capi.check(lib.sok_pooled_lookup_forward(table.data_ptr(), ROWS, DIM, ids.data_ptr(),
                                                  offsets.data_ptr(), None, BAGS, len(ids), 0,
-                                                 out.data_ptr(), stream))
+                                                 out.data_ptr(), check.data_ptr(), stream))
 
     def sok_train():
         ids, offsets = next_batch()
-        capi.check(lib.sok_pooled_lookup_forward(table.data_ptr(), DIM, ids.data_ptr(),
+        capi.check(lib.sok_pooled_lookup_forward(table.data_ptr(), ROWS, DIM, ids.data_ptr(),
                                                  offsets.data_ptr(), None, BAGS, len(ids), 0,
-                                                 out.data_ptr(), stream))
-        capi.check(lib.sok_pooled_sgd_backward(table.data_ptr(), DIM, ids.data_ptr(),
+                                                 out.data_ptr(), check.data_ptr(), stream))
+        capi.check(lib.sok_pooled_sgd_backward(table.data_ptr(), ROWS, DIM, ids.data_ptr(),
                                                offsets.data_ptr(), None, BAGS, len(ids), 0,
                                                grad.data_ptr(), 0.01, stream))
 

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "kit_src/core/embedding/lookup_gpu.cuh"
-#include "kit_src/core/embedding/pooled_lookup.cuh"
 #include "kit_src/core/embedding/row_owner.h"
 #include "kit_src/core/interaction/dot_interaction.cuh"
 #include "kit_src/core/optimizers/sparse_apply.cuh"
@@ -47,23 +46,120 @@ int sok_dot_interaction_backward_f16(const void* features, const void* output_gr
       static_cast<__half*>(features_grad), static_cast<cudaStream_t>(stream)));
 }
 
-// Pooled lookup of `bags` bags (nnz ids in all) from table [rows, dim]; weights may be null;
-// mean != 0 for mean.
-int sok_pooled_lookup_forward(const float* table, int64_t dim, const int64_t* ids,
-                              const int64_t* offsets, const float* weights, int64_t bags,
-                              int64_t nnz, int mean, float* output, void* stream) {
-  const sok::PooledBatch batch{ids, offsets, weights, bags, nnz, mean != 0};
-  return static_cast<int>(sok::PooledLookupForwardGpu(table, dim, batch, output,
-                                                      static_cast<cudaStream_t>(stream)));
+}  // extern "C"
+
+namespace {
+
+// Device scratch of one C ABI call, freed in stream order once the call's work has run.
+class StreamScratch {
+ public:
+  explicit StreamScratch(cudaStream_t stream) : stream_(stream) {}
+  ~StreamScratch() {
+    for (void* p : held_) cudaFreeAsync(p, stream_);
+  }
+  void* operator()(size_t bytes) {
+    void* p = nullptr;
+    if (cudaMallocAsync(&p, std::max<size_t>(bytes, 1), stream_) != cudaSuccess) return nullptr;
+    held_.push_back(p);
+    return p;
+  }
+  template <typename T>
+  T* Upload(const T* host, size_t count) {
+    T* device = static_cast<T*>((*this)(count * sizeof(T)));
+    if (device != nullptr) {
+      cudaMemcpyAsync(device, host, count * sizeof(T), cudaMemcpyHostToDevice, stream_);
+    }
+    return device;
+  }
+
+ private:
+  cudaStream_t stream_;
+  std::vector<void*> held_;
+};
+
+// One pooled lookup of `bags` bags (offsets [bags + 1], nnz ids) from its own table, as the
+// plugin's one-worker path (Sok>PoolFromTables) describes it.
+sok::GpuPooledLookup PooledFromTable(const float* table, int64_t rows, const int64_t* ids,
+                                     const int64_t* offsets, const float* weights, int64_t bags,
+                                     int64_t nnz, int mean) {
+  sok::GpuPooledLookup lookup;
+  lookup.row_splits = offsets;
+  lookup.batch = bags;
+  lookup.weights = weights;
+  lookup.weights_count = weights != nullptr ? nnz : 0;
+  lookup.combiner = mean != 0 ? 1 : 0;
+  lookup.ids = ids;
+  lookup.ids_count = nnz;
+  lookup.table = sok::GpuShard{table, rows};
+  return lookup;
 }
 
-// Fused backward + SGD update of the rows the bags used.
-int sok_pooled_sgd_backward(float* table, int64_t dim, const int64_t* ids, const int64_t* offsets,
-                            const float* weights, int64_t bags, int64_t nnz, int mean,
-                            const float* output_grad, float lr, void* stream) {
-  const sok::PooledBatch batch{ids, offsets, weights, bags, nnz, mean != 0};
-  return static_cast<int>(sok::PooledSgdBackwardGpu(table, dim, batch, output_grad, lr,
-                                                    static_cast<cudaStream_t>(stream)));
+}  // namespace
+
+extern "C" {
+
+// The plugin's one-worker pooled lookup (Sok>PoolFromTables): `bags` bags (nnz ids in all,
+// offsets [bags + 1]) from table [rows, dim] into output [bags, dim]; weights may be null;
+// mean != 0 for mean. check (device, 3 int64: code, id, rows) receives the first id outside
+// the table (whose bag pools it as a zero row), read once the stream has passed.
+int sok_pooled_lookup_forward(const float* table, int64_t rows, int64_t dim, const int64_t* ids,
+                              const int64_t* offsets, const float* weights, int64_t bags,
+                              int64_t nnz, int mean, float* output, int64_t* check,
+                              void* stream_handle) {
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  StreamScratch scratch(stream);
+  sok::GpuPooledLookup lookup = PooledFromTable(table, rows, ids, offsets, weights, bags, nnz,
+                                                mean);
+  lookup.output = output;
+  const sok::GpuPooledLookup* lookup_device = scratch.Upload(&lookup, 1);
+  if (lookup_device == nullptr) return static_cast<int>(cudaErrorMemoryAllocation);
+  auto* record = reinterpret_cast<sok::LookupCheck*>(check);
+  cudaError_t status = sok::ResetLookupCheck(record, stream);
+  if (status != cudaSuccess) return static_cast<int>(status);
+  return static_cast<int>(sok::PoolFromTablesGpu(lookup_device, 1, bags, dim, record, stream));
+}
+
+// The plugin's backward and SGD step of that lookup (Sok>PooledGradShares, then Sok>StaticApply
+// reading the output gradient in place): each use of an id takes its share of its bag's
+// gradient, duplicates are summed, and each touched row moves by -lr times its sum. Ids
+// outside the table are skipped (the forward's check reports them).
+int sok_pooled_sgd_backward(float* table, int64_t rows, int64_t dim, const int64_t* ids,
+                            const int64_t* offsets, const float* weights, int64_t bags,
+                            int64_t nnz, int mean, const float* output_grad, float lr,
+                            void* stream_handle) {
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  StreamScratch scratch(stream);
+  sok::GpuPooledLookup lookup = PooledFromTable(table, rows, ids, offsets, weights, bags, nnz,
+                                                mean);
+  lookup.use_rows = static_cast<int64_t*>(scratch(nnz * sizeof(int64_t)));
+  lookup.use_scales = static_cast<float*>(scratch(nnz * sizeof(float)));
+  const sok::GpuPooledLookup* lookup_device = scratch.Upload(&lookup, 1);
+  const float hyper[2] = {lr, 0.0f};  // sgd: lr, momentum
+  const float* hyper_device = scratch.Upload(hyper, 2);
+  if (lookup.use_rows == nullptr || lookup.use_scales == nullptr || lookup_device == nullptr ||
+      hyper_device == nullptr) {
+    return static_cast<int>(cudaErrorMemoryAllocation);
+  }
+  cudaError_t status = sok::PooledGradSharesGpu(lookup_device, 1, bags, stream);
+  if (status != cudaSuccess) return static_cast<int>(status);
+  sok::SparseApplyMember member;
+  member.table = sok::SparseApplyTable{table, nullptr, rows, dim, 0};
+  member.gradient.ids = ids;
+  member.gradient.values = output_grad;
+  member.gradient.n = nnz;
+  member.gradient.rows = lookup.use_rows;
+  member.gradient.scales = lookup.use_scales;
+  member.gradient.source_rows = bags;
+  const std::vector<sok::SparseApplyMember> members{member};
+  const sok::SparseApplyMember* members_device = nullptr;
+  if (sok::SparseApplyGroupReadsDeviceMembers("sgd", member.table, /*checked=*/false)) {
+    members_device = scratch.Upload(&member, 1);
+    if (members_device == nullptr) return static_cast<int>(cudaErrorMemoryAllocation);
+  }
+  const sok::DeviceAllocate allocate = [&scratch](size_t bytes) { return scratch(bytes); };
+  return static_cast<int>(sok::SparseApplyGroupGpuAsync("sgd", hyper_device, 2, false, members,
+                                                        members_device, allocate, nullptr,
+                                                        stream));
 }
 
 // Lazy optimizer step of the rows `ids` name in table [rows, dim] and its state

@@ -13,10 +13,10 @@ def load():
     lib.sok_dot_interaction_backward.argtypes = [ptr, ptr, ptr, i64, i64, i64, ptr]
     lib.sok_dot_interaction_forward_f16.argtypes = [ptr, ptr, i64, i64, i64, ptr]
     lib.sok_dot_interaction_backward_f16.argtypes = [ptr, ptr, ptr, i64, i64, i64, ptr]
-    lib.sok_pooled_lookup_forward.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, ctypes.c_int,
-                                              ptr, ptr]
-    lib.sok_pooled_sgd_backward.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, ctypes.c_int, ptr,
-                                            ctypes.c_float, ptr]
+    lib.sok_pooled_lookup_forward.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, i64,
+                                              ctypes.c_int, ptr, ptr, ptr]
+    lib.sok_pooled_sgd_backward.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, i64, ctypes.c_int,
+                                            ptr, ctypes.c_float, ptr]
     lib.sok_sparse_apply.argtypes = [ctypes.c_char_p, ptr, i64, ctypes.c_int, ptr, ptr, i64,
                                      i64, i64, ptr, ptr, i64, ptr]
     i32 = ctypes.c_int32

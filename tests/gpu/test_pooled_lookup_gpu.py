@@ -1,4 +1,6 @@
-"""CUDA pooled lookup and fused SGD backward (C ABI) against a float64 PyTorch reference.
+"""The plugin's one-worker pooled lookup (Sok>PoolFromTables' kernel) and its SGD step
+(Sok>PooledGradShares, then the sparse apply reading the bags' gradient in place) through the
+C ABI, against a float64 PyTorch reference.
 
 Skipped without PyTorch, a GPU or libsok_capi.so. Outputs are poisoned with NaN first."""
 import os
@@ -10,6 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import capi  # noqa: E402
 
 torch, LIB = capi.torch_and_library()
+NO_ERROR = -1  # a clean LookupCheck's code (kit_src/core/embedding/lookup_check.h)
 
 
 def reference(table64, ids, lengths, weights, mean):
@@ -41,22 +44,40 @@ def test_forward_and_sgd_backward_match_float64(dim, mean, weighted, bags):
     weights = torch.rand(len(ids), device="cuda", generator=g) + 0.5 if weighted else None
     table = torch.randn(rows, dim, device="cuda", generator=g)
     out = torch.full((bags, dim), float("nan"), device="cuda")
+    check = torch.full((3,), -7, dtype=torch.int64, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     wptr = weights.data_ptr() if weighted else None
-    capi.check(LIB.sok_pooled_lookup_forward(table.data_ptr(), dim, ids.data_ptr(),
+    capi.check(LIB.sok_pooled_lookup_forward(table.data_ptr(), rows, dim, ids.data_ptr(),
                                              offsets.data_ptr(), wptr, bags, len(ids), int(mean),
-                                             out.data_ptr(), stream))
+                                             out.data_ptr(), check.data_ptr(), stream))
     table64 = table.double()
     expected, owner, w, safe, denominator = reference(table64, ids, lengths, weights, mean)
     torch.cuda.synchronize()
     assert ((out.double() - expected).norm() / expected.norm()).item() < 1e-6
+    assert check[0].item() == NO_ERROR
 
     grad = torch.randn(bags, dim, device="cuda", generator=g)
     lr = 0.3
     scale = torch.where(denominator[owner] == 0, torch.zeros_like(w), w / safe[owner])
     updated = table64.index_add(0, ids, -lr * scale[:, None] * grad.double()[owner])
-    capi.check(LIB.sok_pooled_sgd_backward(table.data_ptr(), dim, ids.data_ptr(),
+    capi.check(LIB.sok_pooled_sgd_backward(table.data_ptr(), rows, dim, ids.data_ptr(),
                                            offsets.data_ptr(), wptr, bags, len(ids), int(mean),
                                            grad.data_ptr(), lr, stream))
     torch.cuda.synchronize()
     assert ((table.double() - updated).norm() / updated.norm()).item() < 1e-6
+
+
+def test_an_id_outside_the_table_is_recorded_and_pools_as_zeros():
+    rows, dim = 50, 8
+    table = torch.randn(rows, dim, device="cuda")
+    ids = torch.tensor([3, 4, rows + 5, 7], dtype=torch.int64, device="cuda")
+    offsets = torch.tensor([0, 2, 4], dtype=torch.int64, device="cuda")
+    out = torch.full((2, dim), float("nan"), device="cuda")
+    check = torch.zeros(3, dtype=torch.int64, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    capi.check(LIB.sok_pooled_lookup_forward(table.data_ptr(), rows, dim, ids.data_ptr(),
+                                             offsets.data_ptr(), None, 2, 4, 0, out.data_ptr(),
+                                             check.data_ptr(), stream))
+    torch.cuda.synchronize()
+    assert check[0].item() != NO_ERROR and check[1:].tolist() == [rows + 5, rows]
+    assert torch.equal(out[0], table[3] + table[4]) and torch.equal(out[1], table[7])
