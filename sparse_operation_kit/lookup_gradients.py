@@ -9,7 +9,7 @@ from tensorflow.python.framework import ops
 
 from sparse_operation_kit import id_checks
 from sparse_operation_kit._ops import raw_ops
-from sparse_operation_kit.lookup import _table_counts_of
+from sparse_operation_kit.lookup_paths import table_counts_of
 
 
 def _table_gradients(op, indices, values):
@@ -132,7 +132,7 @@ def _gather_shard_rows_grad(op, grad):
     num_tables, dtype = op.get_attr("num_tables"), op.get_attr("dtype")
     keys = op.inputs[num_tables]
     indices, values = raw_ops.sok_split_gradient_by_table(
-        keys=keys, grad=tf.cast(grad, tf.float32), table_counts=_table_counts_of(keys),
+        keys=keys, grad=tf.cast(grad, tf.float32), table_counts=table_counts_of(keys),
         num_tables=num_tables)
     values = [tf.cast(v, dtype) for v in values]
     return _table_gradients(op, indices, values) + [None]
@@ -162,7 +162,7 @@ def _combine_from_shards_grad(op, *output_grads):
         row_splits=row_splits, weights=weights, num_rows=tf.size(keys, out_type=tf.int64),
         combiners=op.get_attr("combiners"), validate=op.get_attr("validate"))
     indices, values = raw_ops.sok_split_gradient_by_table(
-        keys=keys, grad=rows_grad, table_counts=_table_counts_of(keys), num_tables=num_tables)
+        keys=keys, grad=rows_grad, table_counts=table_counts_of(keys), num_tables=num_tables)
     return _table_gradients(op, indices, values) + [None] * (2 + 2 * n)
 
 
@@ -177,3 +177,9 @@ def _combine_forward_grad(op, *output_grads):
         num_rows=tf.shape(rows, out_type=tf.int64)[0], combiners=op.get_attr("combiners"),
         validate=op.get_attr("validate"))
     return [rows_grad, None] + [None] * (2 * n)
+
+
+tf.no_gradient("Sok>CheckIdsOnHost")
+tf.no_gradient("Sok>PooledGradShares")
+tf.no_gradient("Sok>UnpackFeatures")
+tf.no_gradient("Sok>UnpackFeaturesFromHost")

@@ -16,7 +16,7 @@ import tensorflow as tf
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.dynamic_variable import DynamicSlot, DynamicVariable
 from sparse_operation_kit.id_checks import indices_are_checked
-from sparse_operation_kit.lookup import on_gpu_device
+from sparse_operation_kit.lookup_inputs import on_gpu_device
 from sparse_operation_kit.lookup_gradients import pooled_gradient_shares
 from sparse_operation_kit.optimizer_rules import hyper_vector, slot_names
 from sparse_operation_kit.variables import Variable

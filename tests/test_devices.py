@@ -801,29 +801,29 @@ def test_ids_from_a_pipeline_are_checked_on_the_host(device):
 
 
 def test_only_a_few_lookups_ids_are_checked_on_the_host():
-    """The host check is taken for a call of up to _HOST_CHECK_MAX_LOOKUPS lookups whose ids
+    """The host check is taken for a call of up to HOST_CHECK_MAX_LOOKUPS lookups whose ids
     all come from an input pipeline; beyond that, or with ids given as arguments, the ids go
     to the device unchecked (the device checks them)."""
-    from sparse_operation_kit import lookup as lookup_module
-    limit = lookup_module._HOST_CHECK_MAX_LOOKUPS
+    from sparse_operation_kit import lookup_inputs
+    limit = lookup_inputs.HOST_CHECK_MAX_LOOKUPS
     tables = [sok.Variable(np.ones([10, 4], np.float32), name=f"few{t}") for t in range(limit + 1)]
     ids = tf.RaggedTensor.from_row_lengths(tf.constant([1, 2, 3], tf.int64), [2, 1])
     iterator = iter(tf.data.Dataset.from_tensors(ids).repeat())
     checked = {}
 
     def lookup_of(table, values):
-        return lookup_module._Lookup(table, values, None, None, "sum", False)
+        return lookup_inputs.Lookup(table, values, None, None, "sum", False)
 
     @tf.function
     def from_pipeline(count):
         batch = next(iterator)
         lookups = [lookup_of(t, batch.values) for t in tables[:count]]
-        checked[count] = lookup_module._ids_checked_on_host(lookups) is not None
+        checked[count] = lookup_inputs.ids_checked_on_host(lookups) is not None
         return tf.constant(0)
 
     @tf.function
     def from_arguments(values):
-        checked["arguments"] = lookup_module._ids_checked_on_host(
+        checked["arguments"] = lookup_inputs.ids_checked_on_host(
             [lookup_of(tables[0], values)]) is not None
         return tf.constant(0)
 

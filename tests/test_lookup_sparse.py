@@ -77,8 +77,8 @@ def test_sparse_ids_as_given_on_a_gpu_match_tf(combiner, batch_known, monkeypatc
     host memory, is the traced batch size where that is known (nothing to copy), else the
     SparseTensor's own. Run here on the CPU by telling lookup_sparse the tables are on a
     GPU."""
-    from sparse_operation_kit import lookup
-    monkeypatch.setattr(lookup, "_table_on_gpu", lambda table: True)
+    from sparse_operation_kit import lookup_inputs
+    monkeypatch.setattr(lookup_inputs, "table_on_gpu", lambda table: True)
     rng = np.random.default_rng(len(combiner))
     vocab, dim, batch = 30, 4, 50
     init = rng.normal(size=[vocab, dim]).astype(np.float32)

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import sparse_operation_kit as sok
 from conftest import run_mode
-from sparse_operation_kit import lookup, raw_ops
+from sparse_operation_kit import lookup, lookup_inputs, raw_ops
 
 ON_GPU = bool(tf.config.list_physical_devices("GPU"))
 COMBINERS = ["sum", "mean", "sqrtn"]
@@ -19,7 +19,7 @@ COMBINERS = ["sum", "mean", "sqrtn"]
 def pooled_path(monkeypatch):
     """lookup_sparse takes the pool-from-tables path for static tables."""
     if not ON_GPU:
-        monkeypatch.setattr(lookup, "_table_on_gpu", lambda table: True)
+        monkeypatch.setattr(lookup_inputs, "table_on_gpu", lambda table: True)
 
 
 def ragged(rng, vocab, batch, max_len=4):
@@ -117,8 +117,8 @@ def test_trains_like_the_fused_chain(monkeypatch):
     opt_direct = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.05))
     opt_fused = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.05))
     gpu = {"on": True}
-    real_on_gpu = lookup._table_on_gpu
-    monkeypatch.setattr(lookup, "_table_on_gpu",
+    real_on_gpu = lookup_inputs.table_on_gpu
+    monkeypatch.setattr(lookup_inputs, "table_on_gpu",
                         lambda table: gpu["on"] if not ON_GPU else real_on_gpu(table))
     monkeypatch.setattr(lookup, "_pools_from_tables",
                         lambda lookups, dynamic, real=lookup._pools_from_tables:

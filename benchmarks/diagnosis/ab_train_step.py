@@ -15,7 +15,7 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu"))
-import sparse_operation_kit.lookup as sok_lookup  # noqa: E402
+import sparse_operation_kit.lookup_gradients as sok_lookup_gradients  # noqa: E402
 import sparse_operation_kit.optimizer as sok_optimizer  # noqa: E402
 from tf_gpu import looped, timed  # noqa: E402
 from tf_gpu_kernel_profile import workload  # noqa: E402
@@ -25,7 +25,7 @@ CHANGES = {
     "hypers": (sok_optimizer, "_hyper_device", lambda dynamic, static: "CPU:0", ("t3", "t1")),
     "dynamic_hypers": (sok_optimizer, "_hyper_device", lambda dynamic, static: "CPU:0",
                        ("g1b",)),
-    "counts": (sok_lookup, "_table_counts_of", lambda keys: tf.zeros([0], tf.int32), ("t1",)),
+    "counts": (sok_lookup_gradients, "table_counts_of", lambda keys: tf.zeros([0], tf.int32), ("t1",)),
 }
 
 

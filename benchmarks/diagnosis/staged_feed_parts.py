@@ -60,7 +60,7 @@ def waits(spec, tables, dataset):
     (`free`); with the device's id check waited for in the forward (`check_waited`); with the
     host waiting for each step's loss (`synced`); with each one's peak of GPU memory."""
     import sparse_operation_kit.lookup as lookup
-    pooled = lookup._pool_from_tables
+    pooled = lookup.pool_from_tables_path
 
     def forward(staged):
         return tf.reduce_sum(sok.lookup_sparse(tables, staged, combiners=spec["combiner"]))
@@ -68,10 +68,10 @@ def waits(spec, tables, dataset):
     train = tf_vs_tbe.trained(forward, tables, optimizer)
     (free, _), _, _ = tf_vs_tbe.iterator_feeds(train, dataset)
     (waited, _), _, _ = tf_vs_tbe.iterator_feeds(train, dataset)
-    lookup._pool_from_tables = lambda *args, **kwargs: pooled(*args, **dict(kwargs,
+    lookup.pool_from_tables_path = lambda *args, **kwargs: pooled(*args, **dict(kwargs,
                                                                             ids_checked=False))
     waited(0)  # traced with the device check waited for
-    lookup._pool_from_tables = pooled
+    lookup.pool_from_tables_path = pooled
     free(0)
     def synced(k):  # two steps a call, the first waited for
         free(k).numpy()

@@ -53,8 +53,8 @@ def workload(name):
     optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.01))
     if name.endswith("_waited"):  # a staged forward that waits for the device's id check
         import sparse_operation_kit.lookup as lookup
-        pooled = lookup._pool_from_tables
-        lookup._pool_from_tables = lambda *args, **kwargs: pooled(
+        pooled = lookup.pool_from_tables_path
+        lookup.pool_from_tables_path = lambda *args, **kwargs: pooled(
             *args, **dict(kwargs, ids_checked=False))
         name = name[:-len("_waited")]
     if name.endswith("_adam"):  # the same workload trained with Adam
@@ -118,7 +118,7 @@ def workload(name):
         return tf_step
     elif name in ("t3", "t3_nocheck", "g1b_static"):
         if name == "t3_nocheck":  # experiment: the forward without its id check's wait
-            import sparse_operation_kit.lookup as lookup_module
+            import sparse_operation_kit.lookup_paths as lookup_module
 
             class NoForwardCheck:
                 def __getattr__(self, op):
