@@ -55,6 +55,9 @@ def test_float16_compressed_exchange_matches_reference_within_float16_rounding()
 
 @pytest.mark.parametrize("table_dtype", ["float16", "bfloat16"])
 def test_16bit_static_tables_match_reference_within_their_rounding(table_dtype):
+    if table_dtype == "bfloat16" and NUM_GPUS:
+        pytest.skip("TensorFlow has no GPU kernel of ResourceSparseApplyKerasMomentum for "
+                    "bfloat16, the update Keras' momentum SGD gives a bfloat16 table")
     # Their rows cross the exchange as stored and pool in float32 (sok.lookup_sparse).
     output = horovodrun("train_static.py", "--optimizer", "sgd_momentum", "--function",
                         "--table_dtype", table_dtype)

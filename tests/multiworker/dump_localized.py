@@ -10,9 +10,9 @@ import numpy as np
 import tensorflow as tf
 
 import sparse_operation_kit as sok
+from verdict import start_worker
 
-hvd.init()
-sok.init()
+start_worker(hvd, sok)  # one GPU a worker where there are GPUs, as SOK's examples pin them
 rank, workers = hvd.rank(), hvd.size()
 if rank == 1:
     sok.DynamicVariable(dimension=2)  # only here: the automatic names no longer agree
