@@ -50,6 +50,16 @@ int sok_dot_interaction_backward_f16(const void* features, const void* output_gr
 
 namespace {
 
+template <typename T>
+__global__ void StoreValue(T* device, T value) {
+  *device = value;
+}
+
+struct SgdHyperValues {  // sgd's hyper vector, as kRuleTable lays it out
+  float lr;
+  float momentum;
+};
+
 // Device scratch of one C ABI call, freed in stream order once the call's work has run.
 class StreamScratch {
  public:
@@ -63,12 +73,13 @@ class StreamScratch {
     held_.push_back(p);
     return p;
   }
+  // A device copy of `value`, written by a kernel that takes it as its parameter: in stream
+  // order, with no wait (a copy from pageable memory would wait for the stream first, which
+  // the plugin's pinned staging never does).
   template <typename T>
-  T* Upload(const T* host, size_t count) {
-    T* device = static_cast<T*>((*this)(count * sizeof(T)));
-    if (device != nullptr) {
-      cudaMemcpyAsync(device, host, count * sizeof(T), cudaMemcpyHostToDevice, stream_);
-    }
+  T* Upload(const T& value) {
+    T* device = static_cast<T*>((*this)(sizeof(T)));
+    if (device != nullptr) StoreValue<<<1, 1, 0, stream_>>>(device, value);
     return device;
   }
 
@@ -111,7 +122,7 @@ int sok_pooled_lookup_forward(const float* table, int64_t rows, int64_t dim, con
   sok::GpuPooledLookup lookup = PooledFromTable(table, rows, ids, offsets, weights, bags, nnz,
                                                 mean);
   lookup.output = output;
-  const sok::GpuPooledLookup* lookup_device = scratch.Upload(&lookup, 1);
+  const sok::GpuPooledLookup* lookup_device = scratch.Upload(lookup);
   if (lookup_device == nullptr) return static_cast<int>(cudaErrorMemoryAllocation);
   auto* record = reinterpret_cast<sok::LookupCheck*>(check);
   cudaError_t status = sok::ResetLookupCheck(record, stream);
@@ -133,9 +144,9 @@ int sok_pooled_sgd_backward(float* table, int64_t rows, int64_t dim, const int64
                                                 mean);
   lookup.use_rows = static_cast<int64_t*>(scratch(nnz * sizeof(int64_t)));
   lookup.use_scales = static_cast<float*>(scratch(nnz * sizeof(float)));
-  const sok::GpuPooledLookup* lookup_device = scratch.Upload(&lookup, 1);
-  const float hyper[2] = {lr, 0.0f};  // sgd: lr, momentum
-  const float* hyper_device = scratch.Upload(hyper, 2);
+  const sok::GpuPooledLookup* lookup_device = scratch.Upload(lookup);
+  const float* hyper_device = reinterpret_cast<const float*>(
+      scratch.Upload(SgdHyperValues{lr, 0.0f}));
   if (lookup.use_rows == nullptr || lookup.use_scales == nullptr || lookup_device == nullptr ||
       hyper_device == nullptr) {
     return static_cast<int>(cudaErrorMemoryAllocation);
@@ -153,7 +164,7 @@ int sok_pooled_sgd_backward(float* table, int64_t rows, int64_t dim, const int64
   const std::vector<sok::SparseApplyMember> members{member};
   const sok::SparseApplyMember* members_device = nullptr;
   if (sok::SparseApplyGroupReadsDeviceMembers("sgd", member.table, /*checked=*/false)) {
-    members_device = scratch.Upload(&member, 1);
+    members_device = scratch.Upload(member);
     if (members_device == nullptr) return static_cast<int>(cudaErrorMemoryAllocation);
   }
   const sok::DeviceAllocate allocate = [&scratch](size_t bytes) { return scratch(bytes); };
