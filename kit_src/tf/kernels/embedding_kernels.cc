@@ -44,11 +44,7 @@ tf::Status ReadPooledArgs(tf::OpKernelContext* ctx, int first_splits,
   for (int l = 0; l < n; ++l) {
     const tf::Tensor& splits = ctx->input(first_splits + l);
     const tf::Tensor& weights = ctx->input(first_splits + n + l);
-    if (!tf::TensorShapeUtils::IsVector(splits.shape()) || splits.NumElements() < 1) {
-      return tf::errors::InvalidArgument("row_splits of lookup ", l,
-                                         " must be a non-empty vector, got shape ",
-                                         splits.shape().DebugString());
-    }
+    TF_RETURN_IF_ERROR(CheckRowSplitsShape(l, splits));
     PooledArgs lookup;
     lookup.row_splits = splits.flat<int64_t>().data();
     lookup.batch = splits.NumElements() - 1;

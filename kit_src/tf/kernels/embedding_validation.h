@@ -75,6 +75,16 @@ inline ::tensorflow::Status ReadCombiners(::tensorflow::OpKernelConstruction* ct
   return ::tensorflow::Status();
 }
 
+// A pooled lookup's row_splits input: a vector of batch + 1 entries.
+inline ::tensorflow::Status CheckRowSplitsShape(int64_t l, const ::tensorflow::Tensor& splits) {
+  if (::tensorflow::TensorShapeUtils::IsVector(splits.shape()) && splits.NumElements() >= 1) {
+    return ::tensorflow::Status();
+  }
+  return ::tensorflow::errors::InvalidArgument("row_splits of lookup ", l,
+                                               " must be a non-empty vector, got shape ",
+                                               splits.shape().DebugString());
+}
+
 // Sok>GatherSingleIds: lookup l's ids are a vector with one id per sample.
 inline ::tensorflow::Status CheckSingleIdLookup(int l, const ::tensorflow::Tensor& ids,
                                                 const ::tensorflow::Tensor& splits) {

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "kit_src/tf/kernels/core_bridge.h"
@@ -95,11 +94,7 @@ struct PooledLayout {
     for (int64_t l = 0; l < n; ++l) {
       const tf::Tensor& splits = ctx->input(first_splits + l);
       const tf::Tensor& weights = ctx->input(first_splits + n + l);
-      if (!tf::TensorShapeUtils::IsVector(splits.shape()) || splits.NumElements() < 1) {
-        return tf::errors::InvalidArgument("row_splits of lookup ", l,
-                                           " must be a non-empty vector, got shape ",
-                                           splits.shape().DebugString());
-      }
+      TF_RETURN_IF_ERROR(CheckRowSplitsShape(l, splits));
       if (weights.NumElements() > 0 && weights.NumElements() != id_counts[l]) {
         return tf::errors::InvalidArgument("weights of lookup ", l, " have ",
                                            weights.NumElements(), " values but its ids have ",
@@ -127,13 +122,6 @@ struct PooledLayout {
   int OutputIndex(int64_t l) const { return stacked ? 0 : static_cast<int>(l); }
   int64_t OutputOffset(int64_t l) const { return stacked ? l * dim : 0; }
 };
-
-template <typename Device>
-tf::Status AllocateOutput(tf::OpKernelContext* ctx, int index, const tf::TensorShape& shape,
-                          tf::Tensor** out) {
-  if (std::is_same<Device, CpuDevice>::value) return AllocatePooledOutput(ctx, index, shape, out);
-  return ctx->allocate_output(index, shape, out);
-}
 
 }  // namespace
 
@@ -181,7 +169,7 @@ class PoolFromTablesOp : public tf::OpKernel {
       const tf::TensorShape shape = layout_.stacked
                                         ? tf::TensorShape({lookups[0].batch, n, dim})
                                         : tf::TensorShape({lookups[o].batch, dim});
-      OP_REQUIRES_OK(ctx, AllocateOutput<Device>(ctx, o, shape, &outputs[o]));
+      OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(ctx, o, shape, &outputs[o]));
     }
     for (int64_t l = 0; l < n; ++l) {
       lookups[l].output = outputs[layout_.OutputIndex(l)]->flat<float>().data() +
@@ -228,7 +216,7 @@ class SpreadPooledGradOp : public tf::OpKernel {
       lookups[l].output_grad = ctx->input(layout_.OutputIndex(l)).flat<float>().data() +
                                layout_.OutputOffset(l);
       tf::Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, AllocateOutput<Device>(ctx, static_cast<int>(l),
+      OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(ctx, static_cast<int>(l),
                                                  tf::TensorShape({id_counts[l], dim}), &out));
       id_grads[l] = out->flat<float>().data();
     }
