@@ -34,16 +34,6 @@ def _make_table(layer_name, dim, rows, dynamic, mode, initializer, key_dtype, co
 class _TableLayer(tf.keras.layers.Layer):
     """Holds one sok table; exposes a dynamic one as `sok_dynamic_table` for `sok.layers.Model`."""
 
-    def _build_sok_v1_table(self):
-        """SOK v1's table: a hash table capped at max_vocabulary_size_per_gpu keys, or a static
-        table of that many rows per worker, distributed."""
-        communication._require_init()
-        per_worker = self.max_vocabulary_size_per_gpu
-        self._set_table(_make_table(
-            self.name, self.embedding_vec_size, per_worker * communication.num_workers(),
-            self.use_hashtable, None, self.embedding_initializer, self.key_dtype,
-            {"max_capacity": per_worker} if self.use_hashtable else None))
-
     def _set_table(self, table):
         if isinstance(table, DynamicVariable):
             # Not a tf.Variable: kept out of Keras' weight tracking, trained via sok.layers.Model.
@@ -64,6 +54,37 @@ class _TableLayer(tf.keras.layers.Layer):
     def sok_dynamic_table(self):
         table = getattr(self, "_sok_table", None)
         return table if isinstance(table, DynamicVariable) else None
+
+
+class _SokV1Layer(_TableLayer):
+    """What SOK v1's layers share: their table's arguments, its build and their config."""
+
+    def __init__(self, max_vocabulary_size_per_gpu, embedding_vec_size, slot_num,
+                 use_hashtable=True, key_dtype=None, embedding_initializer=None, **kwargs):
+        super().__init__(**kwargs)
+        self.max_vocabulary_size_per_gpu = int(max_vocabulary_size_per_gpu)
+        self.embedding_vec_size, self.slot_num = int(embedding_vec_size), int(slot_num)
+        self.use_hashtable, self.key_dtype = bool(use_hashtable), key_dtype
+        self.embedding_initializer = embedding_initializer
+
+    def build(self, input_shape):
+        """SOK v1's table: a hash table capped at max_vocabulary_size_per_gpu keys, or a static
+        table of that many rows per worker, distributed."""
+        communication._require_init()
+        per_worker = self.max_vocabulary_size_per_gpu
+        self._set_table(_make_table(
+            self.name, self.embedding_vec_size, per_worker * communication.num_workers(),
+            self.use_hashtable, None, self.embedding_initializer, self.key_dtype,
+            {"max_capacity": per_worker} if self.use_hashtable else None))
+        super().build(input_shape)
+
+    def get_config(self):
+        return dict(super().get_config(),
+                    max_vocabulary_size_per_gpu=self.max_vocabulary_size_per_gpu,
+                    embedding_vec_size=self.embedding_vec_size, slot_num=self.slot_num,
+                    use_hashtable=self.use_hashtable,
+                    key_dtype=None if self.key_dtype is None else tf.as_dtype(self.key_dtype).name,
+                    embedding_initializer=self.embedding_initializer)
 
 
 @tf.keras.utils.register_keras_serializable(package=_PACKAGE)
@@ -119,7 +140,7 @@ class Embedding(_TableLayer):
 
 
 @tf.keras.utils.register_keras_serializable(package=_PACKAGE)
-class DistributedEmbedding(_TableLayer):
+class DistributedEmbedding(_SokV1Layer):
     """SOK v1's DistributedEmbedding: every slot's keys index one shared table.
 
     Call: a SparseTensor (or RaggedTensor) of dense shape [batch * slot_num, max_nnz] ->
@@ -129,17 +150,10 @@ class DistributedEmbedding(_TableLayer):
     def __init__(self, combiner, max_vocabulary_size_per_gpu, embedding_vec_size, slot_num,
                  max_nnz, max_feature_num=1, use_hashtable=True, key_dtype=None,
                  embedding_initializer=None, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(max_vocabulary_size_per_gpu, embedding_vec_size, slot_num,
+                         use_hashtable, key_dtype, embedding_initializer, **kwargs)
         self.combiner = combiner
-        self.max_vocabulary_size_per_gpu = int(max_vocabulary_size_per_gpu)
-        self.embedding_vec_size, self.slot_num = int(embedding_vec_size), int(slot_num)
         self.max_nnz, self.max_feature_num = int(max_nnz), int(max_feature_num)
-        self.use_hashtable, self.key_dtype = bool(use_hashtable), key_dtype
-        self.embedding_initializer = embedding_initializer
-
-    def build(self, input_shape):
-        self._build_sok_v1_table()
-        super().build(input_shape)
 
     def call(self, inputs, training=None):
         pooled = lookup_sparse([self.table], [inputs], combiners=[self.combiner],
@@ -147,17 +161,12 @@ class DistributedEmbedding(_TableLayer):
         return tf.reshape(pooled, [-1, self.slot_num, self.embedding_vec_size])
 
     def get_config(self):
-        return dict(super().get_config(), combiner=self.combiner,
-                    max_vocabulary_size_per_gpu=self.max_vocabulary_size_per_gpu,
-                    embedding_vec_size=self.embedding_vec_size, slot_num=self.slot_num,
-                    max_nnz=self.max_nnz, max_feature_num=self.max_feature_num,
-                    use_hashtable=self.use_hashtable,
-                    key_dtype=None if self.key_dtype is None else tf.as_dtype(self.key_dtype).name,
-                    embedding_initializer=self.embedding_initializer)
+        return dict(super().get_config(), combiner=self.combiner, max_nnz=self.max_nnz,
+                    max_feature_num=self.max_feature_num)
 
 
 @tf.keras.utils.register_keras_serializable(package=_PACKAGE)
-class All2AllDenseEmbedding(_TableLayer):
+class All2AllDenseEmbedding(_SokV1Layer):
     """SOK v1's All2AllDenseEmbedding: unpooled lookups of dense ids.
 
     Call: ids [batch, slot_num, nnz_per_slot] -> [batch, slot_num, nnz_per_slot, vec_size];
@@ -167,16 +176,9 @@ class All2AllDenseEmbedding(_TableLayer):
     def __init__(self, max_vocabulary_size_per_gpu, embedding_vec_size, slot_num, nnz_per_slot,
                  dynamic_input=False, use_hashtable=True, key_dtype=None,
                  embedding_initializer=None, **kwargs):
-        super().__init__(**kwargs)
-        self.max_vocabulary_size_per_gpu = int(max_vocabulary_size_per_gpu)
-        self.embedding_vec_size, self.slot_num = int(embedding_vec_size), int(slot_num)
+        super().__init__(max_vocabulary_size_per_gpu, embedding_vec_size, slot_num,
+                         use_hashtable, key_dtype, embedding_initializer, **kwargs)
         self.nnz_per_slot, self.dynamic_input = int(nnz_per_slot), bool(dynamic_input)
-        self.use_hashtable, self.key_dtype = bool(use_hashtable), key_dtype
-        self.embedding_initializer = embedding_initializer
-
-    def build(self, input_shape):
-        self._build_sok_v1_table()
-        super().build(input_shape)
 
     def call(self, inputs, training=None):
         if self.dynamic_input:
@@ -185,13 +187,8 @@ class All2AllDenseEmbedding(_TableLayer):
         return tf.reshape(rows, [-1, self.slot_num, self.nnz_per_slot, self.embedding_vec_size])
 
     def get_config(self):
-        return dict(super().get_config(),
-                    max_vocabulary_size_per_gpu=self.max_vocabulary_size_per_gpu,
-                    embedding_vec_size=self.embedding_vec_size, slot_num=self.slot_num,
-                    nnz_per_slot=self.nnz_per_slot, dynamic_input=self.dynamic_input,
-                    use_hashtable=self.use_hashtable,
-                    key_dtype=None if self.key_dtype is None else tf.as_dtype(self.key_dtype).name,
-                    embedding_initializer=self.embedding_initializer)
+        return dict(super().get_config(), nnz_per_slot=self.nnz_per_slot,
+                    dynamic_input=self.dynamic_input)
 
 
 @tf.keras.utils.register_keras_serializable(package=_PACKAGE)

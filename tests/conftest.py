@@ -30,3 +30,13 @@ def single_worker():
 def run_mode(mode, fn):
     """Calls fn eagerly or as a tf.function."""
     return fn() if mode == "eager" else tf.function(fn)()
+
+
+def poison(device):
+    """Leaves NaN in the memory TensorFlow's allocator hands out next on `device` ("CPU" or
+    "GPU"), so an output a kernel fails to write shows."""
+    if device == "GPU":
+        with tf.device("GPU:0"):
+            block = tf.fill([16 << 20], float("nan"))
+            block.numpy()
+            del block

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import sparse_operation_kit as sok
 from sparse_operation_kit import raw_ops
+from conftest import poison
 
 DEVICES = ["CPU"] + (["GPU"] if tf.config.list_physical_devices("GPU") else [])
 COMBINERS = ["sum", "mean", "sqrtn"]
@@ -22,15 +23,6 @@ def raw_static_apply(table, indices, grads, table_name, **kwargs):
     return raw_ops.sok_static_apply(tables=[table], indices=[indices], grads=[grads],
                                     grad_rows=[], grad_scales=[], table_names=[table_name],
                                     **kwargs)
-
-
-def poison(device):
-    """Leaves NaN in the memory TensorFlow's allocator hands out next on `device`."""
-    if device == "GPU":
-        with tf.device("GPU:0"):
-            block = tf.fill([16 << 20], float("nan"))
-            block.numpy()
-            del block
 
 
 def on(device, fn, *args):

@@ -15,20 +15,12 @@ import tensorflow as tf
 
 import sparse_operation_kit as sok
 from sparse_operation_kit import raw_ops
+from conftest import poison
 
 DEVICES = ["CPU"] + (["GPU"] if tf.config.list_physical_devices("GPU") else [])
 I64 = np.iinfo(np.int64)
 EXTREME_KEYS = [I64.min, I64.min + 1, I64.min + 2, -3, -2, -1, 0, 1, 2, I64.max - 1, I64.max]
 MASK64 = (1 << 64) - 1
-
-
-def poison(device):
-    """Leaves NaN in the memory TensorFlow's allocator hands out next on `device`."""
-    if device == "GPU":
-        with tf.device("GPU:0"):
-            block = tf.fill([16 << 20], float("nan"))
-            block.numpy()
-            del block
 
 
 def make(device, dim, name, **kwargs):

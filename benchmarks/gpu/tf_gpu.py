@@ -59,6 +59,16 @@ def timed(fn, inputs, iters):
     return (time.perf_counter() - start) / iters * 1e3
 
 
+def train_step(loss_of, tables, optimizer):
+    """A training step: the loss of the step's inputs, its gradients applied to `tables`."""
+    def step(inputs):
+        with tf.GradientTape() as tape:
+            loss = loss_of(inputs)
+        optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
+        return loss
+    return step
+
+
 def looped(step, loop):
     """A tf.function running `step` `loop` times in a tf.range loop (as Keras'
     steps_per_execution does): per-step time with the per-call dispatch spread over the loop."""
@@ -131,12 +141,7 @@ def multi_table(name, hotness_max, combiner):
         return tf.add_n([tf.reduce_sum(o) for o in outs])
 
     def train(forward, tables, optimizer):
-        def step(inputs):
-            with tf.GradientTape() as tape:
-                loss = loss_of(forward(inputs))
-            optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
-            return loss
-        return step
+        return train_step(lambda inputs: loss_of(forward(inputs)), tables, optimizer)
 
     def sok_of(form):
         return lambda inputs: sok_forward(inputs[form])
@@ -187,12 +192,7 @@ def single_table():
         return tf.nn.embedding_lookup(tf_tables[0], inputs["ids"])
 
     def train(forward, tables, optimizer):
-        def step(inputs):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(forward(inputs))
-            optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
-            return loss
-        return step
+        return train_step(lambda inputs: tf.reduce_sum(forward(inputs)), tables, optimizer)
 
     def deferred(step):  # traced with sok.set_id_check("deferred"): no wait for the id check
         def run(inputs):

@@ -46,7 +46,7 @@ import tensorflow as tf
 import sparse_operation_kit as sok
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tf_gpu import provenance, zipf_ids  # noqa: E402
+from tf_gpu import provenance, train_step, zipf_ids  # noqa: E402
 
 KEYS, DIM = 8 << 20, 128
 DYNAMICEMB_G1A = {"eval_ms": 0.069, "fwd_ms": 0.196, "bwd_ms": 0.410, "train_ms": 0.606}
@@ -181,12 +181,7 @@ def measure(table, static, present, batch, rng, draw=uniform_draw, optimizer=sgd
         return sok.lookup_sparse([static], [one_id(rows)], combiners=["sum"])[0]
 
     def train(tables, optimizer, fwd):
-        def step(ids):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(fwd(ids))
-            optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
-            return loss
-        return step
+        return train_step(lambda ids: tf.reduce_sum(fwd(ids)), tables, optimizer)
 
     # Correctness first: the lookup equals the table's own rows of those keys.
     np.testing.assert_array_equal(forward(keys_all[0], False).numpy(),

@@ -27,6 +27,14 @@ tf::Status GetDeviceTable(tf::OpKernelContext* ctx, int input, TableRef* table) 
   return GetTable(ctx, input, kOnGpu<Device>, table);
 }
 
+// The table (input 0) and the keys (input 1, checked to be a vector) a table op works on.
+template <typename Device>
+tf::Status GetTableAndKeys(tf::OpKernelContext* ctx, TableRef* table, const tf::Tensor** keys) {
+  TF_RETURN_IF_ERROR(GetDeviceTable<Device>(ctx, 0, table));
+  *keys = &ctx->input(1);
+  return CheckKeys(**keys);
+}
+
 // Hands a table's data-sized outputs (evicted or exported rows) out of the op's outputs,
 // starting at output `first`.
 Status AllocateOutputs(tf::OpKernelContext* ctx, int first,
@@ -88,15 +96,14 @@ class DynamicTableLookupOp : public tf::OpKernel {
   }
   void Compute(tf::OpKernelContext* ctx) override {
     TableRef resource;
-    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &resource));
+    const tf::Tensor* keys = nullptr;
+    OP_REQUIRES_OK(ctx, GetTableAndKeys<Device>(ctx, &resource, &keys));
     DynamicTable& table = resource->table();
-    const tf::Tensor& keys = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckKeys(keys));
-    const int64_t n = keys.NumElements(), dim = table.dim();
+    const int64_t n = keys->NumElements(), dim = table.dim();
     tf::Tensor* values = nullptr;
     OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(ctx, 0, tf::TensorShape({n, dim}),
                                                         &values));
-    const TableKeys view{keys.flat<int64_t>().data(), n, 1, 0};
+    const TableKeys view{keys->flat<int64_t>().data(), n, 1, 0};
     const TableContext context = functor::TableContextOf<Device>()(ctx);
     float* rows = values->flat<float>().data();
     if (!insert_) {
@@ -129,17 +136,16 @@ class DynamicTableAssignOp : public tf::OpKernel {
   using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
     TableRef resource;
-    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &resource));
+    const tf::Tensor* keys = nullptr;
+    OP_REQUIRES_OK(ctx, GetTableAndKeys<Device>(ctx, &resource, &keys));
     DynamicTable& table = resource->table();
-    const tf::Tensor& keys = ctx->input(1);
     const tf::Tensor& values = ctx->input(2);
     const tf::Tensor& state = ctx->input(3);
-    OP_REQUIRES_OK(ctx, CheckKeys(keys));
-    const int64_t n = keys.NumElements();
+    const int64_t n = keys->NumElements();
     OP_REQUIRES_OK(ctx, CheckMatrix(values, n, table.dim(), "values"));
     const bool with_state = state.NumElements() > 0;
     if (with_state) OP_REQUIRES_OK(ctx, CheckMatrix(state, n, table.state_dim(), "state"));
-    SOK_OP_REQUIRES_OK(ctx, table.InsertOrAssign(keys.flat<int64_t>().data(), n,
+    SOK_OP_REQUIRES_OK(ctx, table.InsertOrAssign(keys->flat<int64_t>().data(), n,
                                                  values.flat<float>().data(),
                                                  with_state ? state.flat<float>().data() : nullptr,
                                                  functor::TableContextOf<Device>()(ctx)));
@@ -152,17 +158,16 @@ class DynamicTableImportOp : public tf::OpKernel {
   using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
     TableRef resource;
-    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &resource));
-    const tf::Tensor& keys = ctx->input(1);
+    const tf::Tensor* keys = nullptr;
+    OP_REQUIRES_OK(ctx, GetTableAndKeys<Device>(ctx, &resource, &keys));
     const tf::Tensor& values = ctx->input(2);
     const tf::Tensor& state = ctx->input(3);
-    OP_REQUIRES_OK(ctx, CheckKeys(keys));
-    const int64_t n = keys.NumElements();
+    const int64_t n = keys->NumElements();
     OP_REQUIRES_OK(ctx, CheckMatrix(values, n, resource->dim(), "restored values"));
     OP_REQUIRES_OK(ctx, CheckRestoredState(state, n));
     const int64_t state_dim = state.dim_size(1);
     SOK_OP_REQUIRES_OK(ctx, resource->table().Replace(
-                                keys.flat<int64_t>().data(), n, values.flat<float>().data(),
+                                keys->flat<int64_t>().data(), n, values.flat<float>().data(),
                                 state_dim > 0 ? state.flat<float>().data() : nullptr, state_dim,
                                 functor::TableContextOf<Device>()(ctx)));
   }
@@ -174,13 +179,12 @@ class DynamicTableEraseOp : public tf::OpKernel {
   using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
     TableRef resource;
-    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &resource));
-    const tf::Tensor& keys = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    const tf::Tensor* keys = nullptr;
+    OP_REQUIRES_OK(ctx, GetTableAndKeys<Device>(ctx, &resource, &keys));
     tf::Tensor* erased = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({}), &erased));
-    SOK_OP_REQUIRES_OK(ctx, resource->table().Erase(keys.flat<int64_t>().data(),
-                                                    keys.NumElements(),
+    SOK_OP_REQUIRES_OK(ctx, resource->table().Erase(keys->flat<int64_t>().data(),
+                                                    keys->NumElements(),
                                                     erased->flat<int64_t>().data(),
                                                     functor::TableContextOf<Device>()(ctx)));
   }
@@ -325,12 +329,11 @@ class DynamicApplyOp : public tf::OpKernel {
   }
   void Compute(tf::OpKernelContext* ctx) override {
     TableRef resource;
-    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &resource));
-    const tf::Tensor& keys = ctx->input(1);
+    const tf::Tensor* keys = nullptr;
+    OP_REQUIRES_OK(ctx, GetTableAndKeys<Device>(ctx, &resource, &keys));
     const tf::Tensor& grads = ctx->input(2);
     const tf::Tensor& hyper = ctx->input(3);
-    OP_REQUIRES_OK(ctx, CheckKeys(keys));
-    const int64_t n = keys.NumElements();
+    const int64_t n = keys->NumElements();
     OP_REQUIRES_OK(ctx, CheckMatrix(grads, n, resource->dim(), "grads"));
     OP_REQUIRES_OK(ctx, attrs_.CheckHyper(hyper));
     SparseUpdate update;
@@ -340,7 +343,7 @@ class DynamicApplyOp : public tf::OpKernel {
     update.nesterov = attrs_.nesterov;
     update.state_dim = attrs_.state_dim;
     update.state_initial_value = attrs_.state_initial_value;
-    update.keys = keys.flat<int64_t>().data();
+    update.keys = keys->flat<int64_t>().data();
     update.n = n;
     update.grads = grads.flat<float>().data();
     SOK_OP_REQUIRES_OK(ctx, resource->table().ApplySparseUpdate(
