@@ -101,8 +101,7 @@ class DynamicTableLookupOp : public tf::OpKernel {
     DynamicTable& table = resource->table();
     const int64_t n = keys->NumElements(), dim = table.dim();
     tf::Tensor* values = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(ctx, 0, tf::TensorShape({n, dim}),
-                                                        &values));
+    OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(ctx, 0, tf::TensorShape({n, dim}), &values));
     const TableKeys view{keys->flat<int64_t>().data(), n, 1, 0};
     const TableContext context = functor::TableContextOf<Device>()(ctx);
     float* rows = values->flat<float>().data();
@@ -265,8 +264,7 @@ class DynamicGatherRowsOp : public tf::OpKernel {
     std::vector<float> admit = admit_probability_;
     if (admit.empty()) admit.assign(num_tables, 1.0f);
     tf::Tensor* rows = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(ctx, 0, tf::TensorShape({n, dim_}),
-                                                        &rows));
+    OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(ctx, 0, tf::TensorShape({n, dim_}), &rows));
     OP_REQUIRES_OK(ctx, functor::ReadPairRows<Device>()(ctx, tables, pairs, n, dim_, insert_,
                                                         admit, rows->flat<float>().data()));
   }
@@ -307,7 +305,7 @@ class SplitDynamicGradientOp : public tf::OpKernel {
       tf::Tensor *indices = nullptr, *values = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(t, tf::TensorShape({count}), &indices));
       OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(ctx, num_tables_ + t,
-                                                          tf::TensorShape({count, dim}), &values));
+                                                     tf::TensorShape({count, dim}), &values));
       OP_REQUIRES_OK(ctx, functor::GatherPairRows<Device>()(
                               ctx, pairs, groups.order + start, count, dim,
                               grad.flat<float>().data(), indices->flat<int64_t>().data(),

@@ -217,7 +217,7 @@ class SpreadPooledGradOp : public tf::OpKernel {
                                layout_.OutputOffset(l);
       tf::Tensor* out = nullptr;
       OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(ctx, static_cast<int>(l),
-                                                 tf::TensorShape({id_counts[l], dim}), &out));
+                                                     tf::TensorShape({id_counts[l], dim}), &out));
       id_grads[l] = out->flat<float>().data();
     }
     OP_REQUIRES_OK(ctx, functor::SpreadPooledGrad<Device>()(ctx, lookups, id_counts, id_grads,
