@@ -13,7 +13,9 @@ from sparse_operation_kit._ops import raw_ops
 @functools.lru_cache(maxsize=None)
 def rule_table():
     """{rule: {"hyper": [names], "slots": [names], "last_slot_if": name or None}}."""
-    with tf.init_scope():  # read eagerly, also while a tf.function is traced
+    # Read eagerly (also while a tf.function is traced), on the CPU whatever device the caller
+    # is placing ops on: the op has a CPU kernel only.
+    with tf.init_scope(), tf.device("CPU:0"):
         return json.loads(raw_ops.sok_optimizer_rules().numpy().decode())
 
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kit_src/core/embedding/combine.h"
@@ -67,6 +68,21 @@ tf::Status AllocatePooledOutputs(tf::OpKernelContext* ctx, int64_t dim,
     (*lookups)[l].output = out->flat<float>().data();
   }
   return tf::Status();
+}
+
+// Runs an async op's body `run(ctx, done)` that locks tables. On a GPU the body finishes
+// through `done` once the stream has passed, its locks released when it returns (they cover
+// enqueueing the work); on the CPU the work is over when the body returns, and `done` runs
+// only then, after its locks are released, so no op that the executor starts from `done` on
+// this thread waits for them.
+template <typename Device, typename Run>
+void RunLockingAsync(tf::OpKernelContext* ctx, tf::AsyncOpKernel::DoneCallback done, Run run) {
+  if (kOnGpu<Device>) {
+    run(ctx, std::move(done));
+    return;
+  }
+  run(ctx, [] {});
+  done();
 }
 
 }  // namespace
@@ -165,6 +181,12 @@ class GatherShardRowsOp : public tf::AsyncOpKernel {
   }
 
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+    RunLockingAsync<Device>(ctx, std::move(done),
+                            [this](tf::OpKernelContext* c, DoneCallback d) { Gather(c, d); });
+  }
+
+ private:
+  void Gather(tf::OpKernelContext* ctx, DoneCallback done) {
     const int num_tables = ctx->num_inputs() - 1;
     const tf::Tensor& keys = ctx->input(num_tables);
     OP_REQUIRES_OK_ASYNC(ctx, CheckVector(keys, "keys"), done);
@@ -181,7 +203,6 @@ class GatherShardRowsOp : public tf::AsyncOpKernel {
                                           rows->flat<T>().data());
   }
 
- private:
   int64_t dim_ = 0;
 };
 
@@ -358,6 +379,12 @@ class CombineFromShardsOp : public tf::AsyncOpKernel {
   }
 
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+    RunLockingAsync<Device>(ctx, std::move(done),
+                            [this](tf::OpKernelContext* c, DoneCallback d) { Pool(c, d); });
+  }
+
+ private:
+  void Pool(tf::OpKernelContext* ctx, DoneCallback done) {
     const int num_tables = static_cast<int>(num_tables_);
     const tf::Tensor& keys = ctx->input(num_tables);
     const tf::Tensor& position = ctx->input(num_tables + 1);
@@ -376,7 +403,6 @@ class CombineFromShardsOp : public tf::AsyncOpKernel {
     functor::CombineForward<Device>()(ctx, done, lookups, position, source, validate_);
   }
 
- private:
   std::vector<Combiner> combiners_;
   bool validate_ = true;
   int64_t num_tables_ = 0;
