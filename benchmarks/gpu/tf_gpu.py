@@ -245,14 +245,18 @@ def interaction():
     return result
 
 
-def main():
-    out_dir = provenance.out_dir()
+def start_on_gpu():
+    """sok on one worker, on the first GPU: that GPU's name (exits when there is none)."""
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
         sys.exit("no GPU visible to TensorFlow")
     sok.init(comm_tool="single")
-    details = tf.config.experimental.get_device_details(gpus[0])
-    payload = {"device": details.get("device_name", "GPU"), "tensorflow": tf.__version__,
+    return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
+
+
+def main():
+    out_dir = provenance.out_dir()
+    payload = {"device": start_on_gpu(), "tensorflow": tf.__version__,
                "copy_gbps_assumed": COPY_GBPS, "batch": BATCH, "dim": DIM}
     with tf.device("GPU:0"):
         payload["G5"] = interaction()

@@ -46,7 +46,7 @@ import tensorflow as tf
 import sparse_operation_kit as sok
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tf_gpu import provenance, train_step, zipf_ids  # noqa: E402
+from tf_gpu import provenance, start_on_gpu, train_step, zipf_ids  # noqa: E402
 
 KEYS, DIM = 8 << 20, 128
 DYNAMICEMB_G1A = {"eval_ms": 0.069, "fwd_ms": 0.196, "bwd_ms": 0.410, "train_ms": 0.606}
@@ -273,11 +273,7 @@ def main():
     args = parser.parse_args()
     chosen = args.variants.split(",")
     out_dir = provenance.out_dir()
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        sys.exit("no GPU visible to TensorFlow")
-    sok.init(comm_tool="single")
-    details = tf.config.experimental.get_device_details(gpus[0])
+    device = start_on_gpu()
     rng = np.random.default_rng(7)
     present = np.unique(rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, size=KEYS))
     assert len(present) == KEYS  # 8Mi draws from 2^64 values: no repeat in practice
@@ -286,7 +282,7 @@ def main():
         table = prefilled_table(present, capacity=args.capacity)
         static = sok.Variable(tf.random.stateless_uniform([KEYS, DIM], [1, 2], -0.05, 0.05),
                               name="t4_static")
-        results = {"device": details.get("device_name", "GPU"),
+        results = {"device": device,
                    "table": {"keys": KEYS, "init_capacity": args.capacity, "evict": "lru"}}
         permutation = rng.permutation(KEYS)
         for name in chosen:
