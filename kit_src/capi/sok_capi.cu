@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kit_src/core/cuda_scratch.cuh"
 #include "kit_src/core/embedding/lookup_gpu.cuh"
 #include "kit_src/core/embedding/row_owner.h"
 #include "kit_src/core/interaction/dot_interaction.cuh"
@@ -60,33 +61,16 @@ struct SgdHyperValues {  // sgd's hyper vector, as kRuleTable lays it out
   float momentum;
 };
 
-// Device scratch of one C ABI call, freed in stream order once the call's work has run.
-class StreamScratch {
- public:
-  explicit StreamScratch(cudaStream_t stream) : stream_(stream) {}
-  ~StreamScratch() {
-    for (void* p : held_) cudaFreeAsync(p, stream_);
-  }
-  void* operator()(size_t bytes) {
-    void* p = nullptr;
-    if (cudaMallocAsync(&p, std::max<size_t>(bytes, 1), stream_) != cudaSuccess) return nullptr;
-    held_.push_back(p);
-    return p;
-  }
-  // A device copy of `value`, written by a kernel that takes it as its parameter: in stream
-  // order, with no wait (a copy from pageable memory would wait for the stream first, which
-  // the plugin's pinned staging never does).
-  template <typename T>
-  T* Upload(const T& value) {
-    T* device = static_cast<T*>((*this)(sizeof(T)));
-    if (device != nullptr) StoreValue<<<1, 1, 0, stream_>>>(device, value);
-    return device;
-  }
-
- private:
-  cudaStream_t stream_;
-  std::vector<void*> held_;
-};
+// A device copy of `value` from the call's scratch, written by a kernel that takes it as its
+// parameter: in stream order, with no wait (a copy from pageable memory would wait for the
+// stream first, which the plugin's pinned staging never does). Null when out of memory.
+template <typename T>
+T* Upload(sok::StreamScratch* scratch, const T& value, cudaStream_t stream) {
+  T* device = nullptr;
+  if (scratch->Get(1, &device) != cudaSuccess) return nullptr;
+  StoreValue<<<1, 1, 0, stream>>>(device, value);
+  return device;
+}
 
 // One pooled lookup of `bags` bags (offsets [bags + 1], nnz ids) from its own table, as the
 // plugin's one-worker path (Sok>PoolFromTables) describes it.
@@ -118,11 +102,11 @@ int sok_pooled_lookup_forward(const float* table, int64_t rows, int64_t dim, con
                               int64_t nnz, int mean, float* output, int64_t* check,
                               void* stream_handle) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
-  StreamScratch scratch(stream);
+  sok::StreamScratch scratch(stream);
   sok::GpuPooledLookup lookup = PooledFromTable(table, rows, ids, offsets, weights, bags, nnz,
                                                 mean);
   lookup.output = output;
-  const sok::GpuPooledLookup* lookup_device = scratch.Upload(lookup);
+  const sok::GpuPooledLookup* lookup_device = Upload(&scratch, lookup, stream);
   if (lookup_device == nullptr) return static_cast<int>(cudaErrorMemoryAllocation);
   auto* record = reinterpret_cast<sok::LookupCheck*>(check);
   cudaError_t status = sok::ResetLookupCheck(record, stream);
@@ -139,16 +123,17 @@ int sok_pooled_sgd_backward(float* table, int64_t rows, int64_t dim, const int64
                             int64_t nnz, int mean, const float* output_grad, float lr,
                             void* stream_handle) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
-  StreamScratch scratch(stream);
+  sok::StreamScratch scratch(stream);
   sok::GpuPooledLookup lookup = PooledFromTable(table, rows, ids, offsets, weights, bags, nnz,
                                                 mean);
-  lookup.use_rows = static_cast<int64_t*>(scratch(nnz * sizeof(int64_t)));
-  lookup.use_scales = static_cast<float*>(scratch(nnz * sizeof(float)));
-  const sok::GpuPooledLookup* lookup_device = scratch.Upload(lookup);
+  if (scratch.Get(nnz, &lookup.use_rows) != cudaSuccess ||
+      scratch.Get(nnz, &lookup.use_scales) != cudaSuccess) {
+    return static_cast<int>(cudaErrorMemoryAllocation);
+  }
+  const sok::GpuPooledLookup* lookup_device = Upload(&scratch, lookup, stream);
   const float* hyper_device = reinterpret_cast<const float*>(
-      scratch.Upload(SgdHyperValues{lr, 0.0f}));
-  if (lookup.use_rows == nullptr || lookup.use_scales == nullptr || lookup_device == nullptr ||
-      hyper_device == nullptr) {
+      Upload(&scratch, SgdHyperValues{lr, 0.0f}, stream));
+  if (lookup_device == nullptr || hyper_device == nullptr) {
     return static_cast<int>(cudaErrorMemoryAllocation);
   }
   cudaError_t status = sok::PooledGradSharesGpu(lookup_device, 1, bags, stream);
@@ -164,10 +149,13 @@ int sok_pooled_sgd_backward(float* table, int64_t rows, int64_t dim, const int64
   const std::vector<sok::SparseApplyMember> members{member};
   const sok::SparseApplyMember* members_device = nullptr;
   if (sok::SparseApplyGroupReadsDeviceMembers("sgd", member.table, /*checked=*/false)) {
-    members_device = scratch.Upload(member);
+    members_device = Upload(&scratch, member, stream);
     if (members_device == nullptr) return static_cast<int>(cudaErrorMemoryAllocation);
   }
-  const sok::DeviceAllocate allocate = [&scratch](size_t bytes) { return scratch(bytes); };
+  const sok::DeviceAllocate allocate = [&scratch](size_t bytes) -> void* {
+    char* p = nullptr;
+    return scratch.Get(bytes, &p) == cudaSuccess ? p : nullptr;
+  };
   return static_cast<int>(sok::SparseApplyGroupGpuAsync("sgd", hyper_device, 2, false, members,
                                                         members_device, allocate, nullptr,
                                                         stream));
