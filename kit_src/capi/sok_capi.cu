@@ -186,11 +186,6 @@ int sok_partition_keys(const int64_t* ids, const int64_t* counts, const int32_t*
                        int32_t* position, int64_t* splits, int64_t* unique, int64_t* bad_lookup,
                        int64_t* bad_id, void* stream_handle) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
-  const auto bits_for = [](uint64_t values) {  // bits to hold 0 .. values - 1
-    int bits = 0;
-    while (bits < 64 && (uint64_t{1} << bits) < values) ++bits;
-    return bits;
-  };
   std::vector<sok::GpuPartitionLookup> lookups(num_lookups);
   int64_t total = 0;
   uint64_t most_rows = 1;
@@ -220,12 +215,12 @@ int sok_partition_keys(const int64_t* ids, const int64_t* counts, const int32_t*
   cudaMemcpyAsync(lookups_device, lookups.data(), lookups.size() * sizeof(lookups[0]),
                   cudaMemcpyHostToDevice, stream);
   cudaError_t status = sok::ResetLookupCheck(check, stream);
-  const int row_bits = bits_for(most_rows), table_bits = bits_for(num_tables);
+  const int row_bits = sok::BitsToHold(most_rows), table_bits = sok::BitsToHold(num_tables);
   sok::SortedPartitionKeys sorted;
   if (status == cudaSuccess) {
     status = sok::SortPartitionKeys(lookups_device, num_lookups, true, total, num_workers,
                                     table_bits, row_bits, row_bits + table_bits +
-                                    bits_for(num_workers), dedup != 0, 0, allocate, check,
+                                    sok::BitsToHold(num_workers), dedup != 0, 0, allocate, check,
                                     &sorted, stream);
   }
   int32_t unique32 = 0;

@@ -34,6 +34,13 @@ SOK_ROW_OWNER_FN int64_t MostLocalRows(int64_t rows, int32_t owner, int32_t num_
   return owner >= 0 ? rows : (rows + num_workers - 1) / num_workers;
 }
 
+// Bits to hold 0 .. values - 1 (0 for one value): the widths of the GPU's partition sort keys.
+SOK_ROW_OWNER_FN int BitsToHold(uint64_t values) {
+  int bits = 0;
+  while (bits < 64 && (uint64_t{1} << bits) < values) ++bits;
+  return bits;
+}
+
 }  // namespace sok
 
 #undef SOK_ROW_OWNER_FN

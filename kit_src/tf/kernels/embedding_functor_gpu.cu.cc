@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kit_src/core/embedding/pair_keys_gpu.cuh"
+#include "kit_src/core/embedding/row_owner.h"
 #include "kit_src/tf/kernels/embedding_functor.h"
 #include "kit_src/tf/kernels/gpu_op_util.h"
 
@@ -25,12 +26,6 @@ namespace {
 // Sok>PartitionKeys counts each table's keys (one worker) in shared memory up to this many
 // tables; above, its table_counts output is empty.
 constexpr size_t kMaxCountedTables = 4096;
-
-int BitsFor(uint64_t values) {  // bits to hold 0 .. values - 1
-  int bits = 0;
-  while (bits < 64 && (uint64_t{1} << bits) < values) ++bits;
-  return bits;
-}
 
 GpuShard ShardOf(const TableRows& table) {
   return GpuShard{static_cast<const float*>(table.data), table.rows};
@@ -237,7 +232,7 @@ tf::Status PartitionKeys<GpuDevice>::operator()(tf::OpKernelContext* ctx,
                                    reinterpret_cast<char**>(&host)));
   TF_RETURN_IF_ERROR(check.Init(ctx, &memory));
   SortedPartitionKeys sorted;
-  const int key_bits = bits.row_bits + bits.table_bits + BitsFor(num_workers);
+  const int key_bits = bits.row_bits + bits.table_bits + BitsToHold(num_workers);
   TF_RETURN_IF_ERROR(CudaToTf(SortPartitionKeys(lookups_device, n, ids64, total,
                                                 static_cast<int32_t>(num_workers),
                                                 bits.table_bits, bits.row_bits, key_bits,
@@ -526,7 +521,7 @@ tf::Status SplitGradientByTable<GpuDevice>::operator()(tf::OpKernelContext* ctx,
     TF_RETURN_IF_ERROR(memory.Device(ctx, n, &order));
     TF_RETURN_IF_ERROR(CudaToTf(TableSortKeys(key_data, n, table_of, iota, stream), "sort"));
     size_t sort_bytes = 0;
-    const int bits = std::max(BitsFor(num_tables), 1);
+    const int bits = std::max(BitsToHold(num_tables), 1);
     cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, table_of, sorted_tables, iota, order,
                                     static_cast<int>(n), 0, bits, stream);
     char* temp = nullptr;

@@ -24,12 +24,6 @@ namespace tf = ::tensorflow;
 
 namespace {
 
-int BitsFor(uint64_t values) {  // bits to hold 0 .. values - 1
-  int bits = 0;
-  while (bits < 64 && (uint64_t{1} << bits) < values) ++bits;
-  return bits;
-}
-
 tf::Status CheckVector(const tf::Tensor& tensor, const std::string& what) {
   if (tf::TensorShapeUtils::IsVector(tensor.shape())) return tf::Status();
   return tf::errors::InvalidArgument(what, " must be a vector, got shape ",
@@ -105,17 +99,17 @@ class PartitionKeysOp : public tf::OpKernel {
       max_local_rows =
           std::max<uint64_t>(max_local_rows, MostLocalRows(table.rows, table.owner, num_workers));
     }
-    bits_.row_bits = BitsFor(max_local_rows);
-    bits_.table_bits = BitsFor(attrs_.tables.size());
+    bits_.row_bits = BitsToHold(max_local_rows);
+    bits_.table_bits = BitsToHold(attrs_.tables.size());
     if (!kOnGpu<Device>) return;  // the GPU sorts keys of these widths
     if (attrs_.options.pair_keys) {  // (worker, table) in 32 bits, ids in another 64
-      OP_REQUIRES(ctx, bits_.table_bits + BitsFor(num_workers) <= 32,
+      OP_REQUIRES(ctx, bits_.table_bits + BitsToHold(num_workers) <= 32,
                   tf::errors::InvalidArgument(attrs_.tables.size(), " tables and ", num_workers,
                                               " workers do not fit a 32-bit sort key"));
       return;
     }
     OP_REQUIRES(ctx, bits_.row_bits <= kPackedRowBits &&
-                         bits_.row_bits + bits_.table_bits + BitsFor(num_workers) <= 64,
+                         bits_.row_bits + bits_.table_bits + BitsToHold(num_workers) <= 64,
                 tf::errors::InvalidArgument("tables of ", max_local_rows, " local rows, ",
                                             attrs_.tables.size(), " tables and ", num_workers,
                                             " workers do not fit a 64-bit sort key"));
