@@ -30,6 +30,22 @@ int64_t LocalRowOf(const TablePlacement& table, int64_t id, int32_t num_workers)
   return table.dynamic ? id : StaticLocalRow(id, table.owner, num_workers);
 }
 
+// Calls visit(id, slot) for every id of table `table_index`'s lookups in order, slot being
+// where that occurrence's position goes; stops at the first visit that returns false.
+template <typename Tindex, typename Visit>
+inline void ForEachTableId(const std::vector<LookupIds<Tindex>>& lookups,
+                           const std::vector<int64_t>& lookup_offsets, int32_t table_index,
+                           int32_t* position, Visit&& visit) {
+  for (size_t l = 0; l < lookups.size(); ++l) {
+    const LookupIds<Tindex>& lookup = lookups[l];
+    if (lookup.table != table_index) continue;
+    int32_t* out = position + lookup_offsets[l];
+    for (int64_t i = 0; i < lookup.count; ++i) {
+      if (!visit(static_cast<int64_t>(lookup.ids[i]), out + i)) return;
+    }
+  }
+}
+
 // Dedup through a bitmap of the table's rows, for tables not much larger than the number of
 // ids: no hashing, and the unique ids come out sorted, so the owner reads its shard in
 // increasing row order (far fewer cache and TLB misses than first-seen order).
@@ -40,17 +56,15 @@ void CollectTableKeysSorted(const std::vector<LookupIds<Tindex>>& lookups,
                             int32_t* position, TableKeys* keys) {
   const int64_t words = (table.rows + 63) / 64;
   ScratchVector<uint64_t> bits(words, 0);
-  for (const LookupIds<Tindex>& lookup : lookups) {
-    if (lookup.table != table_index) continue;
-    for (int64_t i = 0; i < lookup.count; ++i) {
-      const int64_t id = static_cast<int64_t>(lookup.ids[i]);
-      if (id < 0 || id >= table.rows) {
-        keys->status = IdOutOfRange(table.name, id, table.rows);
-        return;
-      }
-      bits[id >> 6] |= uint64_t{1} << (id & 63);
+  ForEachTableId(lookups, lookup_offsets, table_index, position, [&](int64_t id, int32_t*) {
+    if (id < 0 || id >= table.rows) {
+      keys->status = IdOutOfRange(table.name, id, table.rows);
+      return false;
     }
-  }
+    bits[id >> 6] |= uint64_t{1} << (id & 63);
+    return true;
+  });
+  if (!keys->status.ok()) return;
   ScratchVector<int32_t> ids_before(words);  // unique ids in words [0, w)
   for (int64_t w = 0; w < words; ++w) {
     ids_before[w] = static_cast<int32_t>(keys->unique_ids.size());
@@ -60,16 +74,11 @@ void CollectTableKeysSorted(const std::vector<LookupIds<Tindex>>& lookups,
       keys->per_worker[OwnerOf(table, id, options.num_workers)] += 1;
     }
   }
-  for (size_t l = 0; l < lookups.size(); ++l) {
-    const LookupIds<Tindex>& lookup = lookups[l];
-    if (lookup.table != table_index) continue;
-    int32_t* out = position + lookup_offsets[l];
-    for (int64_t i = 0; i < lookup.count; ++i) {
-      const int64_t id = static_cast<int64_t>(lookup.ids[i]);
-      const uint64_t below = (uint64_t{1} << (id & 63)) - 1;
-      out[i] = ids_before[id >> 6] + __builtin_popcountll(bits[id >> 6] & below);
-    }
-  }
+  ForEachTableId(lookups, lookup_offsets, table_index, position, [&](int64_t id, int32_t* slot) {
+    const uint64_t below = (uint64_t{1} << (id & 63)) - 1;
+    *slot = ids_before[id >> 6] + __builtin_popcountll(bits[id >> 6] & below);
+    return true;
+  });
 }
 
 // Collects one table's unique ids; writes each occurrence's index among them to `position`.
@@ -89,29 +98,24 @@ void CollectTableKeys(const std::vector<LookupIds<Tindex>>& lookups,
   absl::flat_hash_map<int64_t, int32_t> index_of;
   if (options.dedup) index_of.reserve(total);
 
-  for (size_t l = 0; l < lookups.size(); ++l) {
-    const LookupIds<Tindex>& lookup = lookups[l];
-    if (lookup.table != table_index) continue;
-    int32_t* out = position + lookup_offsets[l];
-    for (int64_t i = 0; i < lookup.count; ++i) {
-      const int64_t id = static_cast<int64_t>(lookup.ids[i]);
-      if (!table.dynamic && (id < 0 || id >= table.rows)) {
-        keys->status = IdOutOfRange(table.name, id, table.rows);
-        return;
-      }
-      int32_t next = static_cast<int32_t>(keys->unique_ids.size());
-      if (options.dedup) {
-        auto inserted = index_of.try_emplace(id, next);
-        if (!inserted.second) {
-          out[i] = inserted.first->second;
-          continue;
-        }
-      }
-      keys->unique_ids.push_back(id);
-      keys->per_worker[OwnerOf(table, id, options.num_workers)] += 1;
-      out[i] = next;
+  ForEachTableId(lookups, lookup_offsets, table_index, position, [&](int64_t id, int32_t* slot) {
+    if (!table.dynamic && (id < 0 || id >= table.rows)) {
+      keys->status = IdOutOfRange(table.name, id, table.rows);
+      return false;
     }
-  }
+    const int32_t next = static_cast<int32_t>(keys->unique_ids.size());
+    if (options.dedup) {
+      auto inserted = index_of.try_emplace(id, next);
+      if (!inserted.second) {
+        *slot = inserted.first->second;
+        return true;
+      }
+    }
+    keys->unique_ids.push_back(id);
+    keys->per_worker[OwnerOf(table, id, options.num_workers)] += 1;
+    *slot = next;
+    return true;
+  });
 }
 
 }  // namespace

@@ -341,6 +341,34 @@ __device__ __forceinline__ float Denominator(const GpuPooledLookup& lookup, int6
   return lookup.combiner == 1 ? total : sqrtf(total);
 }
 
+// Id i's share of its sample's pooled row: its weight (1 without weights) over the sample's
+// denominator, or 0 where that is 0 (the forward pools such a sample to zeros).
+__device__ __forceinline__ float IdScale(const GpuPooledLookup& lookup, int64_t i,
+                                         float denominator) {
+  return denominator == 0.0f ? 0.0f : (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
+}
+
+// A sample of a backward pass: its lookup l, its index s there, its ids [begin, end) clamped to
+// the lookup's ids (row splits the forward found bad must not make the backward write outside
+// its buffers) and their denominator.
+struct BackwardSample {
+  int32_t l;
+  int64_t s, begin, end;
+  float denominator;
+};
+
+__device__ __forceinline__ BackwardSample LocateBackwardSample(const GpuPooledLookup* lookups,
+                                                               int32_t num_lookups, int64_t g) {
+  BackwardSample sample;
+  sample.l = FindSampleLookup(lookups, num_lookups, g);
+  const GpuPooledLookup& lookup = lookups[sample.l];
+  sample.s = g - lookup.first_sample;
+  sample.begin = max(lookup.row_splits[sample.s], int64_t{0});
+  sample.end = min(lookup.row_splits[sample.s + 1], lookup.ids_count);
+  sample.denominator = Denominator(lookup, sample.begin, sample.end);
+  return sample;
+}
+
 // The row position p names, or null (recorded) when p or its packed key names no row.
 __device__ __forceinline__ const float* SourceRow(const GpuRowSource& source, int64_t num_rows,
                                                   int32_t p, int64_t dim, int32_t l, int64_t use,
@@ -510,14 +538,9 @@ __global__ void __launch_bounds__(kThreads, 4) SpreadPooledGradKernel(const GpuP
   const int lane = threadIdx.x % group;
   const int64_t span = int64_t{group} * kVec * kChunks;
   for (int64_t g = GlobalThread() / group; g < samples; g += GridThreads() / group) {
-    const int32_t l = FindSampleLookup(lookups, num_lookups, g);
-    const GpuPooledLookup& lookup = lookups[l];
-    const int64_t s = g - lookup.first_sample;
-    // Row splits the forward found bad must not write outside id_grads.
-    const int64_t begin = max(lookup.row_splits[s], int64_t{0});
-    const int64_t end = min(lookup.row_splits[s + 1], lookup.ids_count);
-    const float denominator = Denominator(lookup, begin, end);
-    const float* grad = lookup.output_grad + s * Stride(lookup, dim);
+    const BackwardSample sample = LocateBackwardSample(lookups, num_lookups, g);
+    const GpuPooledLookup& lookup = lookups[sample.l];
+    const float* grad = lookup.output_grad + sample.s * Stride(lookup, dim);
     for (int64_t first = 0; first < dim; first += span) {
       V chunk[kChunks];
 #pragma unroll
@@ -525,10 +548,8 @@ __global__ void __launch_bounds__(kThreads, 4) SpreadPooledGradKernel(const GpuP
         const int64_t d = first + (int64_t{c} * group + lane) * kVec;
         chunk[c] = d < dim ? __ldg(reinterpret_cast<const V*>(grad + d)) : Vec<kVec>::Zero();
       }
-      for (int64_t i = begin; i < end; ++i) {
-        const float scale = denominator == 0.0f
-                                ? 0.0f
-                                : (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
+      for (int64_t i = sample.begin; i < sample.end; ++i) {
+        const float scale = IdScale(lookup, i, sample.denominator);
         float* out = lookup.id_grads + i * dim;
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
@@ -544,19 +565,12 @@ __global__ void __launch_bounds__(kThreads, 4) SpreadPooledGradKernel(const GpuP
 __global__ void PooledGradSharesKernel(const GpuPooledLookup* lookups, int32_t num_lookups,
                                        int64_t samples) {
   for (int64_t g = GlobalThread(); g < samples; g += GridThreads()) {
-    const int32_t l = FindSampleLookup(lookups, num_lookups, g);
-    const GpuPooledLookup& lookup = lookups[l];
-    const int64_t s = g - lookup.first_sample;
-    // Row splits the forward found bad must not write outside the shares.
-    const int64_t begin = max(lookup.row_splits[s], int64_t{0});
-    const int64_t end = min(lookup.row_splits[s + 1], lookup.ids_count);
-    const float denominator = Denominator(lookup, begin, end);
-    const int64_t row = lookup.share_row_first + s * lookup.share_row_step;
-    for (int64_t i = begin; i < end; ++i) {
+    const BackwardSample sample = LocateBackwardSample(lookups, num_lookups, g);
+    const GpuPooledLookup& lookup = lookups[sample.l];
+    const int64_t row = lookup.share_row_first + sample.s * lookup.share_row_step;
+    for (int64_t i = sample.begin; i < sample.end; ++i) {
       lookup.use_rows[i] = row;
-      lookup.use_scales[i] = denominator == 0.0f
-                                 ? 0.0f
-                                 : (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
+      lookup.use_scales[i] = IdScale(lookup, i, sample.denominator);
     }
   }
 }
@@ -585,9 +599,7 @@ __global__ void UseSharesKernel(const GpuPooledLookup* lookups, int32_t num_look
     for (int64_t i = begin; i < end; ++i) {
       const int64_t use = use_first[l] + i;
       use_row[use] = lookup.output_grad + s * Stride(lookup, dim);
-      use_scale[use] = denominator == 0.0f
-                           ? 0.0f
-                           : (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
+      use_scale[use] = IdScale(lookup, i, denominator);
     }
   }
 }

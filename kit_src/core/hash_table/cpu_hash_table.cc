@@ -15,7 +15,7 @@
 namespace sok {
 
 CpuHashTable::CpuHashTable(const HashTableOptions& options, const RowInitializer& initializer)
-    : options_(options), initializer_(initializer), created_us_(NowMicros()) {
+    : DynamicTable(options), initializer_(initializer), created_us_(NowMicros()) {
   SetLayout();
   Rehash(SlotsForKeys(std::max<int64_t>(1, std::min(options.init_capacity, options.max_capacity))));
 }

@@ -42,29 +42,13 @@ class CpuHashTable final : public DynamicTable {
   CpuHashTable(const HashTableOptions& options, const RowInitializer& initializer);
 
   int64_t size() const;
-  const HashTableOptions& options() const { return options_; }
 
-  // DynamicTable, in host memory; every call returns when done.
+  // DynamicTable, in host memory; every call returns when done. Write times are kept to the
+  // millisecond: Export includes rows written in the threshold's millisecond, and 2^32 ms
+  // (49.7 days) after the table's creation all writes look recent. ApplySparseUpdate sums
+  // duplicate keys' gradients first, then updates the rows in parallel.
   bool in_device_memory() const override { return false; }
-  int64_t dim() const override { return options_.dim; }
-  int64_t state_dim() const override { return options_.state_dim; }
-  int64_t max_capacity() const override { return options_.max_capacity; }
-  Status Size(int64_t* size, const TableContext& context) override;
-  Status Find(const TableKeys& keys, float* values, const TableContext& context) override;
-  Status FindOrInsert(const TableKeys& keys, float* values, float admit_probability,
-                      EvictedRows* evicted, const TableContext& context) override;
-  Status InsertOrAssign(const int64_t* keys, int64_t n, const float* values, const float* state,
-                        const TableContext& context) override;
-  Status Replace(const int64_t* keys, int64_t n, const float* values, const float* state,
-                 int64_t state_dim, const TableContext& context) override;
-  Status Erase(const int64_t* keys, int64_t n, int64_t* erased,
-               const TableContext& context) override;
-  // Write times are kept to the millisecond: rows written in the threshold's millisecond are
-  // included, and 2^32 ms (49.7 days) after the table's creation all writes look recent.
-  Status Export(int64_t written_after_us, bool with_state, const ExportOutputs& outputs,
-                const TableContext& context) override;
-  // Duplicate keys' gradients are summed first; the rows are then updated in parallel.
-  Status ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) override;
+  SOK_DYNAMIC_TABLE_OPERATIONS;
 
  private:
   // Keys a find-or-insert evicted to make room, with their rows (float32, [count, dim]).
@@ -235,7 +219,6 @@ class CpuHashTable final : public DynamicTable {
   void EraseSlot(int64_t slot);
   void FillInitialState(float* state) const;
 
-  HashTableOptions options_;
   int64_t value_words_ = 0;
   int64_t row_width_ = 0;
   RowInitializer initializer_;

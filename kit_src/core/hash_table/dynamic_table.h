@@ -79,12 +79,14 @@ struct SparseUpdate {
 
 class DynamicTable {
  public:
+  explicit DynamicTable(const HashTableOptions& options) : options_(options) {}
   virtual ~DynamicTable() = default;
 
+  const HashTableOptions& options() const { return options_; }
+  int64_t dim() const { return options_.dim; }
+  int64_t state_dim() const { return options_.state_dim; }
+  int64_t max_capacity() const { return options_.max_capacity; }
   virtual bool in_device_memory() const = 0;
-  virtual int64_t dim() const = 0;
-  virtual int64_t state_dim() const = 0;
-  virtual int64_t max_capacity() const = 0;
 
   // The live key count, written to *size.
   virtual Status Size(int64_t* size, const TableContext& context) = 0;
@@ -125,7 +127,26 @@ class DynamicTable {
   // Widens the state first; keys missing (evicted since their lookup) are skipped. Fails,
   // changing nothing, when the rule does not fit `update.state_dim`.
   virtual Status ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) = 0;
+
+ protected:
+  HashTableOptions options_;  // state_dim and state_initial_value change as the state widens
 };
+
+// Declares DynamicTable's operations in the body of a class that implements them.
+#define SOK_DYNAMIC_TABLE_OPERATIONS                                                        \
+  Status Size(int64_t* size, const TableContext& context) override;                         \
+  Status Find(const TableKeys& keys, float* values, const TableContext& context) override;  \
+  Status FindOrInsert(const TableKeys& keys, float* values, float admit_probability,        \
+                      EvictedRows* evicted, const TableContext& context) override;          \
+  Status InsertOrAssign(const int64_t* keys, int64_t n, const float* values,                \
+                        const float* state, const TableContext& context) override;          \
+  Status Replace(const int64_t* keys, int64_t n, const float* values, const float* state,   \
+                 int64_t state_dim, const TableContext& context) override;                  \
+  Status Erase(const int64_t* keys, int64_t n, int64_t* erased,                             \
+               const TableContext& context) override;                                       \
+  Status Export(int64_t written_after_us, bool with_state, const ExportOutputs& outputs,    \
+                const TableContext& context) override;                                      \
+  Status ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) override
 
 inline constexpr int64_t kExportAll = INT64_MIN;  // Export's written_after_us: every row
 

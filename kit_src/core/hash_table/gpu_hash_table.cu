@@ -46,7 +46,7 @@ __global__ void CopySize(const Counters* c, int64_t* out) {
 
 GpuHashTable::GpuHashTable(const HashTableOptions& options, const RowInitializer& initializer,
                            GpuMemory* memory)
-    : options_(options), initializer_(initializer), memory_(memory), created_us_(NowMicros()) {}
+    : DynamicTable(options), initializer_(initializer), memory_(memory), created_us_(NowMicros()) {}
 GpuHashTable::~GpuHashTable() {
   for (Snapshot& snapshot : snapshots_) {
     if (snapshot.taken) cudaEventDestroy(snapshot.taken);

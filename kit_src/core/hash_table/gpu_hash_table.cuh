@@ -51,28 +51,13 @@ class GpuHashTable final : public DynamicTable {
 
   // DynamicTable, in GPU memory, every call ordered on the context's stream. Size, Erase and
   // the lookups do not synchronise while the table has room; Export synchronises twice (its
-  // row count sizes the outputs). Plain SGD on float rows of a multiple of 4 without state adds each use's share
-  // by atomics (equal to summing duplicates first, up to float rounding); other rules claim
-  // rows. ApplySparseUpdate reads the hyper-parameters in device memory (no step waits for a
+  // row count sizes the outputs). Plain SGD on float rows of a multiple of 4 without state
+  // adds each use's share by atomics (equal to summing duplicates first, up to float
+  // rounding); other rules claim rows. ApplySparseUpdate reads the hyper-parameters in device memory (no step waits for a
   // copy): what the rule's type needs with any values is checked before anything runs, and
   // the kernel refuses values that need more state than the rows keep.
   bool in_device_memory() const override { return true; }
-  int64_t dim() const override { return options_.dim; }
-  int64_t state_dim() const override { return options_.state_dim; }
-  int64_t max_capacity() const override { return options_.max_capacity; }
-  Status Size(int64_t* size, const TableContext& context) override;
-  Status Find(const TableKeys& keys, float* values, const TableContext& context) override;
-  Status FindOrInsert(const TableKeys& keys, float* values, float admit_probability,
-                      EvictedRows* evicted, const TableContext& context) override;
-  Status InsertOrAssign(const int64_t* keys, int64_t n, const float* values, const float* state,
-                        const TableContext& context) override;
-  Status Replace(const int64_t* keys, int64_t n, const float* values, const float* state,
-                 int64_t state_dim, const TableContext& context) override;
-  Status Erase(const int64_t* keys, int64_t n, int64_t* erased,
-               const TableContext& context) override;
-  Status Export(int64_t written_after_us, bool with_state, const ExportOutputs& outputs,
-                const TableContext& context) override;
-  Status ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) override;
+  SOK_DYNAMIC_TABLE_OPERATIONS;
 
   struct Counters;  // device-side counts (gpu_hash_table.cu)
 
@@ -107,7 +92,6 @@ class GpuHashTable final : public DynamicTable {
   Status Scratch(int64_t count, T** out);
   void FreeScratch();
 
-  HashTableOptions options_;
   RowInitializer initializer_;
   GpuMemory* memory_;
   std::mutex mutex_;

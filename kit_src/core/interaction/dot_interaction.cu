@@ -5,19 +5,12 @@
 
 #include <algorithm>
 
+#include "kit_src/core/value_storage.cuh"
+
 namespace sok {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float Widen(float x) { return x; }
-__device__ __forceinline__ float Widen(__half x) { return __half2float(x); }
-template <typename T>
-__device__ __forceinline__ T Narrow(float x);
-template <>
-__device__ __forceinline__ float Narrow<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half Narrow<__half>(float x) { return __float2half_rn(x); }
 
 template <typename T>
 __global__ void ForwardKernel(const T* __restrict__ features, T* __restrict__ output,

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 #include "kit_src/core/optimizers/rule_table.h"
 #include "kit_src/core/optimizers/update_rules.h"
@@ -46,12 +47,9 @@ SOK_HOST_DEVICE inline AdadeltaHyper MakeHyper<AdadeltaHyper>(const float* h, bo
 }
 template <>
 SOK_HOST_DEVICE inline NadamHyper MakeHyper<NadamHyper>(const float* h, bool) {
-  return NadamHyper{SOK_HYPER(h, "nadam", "lr"),
-                    SOK_HYPER(h, "nadam", "beta1"),
-                    SOK_HYPER(h, "nadam", "beta2"),
-                    SOK_HYPER(h, "nadam", "epsilon"),
-                    SOK_HYPER(h, "nadam", "momentum_now"),
-                    SOK_HYPER(h, "nadam", "momentum_next"),
+  return NadamHyper{SOK_HYPER(h, "nadam", "lr"), SOK_HYPER(h, "nadam", "beta1"),
+                    SOK_HYPER(h, "nadam", "beta2"), SOK_HYPER(h, "nadam", "epsilon"),
+                    SOK_HYPER(h, "nadam", "momentum_now"), SOK_HYPER(h, "nadam", "momentum_next"),
                     SOK_HYPER(h, "nadam", "one_minus_schedule"),
                     SOK_HYPER(h, "nadam", "one_minus_schedule_next"),
                     SOK_HYPER(h, "nadam", "one_minus_beta2_power")};
@@ -64,12 +62,22 @@ SOK_HOST_DEVICE inline FtrlHyper MakeHyper<FtrlHyper>(const float* h, bool) {
 }
 template <>
 SOK_HOST_DEVICE inline RmspropHyper MakeHyper<RmspropHyper>(const float* h, bool) {
-  return RmspropHyper{SOK_HYPER(h, "rmsprop", "lr"),
-                      SOK_HYPER(h, "rmsprop", "rho"),
-                      SOK_HYPER(h, "rmsprop", "momentum"),
-                      SOK_HYPER(h, "rmsprop", "epsilon"),
+  return RmspropHyper{SOK_HYPER(h, "rmsprop", "lr"), SOK_HYPER(h, "rmsprop", "rho"),
+                      SOK_HYPER(h, "rmsprop", "momentum"), SOK_HYPER(h, "rmsprop", "epsilon"),
                       SOK_HYPER(h, "rmsprop", "centered") != 0.0f,
                       SOK_HYPER(h, "rmsprop", "epsilon_inside_sqrt") != 0.0f};
+}
+
+// Every rule's hyper-parameter struct.
+using RuleTypes = std::tuple<SgdHyper, AdagradHyper, AdamHyper, AdamaxHyper, AdadeltaHyper,
+                             RmspropHyper, NadamHyper, FtrlHyper>;
+static_assert(std::tuple_size<RuleTypes>::value == kNumRules,
+              "every rule of kRuleTable needs its hyper-parameter struct in RuleTypes");
+
+// Calls visit(H{}) for the H of Hs named `rule`; false when none is.
+template <typename Visit, typename... Hs>
+bool VisitNamed(const std::string& rule, Visit& visit, std::tuple<Hs...>*) {
+  return ((rule == Hs::kRule ? (visit(Hs{}), true) : false) || ...);
 }
 
 // Calls visit(H{}) with a default-built struct of the rule's type: for code that picks the
@@ -82,22 +90,8 @@ Status VisitRuleType(const std::string& rule, int64_t hyper_count, Visit&& visit
     return Status::InvalidArgument(rule + " takes " + std::to_string(needed) +
                                    " hyper-parameters, got " + std::to_string(hyper_count));
   }
-  if (rule == "sgd") {
-    visit(SgdHyper{});
-  } else if (rule == "adagrad") {
-    visit(AdagradHyper{});
-  } else if (rule == "adam") {
-    visit(AdamHyper{});
-  } else if (rule == "adamax") {
-    visit(AdamaxHyper{});
-  } else if (rule == "adadelta") {
-    visit(AdadeltaHyper{});
-  } else if (rule == "nadam") {
-    visit(NadamHyper{});
-  } else if (rule == "ftrl") {
-    visit(FtrlHyper{});
-  } else {
-    visit(RmspropHyper{});
+  if (!VisitNamed(rule, visit, static_cast<RuleTypes*>(nullptr))) {
+    return Status::Internal("optimizer rule '" + rule + "' has no hyper-parameter struct");
   }
   return Status::Ok();
 }

@@ -3,7 +3,8 @@
 // it, `g` the row's gradient (duplicates already summed), `dim` floats each. The formulas are
 // those of the Keras optimizers (tf.keras.optimizers.legacy and the new ones), applied to the
 // touched rows only. Every rule is an ApplyRule overload on its hyper-parameter struct, so
-// code holding only the struct (the kernels, templated on it) picks the rule by type.
+// code holding only the struct (the kernels, templated on it) picks the rule by type; kRule
+// names the rule as the ops and kRuleTable (rule_table.h) do.
 #pragma once
 
 #include <cmath>
@@ -12,18 +13,21 @@
 namespace sok {
 
 struct SgdHyper {
+  static constexpr const char* kRule = "sgd";  // its name in kRuleTable
   float lr = 0.01f;
   float momentum = 0.0f;  // state: dim floats of velocity when > 0
   bool nesterov = false;
 };
 
 struct AdagradHyper {
+  static constexpr const char* kRule = "adagrad";
   float lr = 0.001f;
   float epsilon = 1e-7f;  // state: dim floats of accumulator, starting at initial_accumulator
   bool epsilon_inside_sqrt = false;  // Keras 3-style: g / sqrt(acc + eps); legacy: sqrt(acc) + eps
 };
 
 struct AdamHyper {
+  static constexpr const char* kRule = "adam";
   float lr = 0.001f;       // already bias-corrected: lr * sqrt(1 - beta2^t) / (1 - beta1^t)
   float beta1 = 0.9f;
   float beta2 = 0.999f;
@@ -31,6 +35,7 @@ struct AdamHyper {
 };
 
 struct AdamaxHyper {
+  static constexpr const char* kRule = "adamax";
   float lr = 0.001f;       // already bias-corrected: lr / (1 - beta1^t)
   float beta1 = 0.9f;
   float beta2 = 0.999f;
@@ -38,12 +43,14 @@ struct AdamaxHyper {
 };
 
 struct AdadeltaHyper {
+  static constexpr const char* kRule = "adadelta";
   float lr = 0.001f;
   float rho = 0.95f;
   float epsilon = 1e-7f;   // state: accumulated squared gradients, then squared updates
 };
 
 struct RmspropHyper {
+  static constexpr const char* kRule = "rmsprop";
   float lr = 0.001f;
   float rho = 0.9f;
   float momentum = 0.0f;   // state: mean square, momentum, then (centered) mean gradient
@@ -54,6 +61,7 @@ struct RmspropHyper {
 };
 
 struct NadamHyper {
+  static constexpr const char* kRule = "nadam";
   float lr = 0.001f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;
@@ -66,6 +74,7 @@ struct NadamHyper {
 };
 
 struct FtrlHyper {
+  static constexpr const char* kRule = "ftrl";
   float lr = 0.001f;
   float lr_power = -0.5f;
   float l1 = 0.0f;
@@ -80,7 +89,7 @@ struct FtrlHyper {
 #endif
 
 SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
-                                          const SgdHyper& h) {
+                                      const SgdHyper& h) {
   if (h.momentum == 0.0f) {
     for (int64_t d = 0; d < dim; ++d) w[d] -= h.lr * g[d];
     return;
@@ -93,7 +102,7 @@ SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, in
 }
 
 SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
-                                          const AdagradHyper& h) {
+                                      const AdagradHyper& h) {
   for (int64_t d = 0; d < dim; ++d) {
     state[d] += g[d] * g[d];
     const float denominator = h.epsilon_inside_sqrt ? std::sqrt(state[d] + h.epsilon)
@@ -102,19 +111,24 @@ SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, in
   }
 }
 
+// Adam's moving averages of the gradient (m) and of its square (v).
+SOK_HOST_DEVICE inline void UpdateMoments(float beta1, float beta2, float g, float* m, float* v) {
+  *m = beta1 * *m + (1.0f - beta1) * g;
+  *v = beta2 * *v + (1.0f - beta2) * g * g;
+}
+
 SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
-                                          const AdamHyper& h) {
+                                      const AdamHyper& h) {
   float* m = state;
   float* v = state + dim;
   for (int64_t d = 0; d < dim; ++d) {
-    m[d] = h.beta1 * m[d] + (1.0f - h.beta1) * g[d];
-    v[d] = h.beta2 * v[d] + (1.0f - h.beta2) * g[d] * g[d];
+    UpdateMoments(h.beta1, h.beta2, g[d], &m[d], &v[d]);
     w[d] -= h.lr * m[d] / (std::sqrt(v[d]) + h.epsilon);
   }
 }
 
 SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
-                                          const AdamaxHyper& h) {
+                                      const AdamaxHyper& h) {
   float* m = state;
   float* u = state + dim;
   for (int64_t d = 0; d < dim; ++d) {
@@ -125,7 +139,7 @@ SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, in
 }
 
 SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
-                                          const AdadeltaHyper& h) {
+                                      const AdadeltaHyper& h) {
   float* accum = state;
   float* accum_update = state + dim;
   for (int64_t d = 0; d < dim; ++d) {
@@ -141,7 +155,7 @@ SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, in
 // w -= lr g / (sqrt(s) + eps) (legacy) or lr g / sqrt(s + eps) (new Keras); with momentum
 // mom = momentum mom + lr g / sqrt(s + eps), w -= mom.
 SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
-                                          const RmspropHyper& h) {
+                                      const RmspropHyper& h) {
   float* ms = state;
   float* mom = state + dim;
   float* mg = state + 2 * dim;
@@ -164,12 +178,11 @@ SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, in
 }
 
 SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
-                                          const NadamHyper& h) {
+                                      const NadamHyper& h) {
   float* m = state;
   float* v = state + dim;
   for (int64_t d = 0; d < dim; ++d) {
-    m[d] = h.beta1 * m[d] + (1.0f - h.beta1) * g[d];
-    v[d] = h.beta2 * v[d] + (1.0f - h.beta2) * g[d] * g[d];
+    UpdateMoments(h.beta1, h.beta2, g[d], &m[d], &v[d]);
     const float m_bar = (1.0f - h.momentum_now) * g[d] / h.one_minus_schedule +
                         h.momentum_next * m[d] / h.one_minus_schedule_next;
     w[d] -= h.lr * m_bar / (std::sqrt(v[d] / h.one_minus_beta2_power) + h.epsilon);
@@ -178,7 +191,7 @@ SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, in
 
 // TensorFlow's (sparse) FTRL-proximal, V2 when l2_shrinkage > 0.
 SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
-                                          const FtrlHyper& h) {
+                                      const FtrlHyper& h) {
   float* accum = state;
   float* linear = state + dim;
   for (int64_t d = 0; d < dim; ++d) {

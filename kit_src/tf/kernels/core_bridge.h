@@ -1,5 +1,5 @@
-// What every kernel needs to call the core: the thread pool as a sok::ParallelFor and the
-// conversion of sok::Status into tensorflow::Status.
+// What every kernel needs to call the core: the thread pool as a sok::ParallelFor, the
+// conversion of sok::Status into tensorflow::Status, and its attrs read in one call.
 #pragma once
 
 #include <string>
@@ -43,6 +43,18 @@ inline ParallelFor CpuParallelFor(::tensorflow::OpKernelContext* ctx) {
       work(begin, end);
     });
   };
+}
+
+// Reads each named attr into its destination, in order:
+//   OP_REQUIRES_OK(ctx, ReadAttrs(ctx, "dim", &dim_, "validate", &validate_));
+inline ::tensorflow::Status ReadAttrs(::tensorflow::OpKernelConstruction*) {
+  return ::tensorflow::Status();
+}
+template <typename T, typename... More>
+::tensorflow::Status ReadAttrs(::tensorflow::OpKernelConstruction* ctx, const char* name,
+                               T* value, More... more) {
+  TF_RETURN_IF_ERROR(ctx->GetAttr(name, value));
+  return ReadAttrs(ctx, more...);
 }
 
 }  // namespace sok

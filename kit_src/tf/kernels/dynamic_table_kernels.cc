@@ -10,6 +10,7 @@
 #include "kit_src/tf/kernels/dynamic_table_functor.h"
 #include "kit_src/tf/kernels/dynamic_table_resource.h"
 #include "kit_src/tf/kernels/dynamic_table_validation.h"
+#include "kit_src/tf/kernels/register_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_op_kernel.h"
@@ -27,14 +28,6 @@ tf::Status GetDeviceTable(tf::OpKernelContext* ctx, int input, TableRef* table) 
   return GetTable(ctx, input, kOnGpu<Device>, table);
 }
 
-// The table (input 0) and the keys (input 1, checked to be a vector) a table op works on.
-template <typename Device>
-tf::Status GetTableAndKeys(tf::OpKernelContext* ctx, TableRef* table, const tf::Tensor** keys) {
-  TF_RETURN_IF_ERROR(GetDeviceTable<Device>(ctx, 0, table));
-  *keys = &ctx->input(1);
-  return CheckKeys(**keys);
-}
-
 // Hands a table's data-sized outputs (evicted or exported rows) out of the op's outputs,
 // starting at output `first`.
 Status AllocateOutputs(tf::OpKernelContext* ctx, int first,
@@ -50,6 +43,25 @@ Status AllocateOutputs(tf::OpKernelContext* ctx, int first,
 }
 
 }  // namespace
+
+// An op on a table's keys: the table (input 0) and its keys (input 1), checked, handed to
+// ComputeOnKeys with the table's execution context on the op's device.
+template <typename Device>
+class KeyedTableOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* ctx) final {
+    TableRef resource;
+    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &resource));
+    const tf::Tensor& keys = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    ComputeOnKeys(ctx, resource->table(), keys, functor::TableContextOf<Device>()(ctx));
+  }
+
+ protected:
+  virtual void ComputeOnKeys(tf::OpKernelContext* ctx, DynamicTable& table,
+                             const tf::Tensor& keys, const TableContext& context) = 0;
+};
 
 template <typename Device>
 class DynamicTableCreateOp : public tf::OpKernel {
@@ -88,22 +100,21 @@ class DynamicTableSizeOp : public tf::OpKernel {
 // only when the lookup evicts, which on the GPU already waits for the stream (the table's
 // exact path); otherwise nothing waits.
 template <typename Device>
-class DynamicTableLookupOp : public tf::OpKernel {
+class DynamicTableLookupOp : public KeyedTableOp<Device> {
  public:
   explicit DynamicTableLookupOp(tf::OpKernelConstruction* ctx)
-      : OpKernel(ctx), reports_evictions_(ctx->def().op() == "Sok>DynamicTableLookupEvict") {
+      : KeyedTableOp<Device>(ctx),
+        reports_evictions_(ctx->def().op() == "Sok>DynamicTableLookupEvict") {
     if (!reports_evictions_) OP_REQUIRES_OK(ctx, ctx->GetAttr("insert", &insert_));
   }
-  void Compute(tf::OpKernelContext* ctx) override {
-    TableRef resource;
-    const tf::Tensor* keys = nullptr;
-    OP_REQUIRES_OK(ctx, GetTableAndKeys<Device>(ctx, &resource, &keys));
-    DynamicTable& table = resource->table();
-    const int64_t n = keys->NumElements(), dim = table.dim();
+
+ private:
+  void ComputeOnKeys(tf::OpKernelContext* ctx, DynamicTable& table, const tf::Tensor& keys,
+                     const TableContext& context) override {
+    const int64_t n = keys.NumElements(), dim = table.dim();
     tf::Tensor* values = nullptr;
     OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(ctx, 0, tf::TensorShape({n, dim}), &values));
-    const TableKeys view{keys->flat<int64_t>().data(), n, 1, 0};
-    const TableContext context = functor::TableContextOf<Device>()(ctx);
+    const TableKeys view{keys.flat<int64_t>().data(), n, 1, 0};
     float* rows = values->flat<float>().data();
     if (!insert_) {
       SOK_OP_REQUIRES_OK(ctx, table.Find(view, rows, context));
@@ -124,68 +135,57 @@ class DynamicTableLookupOp : public tf::OpKernel {
     }
   }
 
- private:
   const bool reports_evictions_;
   bool insert_ = true;
 };
 
+// Sok>DynamicTableAssign (inserts or overwrites the keys' rows, and their state unless `state`
+// is empty) and Sok>DynamicTableImport (replaces the whole content; state may have 0 columns).
 template <typename Device>
-class DynamicTableAssignOp : public tf::OpKernel {
+class DynamicTableWriteOp : public KeyedTableOp<Device> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(tf::OpKernelContext* ctx) override {
-    TableRef resource;
-    const tf::Tensor* keys = nullptr;
-    OP_REQUIRES_OK(ctx, GetTableAndKeys<Device>(ctx, &resource, &keys));
-    DynamicTable& table = resource->table();
+  explicit DynamicTableWriteOp(tf::OpKernelConstruction* ctx)
+      : KeyedTableOp<Device>(ctx), replaces_(ctx->def().op() == "Sok>DynamicTableImport") {}
+
+ private:
+  void ComputeOnKeys(tf::OpKernelContext* ctx, DynamicTable& table, const tf::Tensor& keys,
+                     const TableContext& context) override {
     const tf::Tensor& values = ctx->input(2);
     const tf::Tensor& state = ctx->input(3);
-    const int64_t n = keys->NumElements();
+    const int64_t n = keys.NumElements();
+    const int64_t* key_data = keys.flat<int64_t>().data();
+    if (replaces_) {
+      OP_REQUIRES_OK(ctx, CheckMatrix(values, n, table.dim(), "restored values"));
+      OP_REQUIRES_OK(ctx, CheckRestoredState(state, n));
+      const int64_t state_dim = state.dim_size(1);
+      SOK_OP_REQUIRES_OK(ctx, table.Replace(key_data, n, values.flat<float>().data(),
+                                            state_dim > 0 ? state.flat<float>().data() : nullptr,
+                                            state_dim, context));
+      return;
+    }
     OP_REQUIRES_OK(ctx, CheckMatrix(values, n, table.dim(), "values"));
     const bool with_state = state.NumElements() > 0;
     if (with_state) OP_REQUIRES_OK(ctx, CheckMatrix(state, n, table.state_dim(), "state"));
-    SOK_OP_REQUIRES_OK(ctx, table.InsertOrAssign(keys->flat<int64_t>().data(), n,
-                                                 values.flat<float>().data(),
+    SOK_OP_REQUIRES_OK(ctx, table.InsertOrAssign(key_data, n, values.flat<float>().data(),
                                                  with_state ? state.flat<float>().data() : nullptr,
-                                                 functor::TableContextOf<Device>()(ctx)));
+                                                 context));
   }
+
+  const bool replaces_;
 };
 
 template <typename Device>
-class DynamicTableImportOp : public tf::OpKernel {
+class DynamicTableEraseOp : public KeyedTableOp<Device> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(tf::OpKernelContext* ctx) override {
-    TableRef resource;
-    const tf::Tensor* keys = nullptr;
-    OP_REQUIRES_OK(ctx, GetTableAndKeys<Device>(ctx, &resource, &keys));
-    const tf::Tensor& values = ctx->input(2);
-    const tf::Tensor& state = ctx->input(3);
-    const int64_t n = keys->NumElements();
-    OP_REQUIRES_OK(ctx, CheckMatrix(values, n, resource->dim(), "restored values"));
-    OP_REQUIRES_OK(ctx, CheckRestoredState(state, n));
-    const int64_t state_dim = state.dim_size(1);
-    SOK_OP_REQUIRES_OK(ctx, resource->table().Replace(
-                                keys->flat<int64_t>().data(), n, values.flat<float>().data(),
-                                state_dim > 0 ? state.flat<float>().data() : nullptr, state_dim,
-                                functor::TableContextOf<Device>()(ctx)));
-  }
-};
+  using KeyedTableOp<Device>::KeyedTableOp;
 
-template <typename Device>
-class DynamicTableEraseOp : public tf::OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(tf::OpKernelContext* ctx) override {
-    TableRef resource;
-    const tf::Tensor* keys = nullptr;
-    OP_REQUIRES_OK(ctx, GetTableAndKeys<Device>(ctx, &resource, &keys));
+ private:
+  void ComputeOnKeys(tf::OpKernelContext* ctx, DynamicTable& table, const tf::Tensor& keys,
+                     const TableContext& context) override {
     tf::Tensor* erased = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({}), &erased));
-    SOK_OP_REQUIRES_OK(ctx, resource->table().Erase(keys->flat<int64_t>().data(),
-                                                    keys->NumElements(),
-                                                    erased->flat<int64_t>().data(),
-                                                    functor::TableContextOf<Device>()(ctx)));
+    SOK_OP_REQUIRES_OK(ctx, table.Erase(keys.flat<int64_t>().data(), keys.NumElements(),
+                                        erased->flat<int64_t>().data(), context));
   }
 };
 
@@ -233,10 +233,9 @@ template <typename Device>
 class DynamicGatherRowsOp : public tf::OpKernel {
  public:
   explicit DynamicGatherRowsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("insert", &insert_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("admit_probability", &admit_probability_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("validate", &validate_));
+    OP_REQUIRES_OK(ctx, ReadAttrs(ctx, "dim", &dim_, "insert", &insert_,
+                                  "admit_probability", &admit_probability_,
+                                  "validate", &validate_));
   }
   void Compute(tf::OpKernelContext* ctx) override {
     const int num_tables = ctx->num_inputs() - 1;
@@ -320,19 +319,19 @@ class SplitDynamicGradientOp : public tf::OpKernel {
 
 // One optimizer step of a table's rows; the hyper-parameters stay in the device's memory.
 template <typename Device>
-class DynamicApplyOp : public tf::OpKernel {
+class DynamicApplyOp : public KeyedTableOp<Device> {
  public:
-  explicit DynamicApplyOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit DynamicApplyOp(tf::OpKernelConstruction* ctx) : KeyedTableOp<Device>(ctx) {
     OP_REQUIRES_OK(ctx, attrs_.Read(ctx));
   }
-  void Compute(tf::OpKernelContext* ctx) override {
-    TableRef resource;
-    const tf::Tensor* keys = nullptr;
-    OP_REQUIRES_OK(ctx, GetTableAndKeys<Device>(ctx, &resource, &keys));
+
+ private:
+  void ComputeOnKeys(tf::OpKernelContext* ctx, DynamicTable& table, const tf::Tensor& keys,
+                     const TableContext& context) override {
     const tf::Tensor& grads = ctx->input(2);
     const tf::Tensor& hyper = ctx->input(3);
-    const int64_t n = keys->NumElements();
-    OP_REQUIRES_OK(ctx, CheckMatrix(grads, n, resource->dim(), "grads"));
+    const int64_t n = keys.NumElements();
+    OP_REQUIRES_OK(ctx, CheckMatrix(grads, n, table.dim(), "grads"));
     OP_REQUIRES_OK(ctx, attrs_.CheckHyper(hyper));
     SparseUpdate update;
     update.rule = attrs_.rule;
@@ -341,58 +340,38 @@ class DynamicApplyOp : public tf::OpKernel {
     update.nesterov = attrs_.nesterov;
     update.state_dim = attrs_.state_dim;
     update.state_initial_value = attrs_.state_initial_value;
-    update.keys = keys->flat<int64_t>().data();
+    update.keys = keys.flat<int64_t>().data();
     update.n = n;
     update.grads = grads.flat<float>().data();
-    SOK_OP_REQUIRES_OK(ctx, resource->table().ApplySparseUpdate(
-                                update, functor::TableContextOf<Device>()(ctx)));
+    SOK_OP_REQUIRES_OK(ctx, table.ApplySparseUpdate(update, context));
   }
 
- private:
   DynamicApplyAttrs attrs_;
 };
 
 // A GPU kernel takes the table's handle in host memory: the resource lives on the host.
-#define SOK_REGISTER_TABLE_OP(name, Op)                                                   \
-  REGISTER_KERNEL_BUILDER(Name(name).Device(tf::DEVICE_CPU), Op<CpuDevice>);              \
-  SOK_REGISTER_TABLE_OP_GPU(name, Op)
-#if GOOGLE_CUDA
-#define SOK_REGISTER_TABLE_OP_GPU(name, Op) \
-  REGISTER_KERNEL_BUILDER(Name(name).Device(tf::DEVICE_GPU).HostMemory("handle"), Op<GpuDevice>);
-#else
-#define SOK_REGISTER_TABLE_OP_GPU(name, Op)
-#endif
-
-SOK_REGISTER_TABLE_OP("Sok>DynamicTableCreate", DynamicTableCreateOp)
-SOK_REGISTER_TABLE_OP("Sok>DynamicTableSize", DynamicTableSizeOp)
-SOK_REGISTER_TABLE_OP("Sok>DynamicTableLookup", DynamicTableLookupOp)
-SOK_REGISTER_TABLE_OP("Sok>DynamicTableLookupEvict", DynamicTableLookupOp)
-SOK_REGISTER_TABLE_OP("Sok>DynamicTableAssign", DynamicTableAssignOp)
-SOK_REGISTER_TABLE_OP("Sok>DynamicTableImport", DynamicTableImportOp)
-SOK_REGISTER_TABLE_OP("Sok>DynamicTableErase", DynamicTableEraseOp)
-SOK_REGISTER_TABLE_OP("Sok>DynamicTableExport", DynamicTableExportOp)
-SOK_REGISTER_TABLE_OP("Sok>DynamicApply", DynamicApplyOp)
+#define SOK_REGISTER_TABLE_OP(name, Op, ...) \
+  SOK_REGISTER_KERNELS(name, Op, .HostMemory("handle") __VA_ARGS__)
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableCreate", DynamicTableCreateOp);
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableSize", DynamicTableSizeOp);
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableLookup", DynamicTableLookupOp);
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableLookupEvict", DynamicTableLookupOp);
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableAssign", DynamicTableWriteOp);
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableImport", DynamicTableWriteOp);
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableErase", DynamicTableEraseOp);
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableExport", DynamicTableExportOp);
+SOK_REGISTER_TABLE_OP("Sok>DynamicApply", DynamicApplyOp);
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableExportWritten", DynamicTableExportOp,
+                      .HostMemory("written_after_us"));
+#undef SOK_REGISTER_TABLE_OP
+SOK_REGISTER_KERNELS("Sok>DynamicGatherRows", DynamicGatherRowsOp, .HostMemory("tables"));
+SOK_REGISTER_KERNELS("Sok>SplitDynamicGradient", SplitDynamicGradientOp);
 
 REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableHandle").Device(tf::DEVICE_CPU),
                         tf::ResourceHandleOp<DynamicTableResource>);
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableExportWritten").Device(tf::DEVICE_CPU),
-                        DynamicTableExportOp<CpuDevice>);
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicGatherRows").Device(tf::DEVICE_CPU),
-                        DynamicGatherRowsOp<CpuDevice>);
-REGISTER_KERNEL_BUILDER(Name("Sok>SplitDynamicGradient").Device(tf::DEVICE_CPU),
-                        SplitDynamicGradientOp<CpuDevice>);
 #if GOOGLE_CUDA
 REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableHandle").Device(tf::DEVICE_GPU).HostMemory("handle"),
                         tf::ResourceHandleOp<DynamicTableResource>);
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicTableExportWritten")
-                            .Device(tf::DEVICE_GPU)
-                            .HostMemory("handle")
-                            .HostMemory("written_after_us"),
-                        DynamicTableExportOp<GpuDevice>);
-REGISTER_KERNEL_BUILDER(Name("Sok>DynamicGatherRows").Device(tf::DEVICE_GPU).HostMemory("tables"),
-                        DynamicGatherRowsOp<GpuDevice>);
-REGISTER_KERNEL_BUILDER(Name("Sok>SplitDynamicGradient").Device(tf::DEVICE_GPU),
-                        SplitDynamicGradientOp<GpuDevice>);
 #endif
 
 namespace functor {

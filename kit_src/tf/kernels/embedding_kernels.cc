@@ -209,8 +209,7 @@ template <typename Device, typename Tindex>
 class GatherSingleIdsOp : public tf::OpKernel {
  public:
   explicit GatherSingleIdsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
+    OP_REQUIRES_OK(ctx, ReadAttrs(ctx, "dim", &dim_, "table_names", &table_names_));
     OP_REQUIRES(ctx, static_cast<int>(table_names_.size()) * 3 == ctx->num_inputs(),
                 tf::errors::InvalidArgument("table_names needs one entry per lookup"));
   }
@@ -287,8 +286,7 @@ template <typename Device>
 class CheckGatheredIdsOp : public tf::AsyncOpKernel {
  public:
   explicit CheckGatheredIdsOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("deferred", &deferred_));
+    OP_REQUIRES_OK(ctx, ReadAttrs(ctx, "table_names", &table_names_, "deferred", &deferred_));
   }
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
     const tf::Tensor& check = ctx->input(0);
@@ -367,9 +365,8 @@ class CombineFromShardsOp : public tf::AsyncOpKernel {
  public:
   explicit CombineFromShardsOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ReadCombiners(ctx, &combiners_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("validate", &validate_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    OP_REQUIRES_OK(ctx, ReadAttrs(ctx, "validate", &validate_, "num_tables", &num_tables_,
+                                  "dim", &dim_));
   }
 
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
@@ -464,8 +461,7 @@ class EverySampleHoldsOneIdOp : public tf::OpKernel {
 class CheckIdsOnHostOp : public tf::OpKernel {
  public:
   explicit CheckIdsOnHostOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("rows", &rows_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
+    OP_REQUIRES_OK(ctx, ReadAttrs(ctx, "rows", &rows_, "table_names", &table_names_));
     OP_REQUIRES(ctx, rows_.size() == table_names_.size() &&
                          static_cast<int>(rows_.size()) == ctx->num_inputs(),
                 tf::errors::InvalidArgument("rows and table_names need one entry an input, got ",

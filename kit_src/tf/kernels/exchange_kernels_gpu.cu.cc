@@ -74,8 +74,7 @@ REGISTER_KERNEL_BUILDER(Name("Sok>NcclUniqueId").Device(tf::DEVICE_CPU), NcclUni
 class NcclInitOp : public tf::OpKernel {
  public:
   explicit NcclInitOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("rank", &rank_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_workers", &num_workers_));
+    OP_REQUIRES_OK(ctx, ReadAttrs(ctx, "rank", &rank_, "num_workers", &num_workers_));
   }
   void Compute(tf::OpKernelContext* ctx) override {
     const tf::Tensor& id = ctx->input(0);

@@ -10,6 +10,7 @@
 #include "kit_src/core/embedding/keyed_features.h"
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/keyed_features_functor.h"
+#include "kit_src/tf/kernels/register_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace sok {
@@ -312,10 +313,8 @@ template <typename Device>
 class UnpackStagedFeaturesOp : public tf::OpKernel {
  public:
   explicit UnpackStagedFeaturesOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_features", &num_features_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("id_limits", &id_limits_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
+    OP_REQUIRES_OK(ctx, ReadAttrs(ctx, "num_features", &num_features_, "T", &dtype_,
+                                  "id_limits", &id_limits_, "table_names", &table_names_));
     OP_REQUIRES(ctx,
                 (id_limits_.empty() ||
                  static_cast<int64_t>(id_limits_.size()) == num_features_) &&
@@ -358,31 +357,10 @@ class UnpackStagedFeaturesOp : public tf::OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("Sok>StageFeatures").Device(tf::DEVICE_CPU), StageFeaturesOp);
-REGISTER_KERNEL_BUILDER(Name("Sok>UnpackStagedFeatures").Device(tf::DEVICE_CPU),
-                        UnpackStagedFeaturesOp<CpuDevice>);
-#if GOOGLE_CUDA
-REGISTER_KERNEL_BUILDER(Name("Sok>UnpackStagedFeatures")
-                            .Device(tf::DEVICE_GPU)
-                            .HostMemory("staged")
-                            .HostMemory("plan"),
-                        UnpackStagedFeaturesOp<GpuDevice>);
-#endif
-
-REGISTER_KERNEL_BUILDER(Name("Sok>UnpackFeaturesFromHost").Device(tf::DEVICE_CPU),
-                        UnpackFeaturesFromHostOp<CpuDevice>);
-#if GOOGLE_CUDA
-REGISTER_KERNEL_BUILDER(Name("Sok>UnpackFeaturesFromHost")
-                            .Device(tf::DEVICE_GPU)
-                            .HostMemory("values")
-                            .HostMemory("row_splits"),
-                        UnpackFeaturesFromHostOp<GpuDevice>);
-#endif
-
-REGISTER_KERNEL_BUILDER(Name("Sok>UnpackFeatures").Device(tf::DEVICE_CPU),
-                        UnpackFeaturesOp<CpuDevice>);
-#if GOOGLE_CUDA
-REGISTER_KERNEL_BUILDER(Name("Sok>UnpackFeatures").Device(tf::DEVICE_GPU),
-                        UnpackFeaturesOp<GpuDevice>);
-#endif
+SOK_REGISTER_KERNELS("Sok>UnpackStagedFeatures", UnpackStagedFeaturesOp,
+                     .HostMemory("staged").HostMemory("plan"));
+SOK_REGISTER_KERNELS("Sok>UnpackFeaturesFromHost", UnpackFeaturesFromHostOp,
+                     .HostMemory("values").HostMemory("row_splits"));
+SOK_REGISTER_KERNELS("Sok>UnpackFeatures", UnpackFeaturesOp);
 
 }  // namespace sok

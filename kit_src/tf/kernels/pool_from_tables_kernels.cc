@@ -11,6 +11,7 @@
 #include "kit_src/tf/kernels/gathered_ids_check.h"
 #include "kit_src/tf/kernels/pool_from_tables_functor.h"
 #include "kit_src/tf/kernels/pooled_output.h"
+#include "kit_src/tf/kernels/register_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -264,21 +265,8 @@ class PooledGradSharesOp : public tf::OpKernel {
   PooledLayout layout_;
 };
 
-REGISTER_KERNEL_BUILDER(Name("Sok>PooledGradShares").Device(tf::DEVICE_CPU),
-                        PooledGradSharesOp<CpuDevice>);
-#if GOOGLE_CUDA
-REGISTER_KERNEL_BUILDER(Name("Sok>PooledGradShares").Device(tf::DEVICE_GPU),
-                        PooledGradSharesOp<GpuDevice>);
-#endif
-REGISTER_KERNEL_BUILDER(Name("Sok>PoolFromTables").Device(tf::DEVICE_CPU),
-                        PoolFromTablesOp<CpuDevice>);
-REGISTER_KERNEL_BUILDER(Name("Sok>SpreadPooledGrad").Device(tf::DEVICE_CPU),
-                        SpreadPooledGradOp<CpuDevice>);
-#if GOOGLE_CUDA
-REGISTER_KERNEL_BUILDER(Name("Sok>PoolFromTables").Device(tf::DEVICE_GPU),
-                        PoolFromTablesOp<GpuDevice>);
-REGISTER_KERNEL_BUILDER(Name("Sok>SpreadPooledGrad").Device(tf::DEVICE_GPU),
-                        SpreadPooledGradOp<GpuDevice>);
-#endif
+SOK_REGISTER_KERNELS("Sok>PooledGradShares", PooledGradSharesOp);
+SOK_REGISTER_KERNELS("Sok>PoolFromTables", PoolFromTablesOp);
+SOK_REGISTER_KERNELS("Sok>SpreadPooledGrad", SpreadPooledGradOp);
 
 }  // namespace sok

@@ -11,6 +11,7 @@
 #include "kit_src/core/embedding/key_partition.h"
 #include "kit_src/core/optimizers/rule_by_name.h"
 #include "kit_src/core/optimizers/sum_duplicates.h"
+#include "kit_src/tf/kernels/register_kernels.h"
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/static_apply_functor.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -162,12 +163,9 @@ class StaticApplyOp : public tf::AsyncOpKernel {
   explicit StaticApplyOp(tf::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
     int slot_inputs = 0;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &slot_inputs));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &rule_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("nesterov", &nesterov_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("validate", &validate_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("M", &gathered_));
+    OP_REQUIRES_OK(ctx, ReadAttrs(ctx, "N", &slot_inputs, "rule", &rule_, "nesterov", &nesterov_,
+                                  "table_names", &table_names_, "validate", &validate_,
+                                  "M", &gathered_));
     OP_REQUIRES(ctx, gathered_ == 0 || gathered_ == num_tables_,
                 tf::errors::InvalidArgument("grad_rows: none or one a table (", num_tables_,
                                             "), got ", gathered_));
@@ -311,12 +309,7 @@ class StaticApplyOp : public tf::AsyncOpKernel {
   int gathered_ = 0;  // M: grads read through grad_rows / grad_scales (one a table)
 };
 
-REGISTER_KERNEL_BUILDER(Name("Sok>StaticApply").Device(tf::DEVICE_CPU),
-                        StaticApplyOp<CpuDevice>);
-#if GOOGLE_CUDA
-REGISTER_KERNEL_BUILDER(Name("Sok>StaticApply").Device(tf::DEVICE_GPU),
-                        StaticApplyOp<GpuDevice>);
-#endif
+SOK_REGISTER_KERNELS("Sok>StaticApply", StaticApplyOp);
 
 // Sok>OptimizerRules: kRuleTable as JSON, for Python to pack `hyper` and name the slots by.
 class OptimizerRulesOp : public tf::OpKernel {

@@ -5,15 +5,11 @@
 // zero-size local batch is a constant zero), constant folding runs the collective while
 // optimising the graph, on that worker only, and every worker hangs. Passing the input
 // through this op keeps the collective in the running graph.
-#include "tensorflow/core/framework/common_shape_fns.h"
-#include "tensorflow/core/framework/op.h"
+#include "kit_src/tf/ops/op_defs.h"
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/shape_inference.h"
 
 namespace sok {
-
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
+namespace op_defs {
 
 REGISTER_OP("Sok>Unfoldable")
     .SetIsStateful()
@@ -90,4 +86,5 @@ REGISTER_OP("Sok>AllToAll")
       return ::tensorflow::Status();
     });
 
+}  // namespace op_defs
 }  // namespace sok

@@ -1,14 +1,9 @@
 // Registration of the dynamic (hash) table ops: lifetime, reads and writes, the lookup-chain
 // ops for dynamic tables, and the fused sparse optimizer update.
-#include "tensorflow/core/framework/common_shape_fns.h"
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/shape_inference.h"
+#include "kit_src/tf/ops/op_defs.h"
 
 namespace sok {
-
-using ::tensorflow::Status;
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
+namespace op_defs {
 
 REGISTER_OP("Sok>DynamicTableHandle")
     .Output("handle: resource")
@@ -79,22 +74,20 @@ REGISTER_OP("Sok>DynamicTableLookupEvict")
     .Doc("Find-or-insert rows of the keys (SOK's sparse_read_and_evict): also the keys the "
          "insertion evicted to make room, with their rows. Output size depends on the data.");
 
-REGISTER_OP("Sok>DynamicTableAssign")
-    .Input("handle: resource")
-    .Input("keys: int64")
-    .Input("values: float")
-    .Input("state: float")
-    .SetIsStateful()
-    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+// The ops that write rows with their optimizer state ([n, state_dim], or empty) into a table.
+#define SOK_TABLE_WRITE_OP(name)                                    \
+  REGISTER_OP(name)                                                 \
+      .Input("handle: resource")                                    \
+      .Input("keys: int64")                                         \
+      .Input("values: float")                                       \
+      .Input("state: float")                                        \
+      .SetIsStateful()                                              \
+      .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+
+SOK_TABLE_WRITE_OP("Sok>DynamicTableAssign")
     .Doc("Inserts or overwrites rows (and optimizer state unless `state` is empty).");
 
-REGISTER_OP("Sok>DynamicTableImport")
-    .Input("handle: resource")
-    .Input("keys: int64")
-    .Input("values: float")
-    .Input("state: float")
-    .SetIsStateful()
-    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+SOK_TABLE_WRITE_OP("Sok>DynamicTableImport")
     .Doc("Replaces the table's content (a checkpoint restore); state may have 0 columns.");
 
 REGISTER_OP("Sok>DynamicTableErase")
@@ -196,4 +189,5 @@ beta / (2 lr), flags as 0/1), in the device's memory (a GPU kernel reads it ther
 on the GPU, while the CPU reports them.
 )doc");
 
+}  // namespace op_defs
 }  // namespace sok

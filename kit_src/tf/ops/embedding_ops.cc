@@ -6,16 +6,10 @@
 // would wait forever in the all-to-all. CombineForward ends the forward chain, so it is an
 // ordinary op: like TensorFlow's own lookups, it is pruned when nothing uses its outputs.
 #include "kit_src/core/embedding/keyed_features.h"
-#include "tensorflow/core/framework/common_shape_fns.h"
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/shape_inference.h"
+#include "kit_src/tf/ops/op_defs.h"
 
 namespace sok {
-
-using ::tensorflow::Status;
-using ::tensorflow::shape_inference::DimensionHandle;
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
+namespace op_defs {
 
 // position is uint32, not int32: TensorFlow keeps int32 tensors of GPU kernels in host memory.
 REGISTER_OP("Sok>PartitionKeys")
@@ -133,12 +127,19 @@ tf.nn.safe_embedding_lookup_sparse). One pass a tensor, for all the lookups of a
 )doc");
 
 // Outputs of a feature-major packed batch: values of unknown length, row splits [B + 1].
+// The packed-batch ops' two vector inputs (values and row splits, or staged bytes and plan) and
+// their num_features.
+static Status PackedBatchInputs(InferenceContext* c, int64_t* features, ShapeHandle* second) {
+  TF_RETURN_IF_ERROR(c->GetAttr("num_features", features));
+  ShapeHandle first;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &first));
+  return c->WithRank(c->input(1), 1, second);
+}
+
 static Status UnpackFeaturesShape(InferenceContext* c) {
   int64_t features = 0;
-  TF_RETURN_IF_ERROR(c->GetAttr("num_features", &features));
-  ShapeHandle values, row_splits;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &values));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &row_splits));
+  ShapeHandle row_splits;
+  TF_RETURN_IF_ERROR(PackedBatchInputs(c, &features, &row_splits));
   DimensionHandle splits = c->UnknownDim();
   const int64_t total = c->Value(c->Dim(row_splits, 0));
   if (c->ValueKnown(c->Dim(row_splits, 0)) && total >= 1 && (total - 1) % features == 0) {
@@ -151,30 +152,26 @@ static Status UnpackFeaturesShape(InferenceContext* c) {
   return Status();
 }
 
-REGISTER_OP("Sok>UnpackFeatures")
-    .Input("values: T")
-    .Input("row_splits: Tsplits")
-    .Output("feature_values: num_features * T")
-    .Output("feature_row_splits: num_features * int64")
-    .Attr("num_features: int >= 1")
-    .Attr("T: {int32, int64, float, half, bfloat16, double}")
-    .Attr("Tsplits: {int32, int64}")
-    .SetShapeFn(UnpackFeaturesShape)
+// The ops that split a packed batch into one ragged tensor a feature.
+#define SOK_UNPACK_FEATURES_OP(name)                                \
+  REGISTER_OP(name)                                                 \
+      .Input("values: T")                                           \
+      .Input("row_splits: Tsplits")                                 \
+      .Output("feature_values: num_features * T")                   \
+      .Output("feature_row_splits: num_features * int64")           \
+      .Attr("num_features: int >= 1")                               \
+      .Attr("T: {int32, int64, float, half, bfloat16, double}")     \
+      .Attr("Tsplits: {int32, int64}")                              \
+      .SetShapeFn(UnpackFeaturesShape)
+
+SOK_UNPACK_FEATURES_OP("Sok>UnpackFeatures")
     .Doc(R"doc(
 A batch of num_features features in one ragged tensor, feature-major (feature 0's B samples,
 then feature 1's: rows F * B), as one ragged tensor a feature: its values (a slice of the input
 where aligned) and its row splits counted from its first value.
 )doc");
 
-REGISTER_OP("Sok>UnpackFeaturesFromHost")
-    .Input("values: T")
-    .Input("row_splits: Tsplits")
-    .Output("feature_values: num_features * T")
-    .Output("feature_row_splits: num_features * int64")
-    .Attr("num_features: int >= 1")
-    .Attr("T: {int32, int64, float, half, bfloat16, double}")
-    .Attr("Tsplits: {int32, int64}")
-    .SetShapeFn(UnpackFeaturesShape)
+SOK_UNPACK_FEATURES_OP("Sok>UnpackFeaturesFromHost")
     .Doc(R"doc(
 Sok>UnpackFeatures of a packed batch in host memory (as tf.data hands it over): its feature
 offsets are read there and the features cross to the device through pinned memory, staged
@@ -183,10 +180,8 @@ compactly (int64 ids that fit as int32, row lengths under 256 as one byte) and w
 
 static Status StageFeaturesShape(InferenceContext* c) {
   int64_t features = 0;
-  TF_RETURN_IF_ERROR(c->GetAttr("num_features", &features));
   ShapeHandle unused;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
+  TF_RETURN_IF_ERROR(PackedBatchInputs(c, &features, &unused));
   c->set_output(0, c->Vector(c->UnknownDim()));
   c->set_output(1, c->Vector(kStagedPlanHeader + kStagedPlanPerFeature * features));
   return Status();
@@ -210,10 +205,8 @@ GPU is present, and the plan that Sok>UnpackStagedFeatures reads them back by.
 
 static Status UnpackStagedFeaturesShape(InferenceContext* c) {
   int64_t features = 0;
-  TF_RETURN_IF_ERROR(c->GetAttr("num_features", &features));
   ShapeHandle unused;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
+  TF_RETURN_IF_ERROR(PackedBatchInputs(c, &features, &unused));
   for (int64_t f = 0; f < 2 * features; ++f) c->set_output(f, c->Vector(c->UnknownDim()));
   return Status();
 }
@@ -400,6 +393,12 @@ process (normally the next step); until then Sok>GuardIds on the GPU turns every
 into -1, so no update lands. The CPU kernels fail at once either way.
 )doc");
 
+// Output i has input i's shape.
+static Status OutputsShapedAsInputs(InferenceContext* c) {
+  for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
+  return Status();
+}
+
 REGISTER_OP("Sok>CheckIdsOnHost")
     .Input("ids: N * Tindex")
     .Output("checked: N * Tindex")
@@ -407,10 +406,7 @@ REGISTER_OP("Sok>CheckIdsOnHost")
     .Attr("Tindex: {int32, int64}")
     .Attr("rows: list(int)")
     .Attr("table_names: list(string)")
-    .SetShapeFn([](InferenceContext* c) -> Status {
-      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
-      return Status();
-    })
+    .SetShapeFn(OutputsShapedAsInputs)
     .Doc(R"doc(
 The ids of N lookups, in host memory on their way to a GPU, checked there: fails with the
 out-of-range error (naming table_names[i], the id and [0, rows[i])) for the first id outside
@@ -423,10 +419,7 @@ REGISTER_OP("Sok>GuardIds")
     .Input("check: int64")
     .Output("guarded: N * int64")
     .Attr("N: int >= 1")
-    .SetShapeFn([](InferenceContext* c) -> Status {
-      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
-      return Status();
-    })
+    .SetShapeFn(OutputsShapedAsInputs)
     .Doc(R"doc(
 The ids of a one-id lookup's gradient, each guarded: a copy of ids, or -1 everywhere when check
 (Sok>GatherSingleIds' record) holds an error, so that no sparse update writes a row for that
@@ -585,4 +578,5 @@ name of each [dim] section of its state, in storage order) and "last_slot_if" (t
 hyper-parameter that keeps the last slot when it is non-zero, or null).
 )doc");
 
+}  // namespace op_defs
 }  // namespace sok

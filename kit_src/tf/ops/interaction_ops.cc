@@ -1,14 +1,8 @@
 // Registration of the fused DLRM dot interaction (kit_src/core/interaction).
-#include "tensorflow/core/framework/common_shape_fns.h"
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/shape_inference.h"
+#include "kit_src/tf/ops/op_defs.h"
 
 namespace sok {
-
-using ::tensorflow::Status;
-using ::tensorflow::shape_inference::DimensionHandle;
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
+namespace op_defs {
 
 REGISTER_OP("Sok>DotInteraction")
     .Input("features: T")
@@ -45,4 +39,5 @@ REGISTER_OP("Sok>DotInteractionGrad")
       return Status();
     });
 
+}  // namespace op_defs
 }  // namespace sok
