@@ -2,6 +2,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -30,6 +31,18 @@ def single_worker():
 def run_mode(mode, fn):
     """Calls fn eagerly or as a tf.function."""
     return fn() if mode == "eager" else tf.function(fn)()
+
+
+def assert_lookups_match(outs, ref_outs, grads, ref_grads, grad_atol=1e-5):
+    """Each output equals its reference's; each gradient is IndexedSlices (a table's gradient
+    stays sparse) and, densified, equals its reference's."""
+    for out, ref in zip(outs, ref_outs):
+        np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+    for grad, ref_grad in zip(grads, ref_grads):
+        assert isinstance(grad, tf.IndexedSlices)
+        np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
+                                   tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5,
+                                   atol=grad_atol)
 
 
 def poison(device):

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 import sparse_operation_kit as sok
-from conftest import run_mode
+from conftest import assert_lookups_match, run_mode
 
 COMBINERS = ["sum", "mean", "sqrtn"]
 
@@ -62,10 +62,7 @@ def test_matches_safe_embedding_lookup_sparse(combiner, weighted, form, id_dtype
         return out, ref, tape.gradient(loss, table), tape.gradient(ref_loss, ref_table)
 
     out, ref, grad, ref_grad = run_mode(mode, step)
-    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
-    assert isinstance(grad, tf.IndexedSlices)
-    np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
-                               tf.convert_to_tensor(ref_grad).numpy(), rtol=1e-5, atol=1e-6)
+    assert_lookups_match([out], [ref], [grad], [ref_grad], grad_atol=1e-6)
 
 
 @pytest.mark.parametrize("batch_known", [True, False])
@@ -464,13 +461,7 @@ def test_one_id_per_sample_chosen_at_run_time(id_dtype):
             tf.constant(rng.integers(0, 40, size=n.sum()), id_dtype), n) for n in lengths]
         cotangents = [tf.constant(rng.normal(size=[12, 8]).astype(np.float32)) for _ in range(3)]
         outs, refs, grads, ref_grads = step(ids, cotangents)
-        for out, ref in zip(outs, refs):
-            np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
-        for grad, ref_grad in zip(grads, ref_grads):
-            assert isinstance(grad, tf.IndexedSlices)
-            np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
-                                       tf.convert_to_tensor(ref_grad).numpy(),
-                                       rtol=1e-5, atol=1e-5)
+        assert_lookups_match(outs, refs, grads, ref_grads)
         a_ids = np.concatenate([ids[0].values.numpy(), ids[2].values.numpy()])
         if one_id:
             np.testing.assert_array_equal(grads[0].indices.numpy(), a_ids)

@@ -122,6 +122,20 @@ def reference_rows(make_optimizer, initial, grads):
     return variable.numpy(), optimizer, variable
 
 
+def table_holding(name, keys):
+    """A new dynamic table that has inserted `keys`: the table, the keys (int64), their rows."""
+    table = sok.DynamicVariable(DIM, name=name)
+    keys = tf.constant(keys, tf.int64)
+    return table, keys, table.sparse_read(keys).numpy()
+
+
+def assert_rows_close(table, keys, expected):
+    """The rows of `keys` in a table or slot table equal the reference's, within float32
+    rounding."""
+    np.testing.assert_allclose(table.sparse_read(keys, insert=False).numpy(), expected,
+                               rtol=2e-5, atol=1e-6)
+
+
 GENERIC = {
     "tf1_adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),
     "tf1_momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9, use_nesterov=True),
@@ -134,9 +148,7 @@ GENERIC = {
 @pytest.mark.parametrize("mode", ["eager", "function"])
 @pytest.mark.parametrize("name", sorted(GENERIC))
 def test_optimizers_without_a_fused_rule_take_the_generic_path(name, mode):
-    table = sok.DynamicVariable(DIM, name=f"generic_{name}_{mode}")
-    keys = tf.constant([5, -8, 1 << 33], tf.int64)
-    initial = table.sparse_read(keys).numpy()
+    table, keys, initial = table_holding(f"generic_{name}_{mode}", [5, -8, 1 << 33])
     wrapper = sok.OptimizerWrapper(GENERIC[name](), generic_rows=8)
     rng = np.random.default_rng(3)
     grads = [rng.normal(size=[3, DIM]).astype(np.float32) for _ in range(4)]
@@ -151,15 +163,12 @@ def test_optimizers_without_a_fused_rule_take_the_generic_path(name, mode):
     for grad in grads:
         run(tf.constant(grad))
     expected, ref_optimizer, ref_variable = reference_rows(GENERIC[name], initial, grads)
-    np.testing.assert_allclose(table.sparse_read(keys, insert=False).numpy(), expected,
-                               rtol=2e-5, atol=1e-6)
+    assert_rows_close(table, keys, expected)
     inner = getattr(ref_optimizer, "inner_optimizer", ref_optimizer)
     for slot_name in inner.get_slot_names():
         slot = wrapper.get_slot(table, slot_name)
         assert isinstance(slot, sok.DynamicVariable)
-        np.testing.assert_allclose(slot.sparse_read(keys, insert=False).numpy(),
-                                   inner.get_slot(ref_variable, slot_name).numpy(),
-                                   rtol=2e-5, atol=1e-6)
+        assert_rows_close(slot, keys, inner.get_slot(ref_variable, slot_name).numpy())
 
 
 def test_generic_path_refuses_more_touched_rows_than_it_stages():
@@ -210,9 +219,7 @@ def test_new_keras_optimizers_without_a_fused_rule_take_the_generic_path(name, m
     # A new Keras optimizer builds every variable's slots at once: the wrapper builds it at
     # the first step with the tables' staging buffers and that step's tf.Variables, so one
     # optimizer updates both. Reference: the same optimizer on tf.Variables holding the rows.
-    table = sok.DynamicVariable(DIM, name=f"new_generic_{name}_{mode}")
-    keys = tf.constant([7, -3, 1 << 40], tf.int64)
-    initial = table.sparse_read(keys).numpy()
+    table, keys, initial = table_holding(f"new_generic_{name}_{mode}", [7, -3, 1 << 40])
     dense = tf.Variable(np.linspace(-1, 1, 6).astype(np.float32))
     ref_rows, ref_dense = tf.Variable(initial), tf.Variable(dense.numpy())
     wrapper = sok.OptimizerWrapper(NEW_KERAS_GENERIC[name](), generic_rows=8)
@@ -229,16 +236,13 @@ def test_new_keras_optimizers_without_a_fused_rule_take_the_generic_path(name, m
         run(tf.constant(row_grad), tf.constant(dense_grad))
         reference.apply_gradients([(tf.constant(row_grad), ref_rows),
                                    (tf.constant(dense_grad), ref_dense)])
-    np.testing.assert_allclose(table.sparse_read(keys, insert=False).numpy(), ref_rows.numpy(),
-                               rtol=2e-5, atol=1e-6)
+    assert_rows_close(table, keys, ref_rows.numpy())
     np.testing.assert_allclose(dense.numpy(), ref_dense.numpy(), rtol=2e-5, atol=1e-6)
     ref_slots = {v.name.split(":")[0].split("/")[-2]: v for v in reference.variables
                  if v.shape == ref_rows.shape}
     assert set(wrapper.generic_slot_tables(table)) == set(ref_slots) and ref_slots
     for slot_name, ref_slot in ref_slots.items():
-        np.testing.assert_allclose(
-            wrapper.get_slot(table, slot_name).sparse_read(keys, insert=False).numpy(),
-            ref_slot.numpy(), rtol=2e-5, atol=1e-6)
+        assert_rows_close(wrapper.get_slot(table, slot_name), keys, ref_slot.numpy())
 
 
 def test_new_keras_generic_path_refusals_name_the_way_out():

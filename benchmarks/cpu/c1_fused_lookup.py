@@ -18,7 +18,6 @@ Three forms of the same ids, each timed against TensorFlow fed the same way:
   which states one id per sample in the type: what [batch, 1] id tensors become.
 The targets are judged on ragged_args.
 """
-import argparse
 import math
 import os
 import sys
@@ -122,17 +121,13 @@ def geomean(values):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--batch", type=int, default=8192)
-    parser.add_argument("--iterations", type=int, default=15)
-    args = parser.parse_args()
+    args = common.int_options(__doc__, batch=8192, iterations=15)
     sok.init(comm_tool="single")
     rows, results = [], {}
     for name, dim, min_hot, max_hot in VARIANTS:
         forms = run_variant(dim, min_hot, max_hot, args.batch, common.NOTEBOOK_VOCAB,
                             args.iterations)
-        results[name] = {form: {"sok_ms": round(sok_ms, 3), "tf_ms": round(tf_ms, 3),
-                                "speedup": round(tf_ms / sok_ms, 3)}
+        results[name] = {form: common.comparison(sok_ms, "tf", tf_ms)
                          for form, (sok_ms, tf_ms) in forms.items()}
         for form, (sok_ms, tf_ms) in forms.items():
             rows.append([name, form, f"{sok_ms:.2f}", f"{tf_ms:.2f}", f"{tf_ms / sok_ms:.2f}x"])
@@ -140,7 +135,7 @@ def main():
                   f"{tf_ms / sok_ms:.2f}x", flush=True)
     ragged = [results[name]["ragged_args"]["speedup"] for name in results]
     best = [max(form["speedup"] for form in results[name].values()) for name in results]
-    path = common.write_result("c1_fused_lookup", {
+    path = common.report("c1_fused_lookup", {
         "benchmark": "C1 fused lookup_sparse forward+backward vs safe_embedding_lookup_sparse per table",
         "config": {"batch": args.batch, "tables": len(common.NOTEBOOK_VOCAB), "combiner": "sum",
                    "iterations": args.iterations, "ids": "uniform in [0, vocab)",
@@ -150,8 +145,8 @@ def main():
         "geomean_speedup_ragged_args": round(geomean(ragged), 3),
         "min_speedup_ragged_args": round(min(ragged), 3),
         "geomean_speedup_best_form": round(geomean(best), 3),
-        "target": "on ragged_args: geomean >= 3x, none under 2x"})
-    print(common.markdown_table(["variant", "form", "sok ms", "tf ms", "speedup"], rows))
+        "target": "on ragged_args: geomean >= 3x, none under 2x"},
+        ["variant", "form", "sok ms", "tf ms", "speedup"], rows)
     print(f"ragged_args: geometric mean {geomean(ragged):.2f}x, lowest {min(ragged):.2f}x; "
           f"written to {path}")
 

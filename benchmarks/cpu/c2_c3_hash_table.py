@@ -11,7 +11,6 @@ C3: 65,536 new keys a call into the same table: find-or-insert of a zeros-initia
     random-normal initializer (N(0, 0.05)), sok's find-or-insert against TFRA's find-or-insert
     (lookup with a RandomNormal initializer, then upsert of what it read), filled alike.
 """
-import argparse
 import os
 import sys
 
@@ -27,10 +26,7 @@ DIM, BATCH, KEY_RANGE = 16, 65536, 1 << 22
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--fill", type=int, default=3_300_000)
-    parser.add_argument("--iterations", type=int, default=20)
-    args = parser.parse_args()
+    args = common.int_options(__doc__, fill=3_300_000, iterations=20)
     import tensorflow_recommenders_addons.dynamic_embedding as de  # benchmark-only competitor
 
     sok.init(comm_tool="single")
@@ -100,28 +96,21 @@ def main():
         [lambda: sok_normal_insert(new_keys()).numpy(),
          lambda: tfra_find_or_insert(new_keys()).numpy()], iterations=args.iterations)
     results = {
-        "C2_lookup": {"sok_ms": round(c2_sok, 3), "tfra_ms": round(c2_tfra, 3),
-                      "speedup": round(c2_tfra / c2_sok, 3), "target": ">= 4x",
-                      "what": "rows left as a tensor (as C3)"},
-        "C2_lookup_to_numpy": {"sok_ms": round(c2_sok_np, 3), "tfra_ms": round(c2_tfra_np, 3),
-                               "speedup": round(c2_tfra_np / c2_sok_np, 3),
-                               "what": "the same calls, rows copied into NumPy"},
-        "C3_insert": {"sok_ms": round(c3_sok, 3), "tfra_ms": round(c3_tfra, 3),
-                      "speedup": round(c3_tfra / c3_sok, 3), "target": ">= 4x",
-                      "what": "zeros initializer; TFRA upsert of zero rows"},
-        "C3_insert_normal_init": {
-            "sok_ms": round(c3n_sok, 3), "tfra_ms": round(c3n_tfra, 3),
-            "speedup": round(c3n_tfra / c3n_sok, 3),
-            "what": "N(0, 0.05) initializer; TFRA lookup (RandomNormal) then upsert"},
+        "C2_lookup": common.comparison(c2_sok, "tfra", c2_tfra, target=">= 4x",
+                                       what="rows left as a tensor (as C3)"),
+        "C2_lookup_to_numpy": common.comparison(c2_sok_np, "tfra", c2_tfra_np,
+                                                what="the same calls, rows copied into NumPy"),
+        "C3_insert": common.comparison(c3_sok, "tfra", c3_tfra, target=">= 4x",
+                                       what="zeros initializer; TFRA upsert of zero rows"),
+        "C3_insert_normal_init": common.comparison(
+            c3n_sok, "tfra", c3n_tfra,
+            what="N(0, 0.05) initializer; TFRA lookup (RandomNormal) then upsert"),
     }
-    path = common.write_result("c2_c3_hash_table", {
+    common.report_comparisons("c2_c3_hash_table", {
         "benchmark": "C2 lookup of present keys / C3 insert of new keys vs TFRA 0.7.2 cuckoo table",
         "config": {"keys_per_call": BATCH, "dim": DIM, "filled_keys": args.fill,
                    "key_range": KEY_RANGE, "iterations": args.iterations},
-        "results": results})
-    rows = [[name, r["sok_ms"], r["tfra_ms"], f"{r['speedup']:.2f}x"] for name, r in results.items()]
-    print(common.markdown_table(["benchmark", "sok ms", "TFRA ms", "speedup"], rows))
-    print(f"written to {path}")
+        "results": results}, "tfra")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ Recommenders-Addons 0.7.2 (dynamic_embedding lookup + DynamicEmbeddingOptimizer(
 documented TF2 path), same process, same batches. Batches are cycled, so after warm-up both
 sides look up keys already in their tables.
 """
-import argparse
 import os
 import sys
 
@@ -33,11 +32,7 @@ def make_batches(rng, count, batch, vocab_sizes):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--batch", type=int, default=8192)
-    parser.add_argument("--iterations", type=int, default=10)
-    parser.add_argument("--distinct_batches", type=int, default=4)
-    args = parser.parse_args()
+    args = common.int_options(__doc__, batch=8192, iterations=10, distinct_batches=4)
     import tensorflow_recommenders_addons.dynamic_embedding as de  # benchmark-only competitor
 
     sok.init(comm_tool="single")
@@ -90,17 +85,12 @@ def main():
     sok_ms, tfra_ms = common.interleaved_median_ms([run_sok, run_tfra], warmup=warmup,
                                                    iterations=args.iterations)
     print(f"sok {sok_ms:.1f} ms, tfra {tfra_ms:.1f} ms", flush=True)
-    result = {"sok_ms": round(sok_ms, 2), "tfra_ms": round(tfra_ms, 2),
-              "speedup": round(tfra_ms / sok_ms, 3), "target": ">= 3x"}
-    path = common.write_result("c4_dynamic_training", {
+    common.report_comparisons("c4_dynamic_training", {
         "benchmark": "C4 training step, 26 dynamic tables, lookup + backward + lazy Adam vs TFRA",
         "config": {"batch": args.batch, "dim": DIM, "hotness": "1..10", "tables": len(vocab),
                    "iterations": args.iterations, "distinct_batches": args.distinct_batches},
-        "results": {"C4_train_step": result}})
-    print(common.markdown_table(["benchmark", "sok ms", "TFRA ms", "speedup"],
-                                [["C4_train_step", result["sok_ms"], result["tfra_ms"],
-                                  f"{result['speedup']:.2f}x"]]))
-    print(f"written to {path}")
+        "results": {"C4_train_step": common.comparison(sok_ms, "tfra", tfra_ms, digits=2,
+                                                       target=">= 3x")}}, "tfra")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ The same model with no tables (`--embedding none`: features read as zeros) gives
 no embedding, however fast, makes a step cheaper than its dense part, so `bound_vs_keras` is
 the most any embedding layer can gain over Keras' with that optimizer.
 """
-import argparse
 import os
 import re
 import statistics
@@ -41,12 +40,7 @@ def run(workers, embedding, optimizer, args):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--batch", type=int, default=4096)
-    parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    args = common.int_options(__doc__, batch=4096, dim=128, steps=40, rounds=3)
     results, rows = {}, []
     for optimizer in LEARNING_RATES:
         # Rounds in alternating orders, medians: the VM's speed drifts between processes.
@@ -73,14 +67,13 @@ def main():
     results["sgd"]["sok_2_workers"] = round(sok_two, 1)
     results["sgd"]["scaling_2_workers"] = round(sok_two / results["sgd"]["sok_1_worker"], 3)
     results["target"] = ">= 2x vs keras"
-    path = common.write_result("c6_dlrm", {
+    path = common.report("c6_dlrm", {
         "benchmark": "C6 DLRM training samples/s, sok tables vs tf.keras.layers.Embedding",
         "config": {"batch": args.batch, "dim": args.dim, "steps": args.steps,
                    "rounds": args.rounds,
                    "data": "synthetic", "optimizers": LEARNING_RATES, "custom_interact": True,
                    "note": "2 workers share the machine's 2 cores"},
-        "results": results})
-    print(common.markdown_table(["optimizer", "configuration", "samples/s"], rows))
+        "results": results}, ["optimizer", "configuration", "samples/s"], rows)
     print(f"speedup vs keras: sgd {results['sgd']['speedup_vs_keras']}x (bound "
           f"{results['sgd']['bound_vs_keras']}x), adam {results['adam']['speedup_vs_keras']}x "
           f"(bound {results['adam']['bound_vs_keras']}x); 2-worker scaling "

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu"))
 import sparse_operation_kit.lookup_gradients as sok_lookup_gradients  # noqa: E402
 import sparse_operation_kit.optimizer as sok_optimizer  # noqa: E402
-from tf_gpu import looped, timed  # noqa: E402
+from tf_gpu import looped, timed_call  # noqa: E402
 from tf_gpu_kernel_profile import workload  # noqa: E402
 
 # change: (module, attribute, the value without the change), with the workloads it touches
@@ -47,7 +47,7 @@ def main(change):
         for _ in range(5):
             for name, fn in fns.items():
                 loop = name.endswith("_loop")
-                samples[name].append(timed(fn, 2 if loop else 20) / (10 if loop else 1))
+                samples[name].append(timed_call(fn, 2 if loop else 20) / (10 if loop else 1))
     print(f"# {change}: with / without the change, medians of 5 interleaved rounds")
     for name, values in samples.items():
         print(f"{name:18s} {np.median(values):.3f} ms a step")

@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu"))
-from tf_gpu import BATCH, DIM, looped, timed  # noqa: E402
+from tf_gpu import BATCH, DIM, looped, timed_call  # noqa: E402
 
 
 def t3_step(hypers_on_host):
@@ -46,7 +46,7 @@ def main():
         samples = {name: [] for name in fns}
         for _ in range(5):
             for name, fn in fns.items():
-                samples[name].append(timed(fn, 20) / (10 if name.endswith("_loop") else 1))
+                samples[name].append(timed_call(fn, 20) / (10 if name.endswith("_loop") else 1))
     for name, values in samples.items():
         print(f"{name:18s} {np.median(values):.3f} ms a step")
 

@@ -6,7 +6,6 @@ Each a tf.function timed over back-to-back calls ("call") and as 10 steps inside
 ("loop"), as tf_gpu_dynamic.py does."""
 import os
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf
@@ -15,14 +14,14 @@ import sparse_operation_kit as sok
 from sparse_operation_kit import raw_ops
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu"))
-from tf_gpu import BATCH, CRITEO_TB, DIM, looped, timed, zipf_ids  # noqa: E402
+from tf_gpu import BATCH, CRITEO_TB, DIM, looped, timed_call, zipf_ids  # noqa: E402
 
 LOOP = 10
 
 
 def report(name, step):
-    call = timed(tf.function(step), 10)
-    loop = timed(looped(step, LOOP), 3) / LOOP
+    call = timed_call(tf.function(step), 10)
+    loop = timed_call(looped(step, LOOP), 3) / LOOP
     print(f"{name}: call {call:.3f} ms, loop {loop:.3f} ms/step", flush=True)
 
 

@@ -249,7 +249,6 @@ def print_timeline(name, space, wall_ms, min_gap_us=8.0):
             gaps.append((end, start))
         busy += max(0.0, stop - max(start, end))
         end = max(end, stop)
-    span = end - gpu[0][0]
     print(f"# {name}: wall {wall_ms:.3f} ms a call; profiled {PROFILE_STEPS} steps: GPU busy "
           f"{busy / 1e3 / PROFILE_STEPS:.3f} ms a step, {len(gpu) / PROFILE_STEPS:.0f} GPU "
           f"activities, {len(host) / PROFILE_STEPS:.0f} host ops, "

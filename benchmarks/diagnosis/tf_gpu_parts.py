@@ -1,13 +1,17 @@
 """Where T1's one-id step spends its time on the GPU: the raw Sok>GatherSingleIds op over 26
 tables with prepared inputs, against 26 tf.gather, then the same with lookup_sparse's ragged
 construction, each a tf.function timed over back-to-back calls."""
-import time
+import os
+import sys
 
 import numpy as np
 import tensorflow as tf
 
 import sparse_operation_kit as sok
 from sparse_operation_kit import raw_ops
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu"))
+from tf_gpu import timed_call  # noqa: E402
 
 sok.init(comm_tool="single")
 B, D, T = 65536, 128, 26
@@ -16,15 +20,6 @@ with tf.device("GPU:0"):
     tables = [tf.Variable(tf.random.uniform([1 << 20, D])) for _ in range(T)]
     ids = [tf.constant(rng.integers(0, 1 << 20, size=B), tf.int64) for _ in range(T)]
     splits = [tf.range(B + 1, dtype=tf.int64) for _ in range(T)]
-
-
-def timed(fn, iters=50):
-    fn().numpy()
-    start = time.perf_counter()
-    for _ in range(iters):
-        out = fn()
-    out.numpy()
-    return (time.perf_counter() - start) / iters * 1e3
 
 
 with tf.device("GPU:0"):
@@ -43,4 +38,4 @@ with tf.device("GPU:0"):
     for name, fn in [("raw gather_single_ids x26", raw), ("tf.gather x26", gather),
                      ("raw gather_single_ids x1", one), ("tf.gather x1", gather1),
                      ("lookup_sparse one-id x26", lookup), ("from_tensor only x26", ragged_only)]:
-        print(f"{name}: {timed(fn):.3f} ms", flush=True)
+        print(f"{name}: {timed_call(fn, 50):.3f} ms", flush=True)

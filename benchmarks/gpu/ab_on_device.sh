@@ -2,7 +2,9 @@
 # Same-job A/B of the op library against a baseline build on one GPU. Builds this tree and the
 # baseline (BASE_TAR: `git archive <commit>` of the baseline, extracted to /tmp/ab_base) with
 # their GPU kernels side by side, then runs BENCH (a benchmark script and its arguments,
-# relative to this tree, which runs it for both) ROUNDS times with each library in turn (base, new, base, new, ...):
+# relative to this tree, which runs it for both) ROUNDS times with each library in turn (base,
+# new, base, new, ...), numbering the rounds from FIRST_ROUND (default 1) so that rounds run in
+# separate calls can be compared together:
 # each run's JSON in $OUT/ab/base_<round>/ and $OUT/ab/new_<round>/, the comparison
 # (benchmarks/ab_compare.py) in $OUT/ab_compare.log.
 # Needs what tf_on_device.sh needs.
@@ -10,6 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-benchmarks/out} PYTHONUNBUFFERED=1
 ROUNDS=${ROUNDS:-2}
+FIRST_ROUND=${FIRST_ROUND:-1}
 ROOT=$PWD
 BASE=/tmp/ab_base
 NOISE="Unable to register\|C-API\|importlib\|DeprecationWarning\|retracing"
@@ -26,7 +29,7 @@ fi
 build "$PWD" "$OUT/ab_new_build.log" || exit 1
 wait
 [ -f "$BASE/.built" ] || exit 1
-for round in $(seq "$ROUNDS"); do
+for round in $(seq "$FIRST_ROUND" $((FIRST_ROUND + ROUNDS - 1))); do
   for side in base new; do
     tree=$PWD
     [ "$side" = base ] && tree=$BASE

@@ -3,7 +3,6 @@ forward and train (forward, then the backward and SGD step) of the plugin's one-
 lookup kernels (Sok>PoolFromTables, Sok>PooledGradShares and the sparse apply) through the C
 ABI vs torch EmbeddingBag (sparse gradients + torch.optim.SGD), CUDA events, same process and
 batches."""
-import json
 import os
 import sys
 
@@ -12,7 +11,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "tests", "gpu"))
 import capi  # noqa: E402
-from gpu_timing import provenance, results_dir, time_ms  # noqa: E402
+from gpu_timing import cycler, time_ms, write_result  # noqa: E402
 
 ROWS, DIM, BAGS, BATCHES, ALPHA = 8 * 1024 * 1024, 128, 65536, 10, 1.05
 COPY_GBPS = 3000.0  # measured device-to-device copy bandwidth on H100 (docs/benchmarks.md)
@@ -38,11 +37,7 @@ def main():
     check = torch.zeros(3, dtype=torch.int64, device="cuda")
     grad = torch.randn(BAGS, DIM, device="cuda") * 1e-3
     stream = torch.cuda.current_stream().cuda_stream
-    step = {"i": 0}
-
-    def next_batch():
-        step["i"] += 1
-        return batches[step["i"] % BATCHES]
+    next_batch = cycler(batches)
 
     def sok_forward():
         ids, offsets = next_batch()
@@ -91,9 +86,7 @@ def main():
     payload = {"benchmark": "G3 pooled lookup, 8Mi rows, 65536 bags U{1..10}, sum, SGD",
                "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "results": results}
-    out_dir = results_dir()
-    with open(os.path.join(out_dir, "g3_pooled.json"), "w") as handle:
-        json.dump(provenance.stamp(payload, payload["device"]), handle, indent=2)
+    write_result("g3_pooled", payload)
     print(f"| G3 | sok fwd {results['sok_forward_ms']} ms train {results['sok_train_ms']} ms | "
           f"torch fwd {results['torch_forward_ms']} train {results['torch_train_ms']} ms | "
           f"train {results['train_speedup_vs_torch']}x | floor fraction "

@@ -1,6 +1,5 @@
 """G5: CUDA dot interaction forward+backward (C ABI) vs PyTorch (bmm + tril gather, autograd),
 batch 65,536, 27 x 128, CUDA events, same process. Writes JSON to $OUT (or benchmarks/out)."""
-import json
 import os
 import sys
 
@@ -9,7 +8,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "tests", "gpu"))
 import capi  # noqa: E402
-from gpu_timing import provenance, results_dir, time_ms  # noqa: E402
+from gpu_timing import time_ms, write_result  # noqa: E402
 
 B, F, D = 65536, 27, 128
 
@@ -55,9 +54,7 @@ def main():
               "sok_effective_GBps": round(bytes_moved / sok_ms / 1e6, 1),
               "float16": {"sok_ms": round(sok16_ms, 4), "torch_ms": round(torch16_ms, 4),
                           "speedup": round(torch16_ms / sok16_ms, 3)}}
-    out_dir = results_dir()
-    with open(os.path.join(out_dir, "g5_interaction.json"), "w") as handle:
-        json.dump(provenance.stamp(result, result["device"]), handle, indent=2)
+    write_result("g5_interaction", result)
     print(f"| G5 | sok {sok_ms:.3f} ms | torch {torch_ms:.3f} ms | {torch_ms / sok_ms:.2f}x |")
     print(f"| G5 fp16 | sok {sok16_ms:.3f} ms | torch {torch16_ms:.3f} ms | "
           f"{torch16_ms / sok16_ms:.2f}x |")

@@ -1,4 +1,5 @@
-"""Shared by the GPU benchmarks: CUDA-event timing and where results go."""
+"""Shared by the GPU benchmarks: CUDA-event timing, batches in turn, and where results go."""
+import json
 import os
 import statistics
 import sys
@@ -6,7 +7,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import provenance  # noqa: E402,F401  (the benchmarks stamp their results with it)
+import provenance  # noqa: E402
 
 
 def time_ms(fn, warmup=20, iterations=100):
@@ -27,3 +28,21 @@ def time_ms(fn, warmup=20, iterations=100):
 def results_dir():
     """$OUT, else benchmarks/out (untracked)."""
     return provenance.out_dir()
+
+
+def cycler(batches):
+    """A function returning the next of `batches` at each call, round and round (the timed
+    functions of a benchmark share one)."""
+    step = {"i": 0}
+
+    def next_batch():
+        step["i"] += 1
+        return batches[step["i"] % len(batches)]
+    return next_batch
+
+
+def write_result(name, payload):
+    """Writes payload, stamped with its provenance on payload["device"], to the results
+    folder as <name>.json."""
+    with open(os.path.join(results_dir(), name + ".json"), "w") as handle:
+        json.dump(provenance.stamp(payload, payload["device"]), handle, indent=2)

@@ -17,16 +17,12 @@
 # LD_LIBRARY_PATH, and for the bench stage PyTorch (its all-to-all is the competitor).
 # Logs and JSON land in $OUT (default benchmarks/out).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-export OUT=${OUT:-benchmarks/out} PYTHONUNBUFFERED=1
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD:$PYTHONPATH
+source "$(dirname "$0")/device_prologue.sh"
 STAGES=${STAGES:-tests bench dlrm}
 NOISE="Unable to register\|C-API\|importlib\|DeprecationWarning\|_pytest/\|pluggy/\|Extension modules\|cpu_feature_guard\|rebuild TensorFlow"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/tf_multi_gpu_device.txt"
 start=$(date +%s)
-SOK_BUILD_CUDA=1 SOK_CUDA_ARCHS=${SOK_CUDA_ARCHS:-90} python3 scripts/build_plugin.py > "$OUT/tf_multi_gpu_build.log" 2>&1 \
-  || { tail -40 "$OUT/tf_multi_gpu_build.log"; exit 1; }
+build_plugin "$OUT/tf_multi_gpu_build.log"
 echo "build: $(( $(date +%s) - start )) s"
 
 if [[ $STAGES == *tests* ]]; then

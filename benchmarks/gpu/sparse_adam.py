@@ -4,7 +4,6 @@ of 1Mi power-law ids (duplicates summed) with [1Mi, 128] gradients, through the 
 of the gradients, Adam on the unique rows, written back (docs/benchmarks.md's "dedup Adam
 update", the optimizer half of G1c). CUDA events, same batches."""
 import ctypes
-import json
 import os
 import sys
 
@@ -13,7 +12,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "tests", "gpu"))
 import capi  # noqa: E402
-from gpu_timing import provenance, results_dir, time_ms  # noqa: E402
+from gpu_timing import cycler, time_ms, write_result  # noqa: E402
 from g3_pooled import COPY_GBPS, power_law  # noqa: E402
 
 ROWS, DIM, BATCH, BATCHES = 8 * 1024 * 1024, 128, 1024 * 1024, 10
@@ -31,11 +30,7 @@ def main():
         torch.zeros(ROWS, DIM, device="cuda")
     hyper = (ctypes.c_float * 4)(LR, BETA1, BETA2, EPSILON)  # bias correction left out: same work
     stream = torch.cuda.current_stream().cuda_stream
-    step = {"i": 0}
-
-    def next_batch():
-        step["i"] += 1
-        return batches[step["i"] % BATCHES]
+    next_batch = cycler(batches)
 
     def sok_step():
         ids, grads = next_batch()
@@ -64,8 +59,7 @@ def main():
     payload = {"benchmark": "sparse Adam step, 8Mi x 128 table, 1Mi power-law ids a batch",
                "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "results": results}
-    with open(os.path.join(results_dir(), "gpu_sparse_adam.json"), "w") as handle:
-        json.dump(provenance.stamp(payload, payload["device"]), handle, indent=2)
+    write_result("gpu_sparse_adam", payload)
     print(f"| sparse Adam | sok {results['sok_ms']} ms | torch {results['torch_ms']} ms | "
           f"{results['speedup_vs_torch']}x | floor fraction {results['floor_fraction']} |")
 

@@ -50,13 +50,20 @@ def zipf_ids(rng, vocab, count):
     return (rng.zipf(1.2, size=count) - 1) % vocab
 
 
-def timed(fn, inputs, iters):
-    fn(inputs).numpy()
+def timed_call(call, iters):
+    """Milliseconds a call of `call` (no arguments) takes: `iters` calls back to back after
+    one more, waiting for the last."""
+    call().numpy()
     start = time.perf_counter()
     for _ in range(iters):
-        result = fn(inputs)
+        result = call()
     result.numpy()
     return (time.perf_counter() - start) / iters * 1e3
+
+
+def timed(fn, inputs, iters):
+    """timed_call() of fn on `inputs`."""
+    return timed_call(lambda: fn(inputs), iters)
 
 
 def train_step(loss_of, tables, optimizer):

@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf
@@ -46,7 +45,7 @@ import tensorflow as tf
 import sparse_operation_kit as sok
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tf_gpu import provenance, start_on_gpu, train_step, zipf_ids  # noqa: E402
+from tf_gpu import provenance, start_on_gpu, timed_call, train_step, zipf_ids  # noqa: E402
 
 KEYS, DIM = 8 << 20, 128
 DYNAMICEMB_G1A = {"eval_ms": 0.069, "fwd_ms": 0.196, "bwd_ms": 0.410, "train_ms": 0.606}
@@ -115,19 +114,9 @@ def interleaved(steps, loop, keys_all, rows_all, rounds=5, steps_a_sample=400, w
     samples = {name: [] for name in fns}
     for _ in range(rounds):
         for name, (fn, steps_a_call) in fns.items():
-            samples[name].append(timed(fn, max(1, steps_a_sample // steps_a_call)) / steps_a_call)
+            samples[name].append(timed_call(fn, max(1, steps_a_sample // steps_a_call))
+                                 / steps_a_call)
     return {name: float(np.median(v)) for name, v in samples.items()}
-
-
-def timed(call, iters):
-    """Milliseconds a call of `call` (no arguments) takes: `iters` calls back to back after
-    one more, waiting for the last."""
-    call().numpy()
-    start = time.perf_counter()
-    for _ in range(iters):
-        result = call()
-    result.numpy()
-    return (time.perf_counter() - start) / iters * 1e3
 
 
 def prefilled_table(present, name="t4", capacity=2 * KEYS):

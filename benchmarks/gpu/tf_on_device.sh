@@ -14,14 +14,10 @@
 # SOK_CUDA_ARCHS (default 90) names the compute capabilities to build.
 # Logs and JSON land in $OUT (default benchmarks/out).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-export OUT=${OUT:-benchmarks/out} PYTHONUNBUFFERED=1
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD:$PYTHONPATH
+source "$(dirname "$0")/device_prologue.sh"
 STAGES=${STAGES:-tests suite bench}
 NOISE="Unable to register\|C-API\|importlib\|DeprecationWarning\|_pytest/\|pluggy/\|Extension modules"
-SOK_BUILD_CUDA=1 SOK_CUDA_ARCHS=${SOK_CUDA_ARCHS:-90} python3 scripts/build_plugin.py > "$OUT/tf_gpu_build.log" 2>&1 \
-  || { tail -40 "$OUT/tf_gpu_build.log"; exit 1; }
+build_plugin "$OUT/tf_gpu_build.log"
 python3 -m sparse_operation_kit.info 2>/dev/null | tee -a "$OUT/tf_gpu_build.log"
 
 if [[ $STAGES == *tests* ]]; then

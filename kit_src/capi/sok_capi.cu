@@ -12,39 +12,50 @@
 #include "kit_src/core/interaction/dot_interaction.cuh"
 #include "kit_src/core/optimizers/sparse_apply.cuh"
 
+namespace {
+
+template <typename T>
+int InteractionForward(const void* features, void* output, int64_t batch, int64_t num_features,
+                       int64_t dim, void* stream) {
+  return static_cast<int>(sok::DotInteractionForwardGpu(
+      sok::InteractionShape{batch, num_features, dim}, static_cast<const T*>(features),
+      static_cast<T*>(output), static_cast<cudaStream_t>(stream)));
+}
+
+template <typename T>
+int InteractionBackward(const void* features, const void* output_grad, void* features_grad,
+                        int64_t batch, int64_t num_features, int64_t dim, void* stream) {
+  return static_cast<int>(sok::DotInteractionBackwardGpu(
+      sok::InteractionShape{batch, num_features, dim}, static_cast<const T*>(features),
+      static_cast<const T*>(output_grad), static_cast<T*>(features_grad),
+      static_cast<cudaStream_t>(stream)));
+}
+
+}  // namespace
+
 extern "C" {
 
+// The float16 twins hold IEEE half values (torch.float16) in features, outputs and gradients.
 int sok_dot_interaction_forward(const float* features, float* output, int64_t batch,
                                 int64_t num_features, int64_t dim, void* stream) {
-  const sok::InteractionShape shape{batch, num_features, dim};
-  return static_cast<int>(sok::DotInteractionForwardGpu(shape, features, output,
-                                                        static_cast<cudaStream_t>(stream)));
+  return InteractionForward<float>(features, output, batch, num_features, dim, stream);
+}
+int sok_dot_interaction_forward_f16(const void* features, void* output, int64_t batch,
+                                    int64_t num_features, int64_t dim, void* stream) {
+  return InteractionForward<__half>(features, output, batch, num_features, dim, stream);
 }
 
 int sok_dot_interaction_backward(const float* features, const float* output_grad,
                                  float* features_grad, int64_t batch, int64_t num_features,
                                  int64_t dim, void* stream) {
-  const sok::InteractionShape shape{batch, num_features, dim};
-  return static_cast<int>(sok::DotInteractionBackwardGpu(
-      shape, features, output_grad, features_grad, static_cast<cudaStream_t>(stream)));
+  return InteractionBackward<float>(features, output_grad, features_grad, batch, num_features,
+                                    dim, stream);
 }
-
-// float16 twins: features / output / gradients hold IEEE half values (torch.float16).
-int sok_dot_interaction_forward_f16(const void* features, void* output, int64_t batch,
-                                    int64_t num_features, int64_t dim, void* stream) {
-  const sok::InteractionShape shape{batch, num_features, dim};
-  return static_cast<int>(sok::DotInteractionForwardGpu(
-      shape, static_cast<const __half*>(features), static_cast<__half*>(output),
-      static_cast<cudaStream_t>(stream)));
-}
-
 int sok_dot_interaction_backward_f16(const void* features, const void* output_grad,
                                      void* features_grad, int64_t batch, int64_t num_features,
                                      int64_t dim, void* stream) {
-  const sok::InteractionShape shape{batch, num_features, dim};
-  return static_cast<int>(sok::DotInteractionBackwardGpu(
-      shape, static_cast<const __half*>(features), static_cast<const __half*>(output_grad),
-      static_cast<__half*>(features_grad), static_cast<cudaStream_t>(stream)));
+  return InteractionBackward<__half>(features, output_grad, features_grad, batch, num_features,
+                                     dim, stream);
 }
 
 }  // extern "C"

@@ -111,19 +111,25 @@ SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, in
   }
 }
 
-// Adam's moving averages of the gradient (m) and of its square (v).
-SOK_HOST_DEVICE inline void UpdateMoments(float beta1, float beta2, float g, float* m, float* v) {
-  *m = beta1 * *m + (1.0f - beta1) * g;
-  *v = beta2 * *v + (1.0f - beta2) * g * g;
+// Adam's moving averages of the gradient (m, stored at state[d]) and of its square (v, at
+// state[dim + d]), updated with g and returned.
+struct Moments {
+  float m, v;
+};
+SOK_HOST_DEVICE inline Moments UpdateMoments(float beta1, float beta2, float g, float* state,
+                                             int64_t dim, int64_t d) {
+  float& m = state[d];
+  float& v = state[dim + d];
+  m = beta1 * m + (1.0f - beta1) * g;
+  v = beta2 * v + (1.0f - beta2) * g * g;
+  return Moments{m, v};
 }
 
 SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
                                       const AdamHyper& h) {
-  float* m = state;
-  float* v = state + dim;
   for (int64_t d = 0; d < dim; ++d) {
-    UpdateMoments(h.beta1, h.beta2, g[d], &m[d], &v[d]);
-    w[d] -= h.lr * m[d] / (std::sqrt(v[d]) + h.epsilon);
+    const Moments moments = UpdateMoments(h.beta1, h.beta2, g[d], state, dim, d);
+    w[d] -= h.lr * moments.m / (std::sqrt(moments.v) + h.epsilon);
   }
 }
 
@@ -179,13 +185,11 @@ SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, in
 
 SOK_HOST_DEVICE inline void ApplyRule(float* w, float* state, const float* g, int64_t dim,
                                       const NadamHyper& h) {
-  float* m = state;
-  float* v = state + dim;
   for (int64_t d = 0; d < dim; ++d) {
-    UpdateMoments(h.beta1, h.beta2, g[d], &m[d], &v[d]);
+    const Moments moments = UpdateMoments(h.beta1, h.beta2, g[d], state, dim, d);
     const float m_bar = (1.0f - h.momentum_now) * g[d] / h.one_minus_schedule +
-                        h.momentum_next * m[d] / h.one_minus_schedule_next;
-    w[d] -= h.lr * m_bar / (std::sqrt(v[d] / h.one_minus_beta2_power) + h.epsilon);
+                        h.momentum_next * moments.m / h.one_minus_schedule_next;
+    w[d] -= h.lr * m_bar / (std::sqrt(moments.v / h.one_minus_beta2_power) + h.epsilon);
   }
 }
 

@@ -9,18 +9,6 @@ namespace sok {
 
 namespace tf = ::tensorflow;
 
-namespace {
-
-// Large CPU outputs come from the block pool; GPU ones from TensorFlow's GPU allocator.
-template <typename Device>
-tf::Status AllocateOutput(tf::OpKernelContext* ctx, const tf::TensorShape& shape,
-                          tf::Tensor** out) {
-  if (std::is_same<Device, CpuDevice>::value) return AllocatePooledOutput(ctx, 0, shape, out);
-  return ctx->allocate_output(0, shape, out);
-}
-
-}  // namespace
-
 template <typename Device, typename T>
 class DotInteractionOp : public tf::OpKernel {
  public:
@@ -30,8 +18,8 @@ class DotInteractionOp : public tf::OpKernel {
     InteractionShape shape;
     OP_REQUIRES_OK(ctx, ReadInteractionShape(features, &shape));
     tf::Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateOutput<Device>(
-                            ctx, tf::TensorShape({shape.batch, shape.output_width()}), &output));
+    OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(
+                            ctx, 0, tf::TensorShape({shape.batch, shape.output_width()}), &output));
     OP_REQUIRES_OK(ctx, (functor::DotInteractionFwd<Device, T>()(
                             ctx, shape, features.flat<T>().data(), output->flat<T>().data())));
   }
@@ -48,7 +36,7 @@ class DotInteractionGradOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, ReadInteractionShape(features, &shape));
     OP_REQUIRES_OK(ctx, CheckInteractionGrad(grad, shape));
     tf::Tensor* features_grad = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateOutput<Device>(ctx, features.shape(), &features_grad));
+    OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(ctx, 0, features.shape(), &features_grad));
     OP_REQUIRES_OK(ctx, (functor::DotInteractionBwd<Device, T>()(
                             ctx, shape, features.flat<T>().data(), grad.flat<T>().data(),
                             features_grad->flat<T>().data())));
