@@ -1,7 +1,7 @@
 # The README's commands. Each one does its own set-up (idempotent, seconds the second time).
 PY := .venv/bin/python
 
-.PHONY: setup setup-tf2.16 build test test-tf2.15 test-tf2.16 bench dlrm clean
+.PHONY: setup setup-tf2.16 setup-tf2.21 build test test-tf2.15 test-tf2.16 test-tf2.21 bench dlrm clean
 
 setup:
 	bash scripts/setup_env.sh
@@ -11,15 +11,21 @@ build: setup
 setup-tf2.16:
 	SOK_TF=2.16 bash scripts/setup_env.sh
 
+setup-tf2.21:
+	SOK_TF=2.21 bash scripts/setup_env.sh
+
 # The whole suite, multi-worker tests (horovodrun -np 2 --gloo) included, under TensorFlow
-# 2.15.1 and again under 2.16.2 with tf_keras (what the GPU machines run).
-test: test-tf2.15 test-tf2.16
+# 2.15.1, then 2.16.2 with tf_keras (what the GPU machines run), then 2.21.0 with tf_keras.
+test: test-tf2.15 test-tf2.16 test-tf2.21
 
 test-tf2.15: setup
 	$(PY) -m pytest -q tests
 
 test-tf2.16: setup-tf2.16
 	TF_USE_LEGACY_KERAS=1 .venv-tf2.16/bin/python -m pytest -q tests
+
+test-tf2.21: setup-tf2.21
+	TF_USE_LEGACY_KERAS=1 .venv-tf2.21/bin/python -m pytest -q tests
 
 # The main job: DLRM on a generated Criteo-format dataset, 2 Horovod workers on CPU.
 dlrm: setup

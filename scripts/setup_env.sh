@@ -3,6 +3,7 @@
 # is skipped when what it produces is already there, so a second run takes seconds.
 #   SOK_TF=2.15 (default): .venv, tensorflow-cpu 2.15.1
 #   SOK_TF=2.16:           .venv-tf2.16, tensorflow-cpu 2.16.2 + tf_keras (Keras 2)
+#   SOK_TF=2.21:           .venv-tf2.21, tensorflow-cpu 2.21.0 + tf_keras (Keras 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}
@@ -12,7 +13,9 @@ case "$SOK_TF" in
   # Horovod 0.28.1 misses standard includes that TF 2.16's headers no longer bring in.
   2.16) VENV=.venv-tf2.16; REQUIREMENTS=requirements-tf2.16.txt
         HVD_CXXFLAGS="-include string -include cstdint -include stdexcept" ;;
-  *) echo "SOK_TF must be 2.15 or 2.16, got '$SOK_TF'" >&2; exit 2 ;;
+  2.21) VENV=.venv-tf2.21; REQUIREMENTS=requirements-tf2.21.txt
+        HVD_CXXFLAGS="-include string -include cstdint -include stdexcept" ;;
+  *) echo "SOK_TF must be 2.15, 2.16 or 2.21, got '$SOK_TF'" >&2; exit 2 ;;
 esac
 export TF_USE_LEGACY_KERAS=1  # TF 2.16: tf.keras is Keras 2 (tf_keras); ignored by 2.15
 
@@ -32,11 +35,22 @@ fi
 
 if ! "$PY" -c "import horovod.tensorflow" 2>/dev/null; then
   echo "[setup] building Horovod 0.28.1 with Gloo against TF $SOK_TF (about 3-5 minutes on 2 cores)"
+  HVD_SOURCE=horovod==0.28.1
+  if [ "$SOK_TF" = 2.21 ]; then
+    # Horovod's XLA ops (a GPU feature, HOROVOD_ENABLE_XLA_OPS) include XLA headers that moved
+    # or that TensorFlow 2.21's wheel lacks: its release is built without them, from its
+    # source on PyPI.
+    HVD_DIR=$(mktemp -d)
+    "$PY" -m pip download -q --no-deps --no-binary :all: -d "$HVD_DIR" horovod==0.28.1
+    tar -xzf "$HVD_DIR/horovod-0.28.1.tar.gz" -C "$HVD_DIR"
+    sed -i '/xla_mpi_ops.cc/d' "$HVD_DIR/horovod-0.28.1/horovod/tensorflow/CMakeLists.txt"
+    HVD_SOURCE="$HVD_DIR/horovod-0.28.1"
+  fi
   CXXFLAGS="$HVD_CXXFLAGS" CMAKE_POLICY_VERSION_MINIMUM=3.5 \
   HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
   HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO \
   MAKEFLAGS="-j$(nproc)" \
-    "$PY" -m pip install -q --no-build-isolation --no-cache-dir horovod==0.28.1
+    "$PY" -m pip install -q --no-build-isolation --no-cache-dir "$HVD_SOURCE"
 fi
 
 # The plugin: rebuilt by CMake incrementally (one build folder per TensorFlow version); the
