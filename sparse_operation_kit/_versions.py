@@ -5,9 +5,9 @@ import warnings
 
 import tensorflow as tf
 
-SUPPORTED_TENSORFLOW = ("2.15", "2.16", "2.21")
+SUPPORTED_TENSORFLOW = ("2.15", "2.16", "2.17", "2.18", "2.19", "2.20", "2.21")
 ALLOW_ENV = "SOK_ALLOW_UNSUPPORTED_VERSIONS"
-SUPPORTED = ("TensorFlow 2.15 with Keras 2, or TensorFlow 2.16 or 2.21 with tf_keras (Keras 2: "
+SUPPORTED = ("TensorFlow 2.15 with Keras 2, or TensorFlow 2.16 to 2.21 with tf_keras (Keras 2: "
              "pip install the tf_keras of the same line, set TF_USE_LEGACY_KERAS=1)")
 
 

@@ -71,7 +71,7 @@ def test_missing_library_is_reported_not_raised(tmp_path):
     ("2.16.2", "3.3.3", "tf.keras is Keras 3.3.3 under TensorFlow 2.16.2; Keras 3 is not"),
     ("2.21.0", "2.21.0", None),
     ("2.21.0", "3.15.1", "tf.keras is Keras 3.15.1 under TensorFlow 2.21.0; Keras 3 is not"),
-    ("2.19.1", "2.19.0", "TensorFlow 2.19.1 is not supported"),
+    ("2.22.0", "2.22.0", "TensorFlow 2.22.0 is not supported"),
     ("2.14.1", "2.14.0", "TensorFlow 2.14.1 is not supported"),
 ])
 def test_supported_lines(tensorflow_version, keras_version, reason):
@@ -84,7 +84,7 @@ def test_supported_lines(tensorflow_version, keras_version, reason):
 def test_an_unsupported_tensorflow_is_refused_at_import(allow):
     """Importing under another TensorFlow line names the supported ones; the override warns."""
     script = ("import warnings, tensorflow as tf\n"
-              "tf.__version__ = '2.19.1'\n"
+              "tf.__version__ = '2.22.0'\n"
               "with warnings.catch_warnings(record=True) as caught:\n"
               "    warnings.simplefilter('always')\n"
               "    import sparse_operation_kit\n"
@@ -99,4 +99,4 @@ def test_an_unsupported_tensorflow_is_refused_at_import(allow):
         assert result.returncode == 0 and "imported True" in result.stdout, result.stderr[-2000:]
     else:
         assert result.returncode != 0
-        assert "TensorFlow 2.19.1 is not supported. Supported: TensorFlow 2.15" in result.stderr
+        assert "TensorFlow 2.22.0 is not supported. Supported: TensorFlow 2.15" in result.stderr
