@@ -7,8 +7,9 @@ import tensorflow as tf
 
 SUPPORTED_TENSORFLOW = ("2.15", "2.16", "2.17", "2.18", "2.19", "2.20", "2.21")
 ALLOW_ENV = "SOK_ALLOW_UNSUPPORTED_VERSIONS"
-SUPPORTED = ("TensorFlow 2.15 with Keras 2, or TensorFlow 2.16 to 2.21 with tf_keras (Keras 2: "
-             "pip install the tf_keras of the same line, set TF_USE_LEGACY_KERAS=1)")
+SUPPORTED = ("TensorFlow 2.15 with Keras 2, or TensorFlow 2.16 to 2.21 with Keras 3 (3.0 or "
+             "newer) or with tf_keras (Keras 2: pip install the tf_keras of the same line, set "
+             "TF_USE_LEGACY_KERAS=1)")
 
 
 def unsupported(tensorflow_version, keras_version):
@@ -16,9 +17,11 @@ def unsupported(tensorflow_version, keras_version):
     line = ".".join(tensorflow_version.split(".")[:2])
     if line not in SUPPORTED_TENSORFLOW:
         return f"TensorFlow {tensorflow_version} is not supported"
-    if not str(keras_version).startswith("2."):
-        return (f"tf.keras is Keras {keras_version} under TensorFlow {tensorflow_version}; "
-                "Keras 3 is not supported")
+    major = str(keras_version).split(".")[0]
+    if major == "3" and line == "2.15":
+        return f"Keras {keras_version} under TensorFlow 2.15 is not supported"
+    if major not in ("2", "3"):
+        return f"tf.keras is Keras {keras_version} under TensorFlow {tensorflow_version}"
     return None
 
 
@@ -34,6 +37,12 @@ def keras_behind_tf_keras():
         except ImportError:
             continue
     return None, None
+
+
+def tf_keras_is_keras_3():
+    """Whether tf.keras is Keras 3 (TensorFlow 2.16 and newer without TF_USE_LEGACY_KERAS)."""
+    version = keras_behind_tf_keras()[0]
+    return version is not None and str(version).startswith("3.")
 
 
 def check():

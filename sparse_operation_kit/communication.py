@@ -17,6 +17,8 @@ import warnings
 
 import tensorflow as tf
 
+from sparse_operation_kit import _versions
+
 _VALID_TOOLS = ("horovod", "single")
 _VALID_EXCHANGES = ("auto", "nccl", "horovod")
 
@@ -80,9 +82,10 @@ _LEGACY_OPTIMIZERS = ("Optimizer", "SGD", "Adam", "Adagrad", "Adamax", "Adadelta
 
 def _name_legacy_optimizers():
     """What SOK's init(use_legacy_optimizer=True) does: tf.keras.optimizers.Adam and
-    tf.optimizers.Adam are then the legacy (Keras 2 OptimizerV2) classes."""
+    tf.optimizers.Adam are then the legacy (Keras 2 OptimizerV2) classes. Keras 3 has none
+    (its `optimizers.legacy` names classes that raise), so under it nothing changes."""
     legacy = getattr(tf.keras.optimizers, "legacy", None)
-    if legacy is None:
+    if legacy is None or _versions.tf_keras_is_keras_3():
         return
     for module in (tf.keras.optimizers, getattr(tf, "optimizers", None)):
         for name in _LEGACY_OPTIMIZERS:

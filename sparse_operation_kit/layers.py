@@ -10,36 +10,88 @@
   through `sok.OptimizerWrapper(model.optimizer)`); static tables are ordinary trainable
   weights and train with any Keras optimizer in any model.
 """
+import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit import communication
+from sparse_operation_kit import _versions, communication
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 from sparse_operation_kit.lookup import all2all_dense_embedding, lookup_sparse
 from sparse_operation_kit.optimizer import OptimizerWrapper
 from sparse_operation_kit.variables import Variable
 
 _PACKAGE = "sparse_operation_kit"
+KERAS_3 = _versions.tf_keras_is_keras_3()
+_SAVED_TABLE = "sok_dynamic_table_"  # prefix of a dynamic table's entries in a .keras file
 
 
 def _make_table(layer_name, dim, rows, dynamic, mode, initializer, key_dtype, config):
-    if dynamic:
-        return DynamicVariable(dim, initializer=initializer or "uniform", name=f"{layer_name}/table",
-                               key_type=key_dtype, mode=mode, **(config or {}))
-    if rows is None:
-        raise ValueError(f"layer {layer_name}: a static table needs its number of rows")
-    return Variable(shape=[rows, dim], initializer=tf.keras.initializers.get(initializer or "uniform"),
-                    mode=mode, name=f"{layer_name}/table")
+    # In init_scope: Keras 3 may build a layer first inside the traced training step.
+    with tf.init_scope():
+        if dynamic:
+            return DynamicVariable(dim, initializer=initializer or "uniform",
+                                   name=f"{layer_name}/table", key_type=key_dtype, mode=mode,
+                                   **(config or {}))
+        if rows is None:
+            raise ValueError(f"layer {layer_name}: a static table needs its number of rows")
+        return Variable(shape=[rows, dim],
+                        initializer=tf.keras.initializers.get(initializer or "uniform"),
+                        mode=mode, name=f"{layer_name}/table")
+
+
+def _keras_3_weight(table, name):
+    """A Keras 3 weight over a static sok table (same handle: no copy). Keras 2 tracks a
+    tf.Variable attribute of a layer as a weight itself; Keras 3 tracks only its own
+    variables."""
+    from sparse_operation_kit.keras3_weights import TableWeight  # noqa: PLC0415  (imports keras)
+
+    return TableWeight(table, name=name)
 
 
 class _TableLayer(tf.keras.layers.Layer):
-    """Holds one sok table; exposes a dynamic one as `sok_dynamic_table` for `sok.layers.Model`."""
+    """Holds one sok table; exposes a dynamic one as `sok_dynamic_table` for `sok.layers.Model`.
+
+    A dynamic table is no Keras weight (it has no dense value; `sok.layers.Model` trains it),
+    but it is a dependency of the layer: `tf.train.Checkpoint` of the layer or its model holds
+    its keys, rows and optimizer state, and so does a `.keras` file of the model."""
 
     def _set_table(self, table):
         if isinstance(table, DynamicVariable):
-            # Not a tf.Variable: kept out of Keras' weight tracking, trained via sok.layers.Model.
+            object.__setattr__(self, "_sok_table", table)  # kept out of Keras' weights
+            self._track_trackable(table, name="sok_dynamic_table", overwrite=True)
+        elif KERAS_3:
             object.__setattr__(self, "_sok_table", table)
+            self._table_weight = _keras_3_weight(table, "table")
         else:
             self._sok_table = table
+
+    def has_table(self):
+        """Whether the layer made its table (Keras 3 may build a layer again: it keeps it)."""
+        return "_sok_table" in vars(self)
+
+    def get_build_config(self):
+        return {"built": bool(self.built)}
+
+    def build_from_config(self, config):
+        """The table does not depend on the input's shape: a loaded layer makes it at once,
+        so its weights can be loaded."""
+        if config.get("built") and not self.built:
+            self.build(None)
+
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        table = self.sok_dynamic_table
+        if table is not None:  # what a checkpoint keeps: keys, rows, optimizer state
+            for name, tensor in table._serialize_to_tensors().items():
+                store[_SAVED_TABLE + name] = tensor.numpy()
+
+    def load_own_variables(self, store):
+        table = self.sok_dynamic_table
+        if table is None:
+            return super().load_own_variables(store)
+        names = list(store.keys())
+        super().load_own_variables({n: store[n] for n in names if not n.startswith(_SAVED_TABLE)})
+        table._restore_from_tensors({n[len(_SAVED_TABLE):]: tf.constant(np.asarray(store[n]))
+                                     for n in names if n.startswith(_SAVED_TABLE)})
 
     @property
     def table(self):
@@ -72,6 +124,8 @@ class _SokV1Layer(_TableLayer):
         table of that many rows per worker, distributed."""
         communication._require_init()
         per_worker = self.max_vocabulary_size_per_gpu
+        if self.has_table():
+            return super().build(input_shape)
         self._set_table(_make_table(
             self.name, self.embedding_vec_size, per_worker * communication.num_workers(),
             self.use_hashtable, None, self.embedding_initializer, self.key_dtype,
@@ -119,6 +173,8 @@ class Embedding(_TableLayer):
 
     def build(self, input_shape):
         communication._require_init()
+        if self.has_table():
+            return super().build(input_shape)
         self._set_table(_make_table(self.name, self.output_dim, self.input_dim, self.dynamic_table,
                                     self.mode, self.initializer, self.key_dtype, self.table_config))
         super().build(input_shape)
@@ -217,13 +273,29 @@ class PackedEmbedding(tf.keras.layers.Layer):
                              f"{len(self.input_dims)} features")
         self.combiner = combiner if isinstance(combiner, str) else list(combiner)
         self._combiners = list(combiners)
+        self._allow_non_tensor_positional_args = True  # Keras 3: a StagedFeatures batch
 
     def build(self, input_shape):
         communication._require_init()
-        self.tables = [_make_table(f"{self.name}/feature_{f}", self.output_dim, rows, False,
-                                   self.mode, self.initializer, None, None)
-                       for f, rows in enumerate(self.input_dims)]
+        if hasattr(self, "tables"):  # built before (Keras 3 may build a layer again)
+            return super().build(input_shape)
+        tables = [_make_table(f"{self.name}/feature_{f}", self.output_dim, rows, False,
+                              self.mode, self.initializer, None, None)
+                  for f, rows in enumerate(self.input_dims)]
+        if KERAS_3:
+            object.__setattr__(self, "tables", tables)
+            self._table_weights = [_keras_3_weight(table, f"table_{f}")
+                                   for f, table in enumerate(tables)]
+        else:
+            self.tables = tables
         super().build(input_shape)
+
+    def get_build_config(self):
+        return {"built": bool(self.built)}
+
+    def build_from_config(self, config):
+        if config.get("built") and not self.built:
+            self.build(None)
 
     def call(self, inputs, training=None):
         return lookup_sparse(self.tables, inputs, combiners=self._combiners,
@@ -236,25 +308,45 @@ class PackedEmbedding(tf.keras.layers.Layer):
                     else tf.keras.initializers.serialize(self.initializer))
 
 
+@tf.keras.utils.register_keras_serializable(package=_PACKAGE)
 class Model(tf.keras.Model):
     """A Keras model whose `fit` trains dynamic sok tables too, through
-    `sok.OptimizerWrapper(self.optimizer)`; everything else as `tf.keras.Model`."""
+    `sok.OptimizerWrapper(self.optimizer)`; everything else as `tf.keras.Model`. Under Keras 3
+    it may also be called with a batch staged by `sok.stage_features` (Keras 3 takes only
+    tensors as a plain model's inputs)."""
+
+    # Keras 3 takes only tensors as a model's positional inputs unless this is set; a property,
+    # not __init__, so that Keras 2 still serialises a functional sok Model as functional.
+    @property
+    def _allow_non_tensor_positional_args(self):
+        return True
+
+    @_allow_non_tensor_positional_args.setter
+    def _allow_non_tensor_positional_args(self, _):
+        pass  # Keras 3's Layer.__init__ sets False
 
     def sok_dynamic_tables(self):
+        """The trainable dynamic tables of its layers (sok layers' tables, and DynamicVariable
+        attributes of any layer or of the model itself)."""
         tables = []
-        for layer in self._flatten_layers(include_self=False):
-            table = getattr(layer, "sok_dynamic_table", None)
-            if table is not None and all(table is not t for t in tables):
-                tables.append(table)
+        for layer in self._flatten_layers(include_self=True):
+            for table in [getattr(layer, "sok_dynamic_table", None)] + list(vars(layer).values()):
+                if (isinstance(table, DynamicVariable) and table.trainable and
+                        all(table is not seen for seen in tables)):
+                    tables.append(table)
         return tables
 
     def train_step(self, data):
         x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
-        dynamic = self.sok_dynamic_tables()
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
-            loss = self.compute_loss(x, y, y_pred, sample_weight)
-        variables = list(self.trainable_variables) + dynamic
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
+            if KERAS_3:  # Keras 3 reports the loss through this tracker, not compute_loss
+                self._loss_tracker.update_state(
+                    loss, sample_weight=tf.shape(tf.nest.flatten(y_pred)[0])[0])
+        dynamic = self.sok_dynamic_tables()  # after the call, which may have built the layers
+        variables = list(self.trainable_variables) + [t for t in dynamic if not any(
+            t is v for v in self.trainable_variables)]
         grads = tape.gradient(loss, variables)
         OptimizerWrapper(self.optimizer).apply_gradients(
             [(g, v) for g, v in zip(grads, variables) if g is not None])

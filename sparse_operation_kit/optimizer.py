@@ -13,6 +13,7 @@ Hyper-parameters and learning-rate schedules are read from the wrapped optimizer
 """
 import tensorflow as tf
 
+from sparse_operation_kit import _versions
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.dynamic_variable import DynamicSlot, DynamicVariable
 from sparse_operation_kit.id_checks import indices_are_checked
@@ -563,5 +564,7 @@ def _static_update_groups(static):
 
 
 def SGD(lr=0.01):  # noqa: N802  (SOK's name)
-    """Plain SGD for sok tables: `sok.SGD(lr).apply_gradients(grads_and_vars)`."""
-    return OptimizerWrapper(tf.keras.optimizers.legacy.SGD(lr))
+    """Plain SGD for sok tables: `sok.SGD(lr).apply_gradients(grads_and_vars)` (Keras 2's
+    legacy SGD, or Keras 3's SGD where tf.keras is Keras 3)."""
+    keras_3 = _versions.tf_keras_is_keras_3()
+    return OptimizerWrapper((tf.keras.optimizers if keras_3 else tf.keras.optimizers.legacy).SGD(lr))
