@@ -3,9 +3,10 @@
 # is skipped when what it produces is already there, so a second run takes seconds.
 #   SOK_TF=2.15 (default): .venv, tensorflow-cpu 2.15.1
 #   SOK_TF=2.16:           .venv-tf2.16, tensorflow-cpu 2.16.2 + tf_keras (Keras 2)
-#   SOK_TF=2.21:           .venv-tf2.21, tensorflow-cpu 2.21.0 + tf_keras (Keras 2)
+#   SOK_TF=2.21:           .venv-tf2.21, tensorflow-cpu 2.21.0 with Keras 3, and tf_keras (Keras 2)
 #   SOK_TF=2.17 .. 2.20:   .venv-tf2.17 .. .venv-tf2.20, that line's last tensorflow-cpu and
 #                          tf_keras, without Horovod (the lines CI builds and smoke-tests)
+#   SKIP_HOROVOD=1:        any line without Horovod (single-worker tests only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}

@@ -186,19 +186,27 @@ class _Staging:
                 self._add_slot(inner, name, slot)
 
     def attach_built_slots(self, inner):
-        """After a new Keras optimizer's build: its variables made from the buffer (named
-        "<slot>/<buffer>") become this staging's slots."""
-        suffix = "/" + self.buffer._shared_name
+        """After a new Keras optimizer's build: its variables made from the buffer become this
+        staging's slots (Keras 2 names them "<slot>/<buffer>", Keras 3 "<buffer>_<slot>")."""
+        keras_2_suffix = "/" + self.buffer._shared_name
+        keras_3_prefix = self.buffer.name.replace("/", "_").replace(":", "_") + "_"
         for variable in inner.variables:
             name = variable.name.split(":")[0]
-            if not name.endswith(suffix):
+            if name.endswith(keras_2_suffix):  # under the optimizer's name scope
+                slot_name = name[:-len(keras_2_suffix)].split("/")[-1]
+            elif name.startswith(keras_3_prefix):
+                slot_name = name[len(keras_3_prefix):]
+            elif name == self.buffer.name.split(":")[0]:  # Keras 3 Adafactor's factored state
+                slot_name = name
+            else:
                 continue
             if variable.shape != self.buffer.shape:
                 raise NotImplementedError(
                     f"{type(inner).__name__} keeps state {name} of shape {variable.shape}, not "
                     "one row per table row; the generic path stages row-wise state only")
-            # "<slot>/<buffer>", under the optimizer's name scope where it built itself
-            self._add_slot(inner, name[:-len(suffix)].split("/")[-1], variable)
+            # A Keras 3 variable holds the tf.Variable the staging reads and scatters into.
+            self._add_slot(inner, slot_name,
+                           variable if isinstance(variable, tf.Variable) else variable.value)
 
     def _add_slot(self, inner, name, slot):
         table = self.table
@@ -362,7 +370,7 @@ class OptimizerWrapper:
         step, the staging buffers of every table seen so far are built with the other
         variables of that step."""
         inner = _unwrapped(self._optimizer)
-        if getattr(inner, "_built", False):
+        if getattr(inner, "_built", False) or getattr(inner, "built", False):  # Keras 2, 3
             missing = [t.name for t in tables if id(t) not in self._staging]
             if missing:
                 raise NotImplementedError(

@@ -34,8 +34,11 @@ OPTIMIZERS = {
     "legacy_rmsprop_centered_momentum": lambda: tf.keras.optimizers.legacy.RMSprop(
         0.01, momentum=0.5, centered=True),
     "sgd": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9),
+    "sgd_nesterov": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.8, nesterov=True),
     "adagrad": lambda: tf.keras.optimizers.Adagrad(0.1),
     "adam": lambda: tf.keras.optimizers.Adam(0.01),
+    "adam_schedule": lambda: tf.keras.optimizers.Adam(
+        tf.keras.optimizers.schedules.ExponentialDecay(0.02, 5, 0.5)),
     "adamax": lambda: tf.keras.optimizers.Adamax(0.02),
     "adadelta": lambda: tf.keras.optimizers.Adadelta(1.0),
     "rmsprop": lambda: tf.keras.optimizers.RMSprop(0.01),
@@ -52,16 +55,19 @@ VOCAB, DIM, STEPS = 25, 4, 20
 
 class LazyMomentum:
     """Keras SGD-with-momentum on touched rows only (the new Keras SGD also moves untouched
-    rows by their momentum): m = momentum m - lr g; w += m."""
+    rows by their momentum): m = momentum m - lr g; w += m, or with nesterov
+    w += momentum m - lr g."""
 
     def __init__(self, optimizer):
         self.lr, self.momentum, self.m = optimizer.learning_rate.numpy(), optimizer.momentum, {}
+        self.nesterov = optimizer.nesterov
 
     def apply(self, table, rows, grads):
         values = table.numpy()
         for row, grad in zip(rows, grads):
             self.m[row] = self.momentum * self.m.get(row, 0.0) - self.lr * grad
-            values[row] += self.m[row]
+            values[row] += (self.momentum * self.m[row] - self.lr * grad if self.nesterov
+                            else self.m[row])
         table.assign(values)
 
 
@@ -194,13 +200,14 @@ class LazyAdam:
     w -= lr_t m / (sqrt(v) + eps)."""
 
     def __init__(self, optimizer):
-        self.lr = optimizer.learning_rate if not hasattr(optimizer, "_get_hyper") else \
-            optimizer._get_hyper("learning_rate")
+        # the schedule itself where there is one (new Keras keeps it in _learning_rate)
+        self.lr = optimizer._get_hyper("learning_rate") if hasattr(optimizer, "_get_hyper") \
+            else optimizer._learning_rate
         self.beta1, self.beta2, self.epsilon = 0.9, 0.999, optimizer.epsilon
         self.step, self.m, self.v = 0, {}, {}
 
     def apply(self, table, rows, grads):
-        rate = self.lr(self.step) if callable(self.lr) else self.lr
+        rate = self.lr(self.step) if callable(self.lr) else self.lr.numpy()
         self.step += 1
         t = self.step
         lr_t = float(rate) * np.sqrt(1 - self.beta2 ** t) / (1 - self.beta1 ** t)
@@ -218,7 +225,8 @@ LAZY_REFERENCES = (LazyAdam, LazyMomentum, LazyRmsprop, LazyNadam, LazyAdamax, L
 # Optimizers whose Keras sparse update also moves untouched rows: their lazy NumPy twins.
 REFERENCE_OF = {
     "legacy_adam": LazyAdam, "legacy_adam_schedule": LazyAdam, "adam": LazyAdam,
-    "sgd": LazyMomentum, "legacy_rmsprop": LazyRmsprop, "legacy_rmsprop_centered": LazyRmsprop,
+    "sgd": LazyMomentum, "sgd_nesterov": LazyMomentum, "adam_schedule": LazyAdam,
+    "legacy_rmsprop": LazyRmsprop, "legacy_rmsprop_centered": LazyRmsprop,
     "rmsprop": LazyRmsprop, "rmsprop_momentum": LazyRmsprop, "rmsprop_centered": LazyRmsprop,
     "legacy_nadam": LazyNadam, "nadam": LazyNadam, "adamax": LazyAdamax,
     "adadelta": LazyAdadelta, "ftrl": LazyFtrl,

@@ -19,7 +19,9 @@ from dataset import BinaryDataset, SyntheticDataset  # noqa: E402
 from model import DLRM  # noqa: E402
 
 import sparse_operation_kit as sok  # noqa: E402
+from sparse_operation_kit.info import keras_version  # noqa: E402
 
+KERAS_3 = keras_version().startswith("3.")  # tf.keras is Keras 3
 REFERENCE_BATCH = 55296  # the schedule's step counts are for this global batch
 AUC_BINS = 10000
 
@@ -105,6 +107,25 @@ def scale_table_gradients(grads, workers, convention="sok"):
             if isinstance(g, tf.IndexedSlices) else g * workers for g in grads]
 
 
+def scale_loss(optimizer, loss):
+    """The loss scaled by a LossScaleOptimizer (--amp), in either Keras generation's API."""
+    return optimizer.scale_loss(loss) if KERAS_3 else optimizer.get_scaled_loss(loss)
+
+
+def unscale_gradients(optimizer, table_grads, dense_grads, tables_to_optimizer):
+    """Gradients of a scaled loss, unscaled where Keras will not do it: Keras 2 unscales none
+    itself; Keras 3's LossScaleOptimizer unscales what it applies, so only the sok tables'
+    gradients (applied by their own optimizer) are unscaled here."""
+    if not KERAS_3:
+        grads = optimizer.get_unscaled_gradients(list(table_grads) + list(dense_grads))
+        return grads[:len(table_grads)], grads[len(table_grads):]
+    if tables_to_optimizer:
+        return table_grads, dense_grads
+    inverse = 1.0 / tf.convert_to_tensor(optimizer.dynamic_scale)
+    return [tf.IndexedSlices(g.values * inverse, g.indices, g.dense_shape)
+            if isinstance(g, tf.IndexedSlices) else g * inverse for g in table_grads], dense_grads
+
+
 def auc_from_histograms(positive, negative):
     """ROC AUC from per-bin counts of positive and negative scores (bins in increasing score)."""
     positive, negative = positive.astype(np.float64), negative.astype(np.float64)
@@ -150,16 +171,21 @@ def main(argv=None):
                                args.decay_start_step * scale, args.decay_steps * scale)
     model = DLRM(vocab, args.embedding_dim, args.embedding, args.custom_interact, args.xla,
                  args.compress)
-    make_optimizer = {"sgd": tf.keras.optimizers.legacy.SGD,
-                      "adagrad": tf.keras.optimizers.legacy.Adagrad,
-                      "adam": tf.keras.optimizers.legacy.Adam}[args.optimizer]
+    # Keras 2's legacy optimizers (as SOK scripts use them); Keras 3 has only the new ones.
+    optimizers = getattr(tf.keras.optimizers, "legacy", None) if not KERAS_3 else None
+    make_optimizer = getattr(optimizers or tf.keras.optimizers,
+                             {"sgd": "SGD", "adagrad": "Adagrad", "adam": "Adam"}[args.optimizer])
     dense_optimizer = make_optimizer(schedule)
     if args.amp:
         dense_optimizer = tf.keras.mixed_precision.LossScaleOptimizer(dense_optimizer)
+        if KERAS_3:  # it scales by its variable once built: built before the step is traced
+            dense, categorical, _ = next(iter(train))
+            model(dense, categorical, training=False)  # makes the dense layers' variables
+            dense_optimizer.build(model.tables + model.dense_variables
+                                  if args.embedding == "keras" else model.dense_variables)
     table_optimizer = sok.OptimizerWrapper(make_optimizer(schedule))
     compression = hvd.Compression.fp16 if args.compress else hvd.Compression.none
-    loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True,
-                                                 reduction=tf.keras.losses.Reduction.NONE)
+    loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")
 
     def allreduce_dense(grad):
         if workers == 1:
@@ -176,12 +202,13 @@ def main(argv=None):
             logits = model(dense, categorical, training=True)
             # Each worker's share of the global mean: gradients add up over workers.
             loss = tf.reduce_sum(loss_fn(labels, logits)) / args.global_batch_size
-            scaled = dense_optimizer.get_scaled_loss(loss) if args.amp else loss
+            scaled = scale_loss(dense_optimizer, loss) if args.amp else loss
         variables = model.tables + model.dense_variables
         grads = tape.gradient(scaled, variables)
-        if args.amp:
-            grads = dense_optimizer.get_unscaled_gradients(grads)
         table_grads, dense_grads = grads[:len(model.tables)], grads[len(model.tables):]
+        if args.amp:
+            table_grads, dense_grads = unscale_gradients(dense_optimizer, table_grads,
+                                                         dense_grads, args.embedding == "keras")
         dense_grads = [allreduce_dense(g) for g in dense_grads]
         if args.embedding == "keras":  # replicated tables (plain data parallelism)
             table_grads = [allreduce_dense(g) for g in table_grads]
