@@ -36,7 +36,7 @@ import tensorflow as tf
 from sparse_operation_kit import communication
 from sparse_operation_kit._ops import raw_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable
-from sparse_operation_kit.optimizer import dynamic_slot_names, shown_slot_names
+from sparse_operation_kit.optimizer import dynamic_slot_names, shown_slot_names, static_slots
 from sparse_operation_kit.variables import Variable
 
 HEADER_BYTES = 296
@@ -231,14 +231,8 @@ def _local_rows(variable, optimizer):
         return keys.astype(np.int64), values, slots
     keys = variable.global_row_ids() if isinstance(variable, Variable) else \
         np.arange(variable.shape[0], dtype=np.int64)
-    slots = {}
-    inner = getattr(optimizer, "optimizer", optimizer)
-    if inner is not None and hasattr(inner, "get_slot_names"):
-        for slot in inner.get_slot_names():
-            try:
-                slots[slot] = inner.get_slot(variable, slot).numpy()
-            except (KeyError, ValueError):
-                continue
+    slots = {name: slot.numpy() for name, slot in static_slots(optimizer, variable).items()} \
+        if optimizer is not None else {}
     return keys, variable.numpy(), slots
 
 
@@ -426,7 +420,9 @@ def _stage(checkpoint, table, optimizer):
     inner = getattr(optimizer, "optimizer", optimizer)
     generic = _generic_slot_tables(optimizer, variable, create=True) \
         if isinstance(variable, DynamicVariable) else {}
-    for slot in _slot_names(variable, inner) + list(generic):
+    saved_state = [f for f in os.listdir(checkpoint.path)
+                   if f.startswith(f"{base}-{type(inner).__name__}-")] if inner else []
+    for slot in _slot_names(variable, inner, saved_state) + list(generic):
         file = f"{base}-{type(inner).__name__}-{slot}"
         listed = entry is None or file in entry["files"]  # a manifest names its dump's files
         if listed and os.path.exists(checkpoint.location(file)):
@@ -460,17 +456,24 @@ def load(path, variables, optimizer=None):
         local = np.searchsorted(variable.global_row_ids(), keys) \
             if isinstance(variable, Variable) else keys
         _assign_rows(variable, local, weights)
-        inner = getattr(optimizer, "optimizer", optimizer)
+        held = static_slots(optimizer, variable) if slots else {}
         for slot, rows in slots.items():
-            _assign_rows(inner.get_slot(variable, slot), local, rows)
+            _assign_rows(held[slot], local, rows)
 
 
-def _slot_names(variable, optimizer):
+def _slot_names(variable, optimizer, saved_state):
     if optimizer is None:
         return []
     if isinstance(variable, DynamicVariable):
         return shown_slot_names(optimizer)
-    return optimizer.get_slot_names() if hasattr(optimizer, "get_slot_names") else []
+    if hasattr(optimizer, "get_slot_names"):
+        return optimizer.get_slot_names()
+    if saved_state and hasattr(optimizer, "build") and not getattr(optimizer, "built", True):
+        raise ValueError(
+            f"{type(optimizer).__name__} is not built yet, so it keeps no state for "
+            f"{variable.name} to load into: build it first (optimizer.build(variables), or "
+            f"one training step) to load {saved_state}, or load without the optimizer")
+    return list(static_slots(optimizer, variable))
 
 
 def _assign_rows(variable, local_rows, rows):

@@ -125,6 +125,62 @@ def _hyper_state_on(optimizer, device):
         optimizer.iterations  # noqa: B018  (created on first access)
 
 
+def _device(variable):
+    """A variable's device (a Keras 3 variable's is its tf.Variable's)."""
+    return variable.device if isinstance(variable, tf.Variable) else variable.value.device
+
+
+def _is_keras_3(optimizer):
+    """Whether `optimizer` is a Keras 3 optimizer (only those have stateless_apply)."""
+    return hasattr(_unwrapped(optimizer), "stateless_apply")
+
+
+def _summed_duplicates(grad):
+    """An IndexedSlices gradient with each index once, its rows summed, as TensorFlow's dense
+    gradients and Keras 2's optimizers apply it. A Keras 3 optimizer applies repeated indices
+    row by row (Adagrad squares each part apart, momentum and Adam mix them into state), so
+    the wrapper hands it summed gradients: sok tables train alike under both generations."""
+    if not isinstance(grad, tf.IndexedSlices):
+        return grad
+    unique, position = tf.unique(grad.indices)
+    values = tf.math.unsorted_segment_sum(grad.values, position, tf.size(unique))
+    return tf.IndexedSlices(values, unique, grad.dense_shape)
+
+
+def _slot_prefix(variable):
+    """How a Keras 3 optimizer begins the names of a variable's slots."""
+    name = variable.path if hasattr(variable, "path") else variable.name
+    return name.replace("/", "_").replace(":", "_") + "_"
+
+
+def static_slots(optimizer, variable):
+    """{slot name: slot variable} an optimizer (or a wrapper's) keeps for a variable: through
+    get_slot for legacy and Keras 2 optimizers. A Keras 3 optimizer has no get_slot: it keeps
+    each kind of slot in a list by the variable's index, naming each "<variable>_<slot>"
+    (nothing before it is built)."""
+    inner = _unwrapped(getattr(optimizer, "optimizer", optimizer))
+    if hasattr(inner, "get_slot_names"):
+        slots = {}
+        for name in inner.get_slot_names():
+            try:
+                slots[name] = inner.get_slot(variable, name)
+            except (KeyError, ValueError):
+                continue
+        return slots
+    try:
+        index = inner._get_variable_index(variable)
+    except (AttributeError, KeyError):
+        return {}
+    count, prefix = len(inner._trainable_variables), _slot_prefix(variable)
+    slots = {}
+    for kind in vars(inner).values():
+        if isinstance(kind, (list, tuple)) and len(kind) == count and \
+                getattr(kind[index], "name", "").startswith(prefix):
+            slot = kind[index]
+            slots[slot.name[len(prefix):]] = slot if isinstance(slot, tf.Variable) else slot.value
+    return slots
+
+
 def _unwrapped(optimizer):
     """The optimizer that owns the slots (a LossScaleOptimizer's inner one)."""
     return getattr(optimizer, "inner_optimizer", None) or optimizer
@@ -265,7 +321,7 @@ class OptimizerWrapper:
         if not self._fused:
             return self._optimizer.iterations
         return _wrapper_variable(self._optimizer, "sok_iterations", 0, tf.int64,
-                                 self._optimizer.iterations.device)
+                                 _device(self._optimizer.iterations))
 
     def get_slot_names(self):
         """The wrapped optimizer's slot names, and those its dynamic tables keep."""
@@ -289,7 +345,11 @@ class OptimizerWrapper:
                 raise KeyError(f"{self._kind} keeps no slot {name!r} for dynamic table "
                                f"{var.name}; its slots are {names}")
             return DynamicSlot(var, name, names.index(name))
-        return self._optimizer.get_slot(var, name)
+        slots = static_slots(self._optimizer, var)
+        if name not in slots:
+            raise KeyError(f"{self._kind} keeps no slot {name!r} for {var.name}; it keeps "
+                           f"{sorted(slots)}")
+        return slots[name]
 
     @property
     def _slots(self):
@@ -348,6 +408,8 @@ class OptimizerWrapper:
             counted = steps.assign_add(1)
         if not others:
             return counted
+        if _is_keras_3(self._optimizer):
+            others = [(_summed_duplicates(g), v) for g, v in others]
         with tf.control_dependencies([counted]):
             return self._optimizer.apply_gradients(others, **kwargs)
 

@@ -10,6 +10,7 @@ import sparse_operation_kit as sok
 from sparse_operation_kit import raw_ops
 from sparse_operation_kit.optimizer import dynamic_slot_names
 from sparse_operation_kit.optimizer_rules import hyper_vector, rule_table, slot_names
+from keras_optimizers import keras_optimizer
 
 RULES = ["sgd", "adagrad", "adam", "adamax", "adadelta", "rmsprop", "nadam", "ftrl"]
 
@@ -63,12 +64,13 @@ def test_adam_hyper_parameters_reach_the_rule_by_name():
                                rtol=1e-6)
 
 
+# SOK's (Keras 2's) slot names, under Keras 3 too (whose Adam calls them "momentum", "velocity")
 @pytest.mark.parametrize("make, slots", [
-    (lambda: tf.keras.optimizers.legacy.SGD(0.1), []),
-    (lambda: tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9), ["momentum"]),
-    (lambda: tf.keras.optimizers.legacy.RMSprop(0.1), ["rms", "momentum"]),
-    (lambda: tf.keras.optimizers.legacy.RMSprop(0.1, centered=True), ["rms", "momentum", "mg"]),
-    (lambda: tf.keras.optimizers.legacy.Ftrl(0.1), ["accumulator", "linear"]),
+    (lambda: keras_optimizer("SGD", 0.1), []),
+    (lambda: keras_optimizer("SGD", 0.1, momentum=0.9), ["momentum"]),
+    (lambda: keras_optimizer("RMSprop", 0.1), ["rms", "momentum"]),
+    (lambda: keras_optimizer("RMSprop", 0.1, centered=True), ["rms", "momentum", "mg"]),
+    (lambda: keras_optimizer("Ftrl", 0.1), ["accumulator", "linear"]),
     (lambda: tf.keras.optimizers.Adam(0.1), ["m", "v"]),
     (lambda: tf.keras.optimizers.Adam(0.1, amsgrad=True), []),  # the generic path
 ])

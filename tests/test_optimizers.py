@@ -357,6 +357,23 @@ def test_static_variables_go_to_the_wrapped_optimizer():
     np.testing.assert_allclose(table.numpy(), expected)
 
 
+@pytest.mark.parametrize("name", ["Adagrad", "Adam", "RMSprop"])
+def test_static_tables_get_repeated_ids_summed_under_every_keras(name):
+    """A static table's gradient repeats an id once per occurrence; through the wrapper the
+    optimizer applies their sum, as Keras 2 does and Keras 3 on its own does not."""
+    initial = np.random.default_rng(3).normal(size=[6, 2]).astype(np.float32)
+    table, reference = sok.Variable(initial), tf.Variable(initial)
+    wrapper, keras = sok.OptimizerWrapper(keras_optimizer(name, 0.1)), keras_optimizer(name, 0.1)
+    grad = tf.IndexedSlices(tf.constant([[1.0, 2.0], [3.0, -4.0], [0.5, 0.5]]),
+                            tf.constant([4, 4, 1], tf.int64), tf.constant([6, 2], tf.int64))
+    for _ in range(3):
+        wrapper.apply_gradients([(grad, table)])
+        keras.apply_gradients([(tf.IndexedSlices(tf.constant([[4.0, -2.0], [0.5, 0.5]]),
+                                                 tf.constant([4, 1], tf.int64),
+                                                 tf.constant([6, 2], tf.int64)), reference)])
+    np.testing.assert_allclose(table.numpy(), reference.numpy(), rtol=1e-6, atol=1e-7)
+
+
 def test_sok_sgd():
     table = sok.DynamicVariable(2, initializer="ones")
     table.sparse_read(tf.constant([7], tf.int64))

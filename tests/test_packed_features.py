@@ -6,6 +6,7 @@ import tensorflow as tf
 
 import sparse_operation_kit as sok
 from conftest import run_mode
+from keras_optimizers import keras_optimizer
 
 
 def packed_batch(rng, vocabs, batch, max_len=4, splits_dtype=tf.int64):
@@ -68,8 +69,8 @@ def test_packed_batch_equals_list_form_and_trains_alike():
     inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
     packed_tables = [sok.Variable(i) for i in inits]
     list_tables = [sok.Variable(i) for i in inits]
-    opt_a = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.1))
-    opt_b = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.1))
+    opt_a = sok.OptimizerWrapper(keras_optimizer("Adam", 0.1))
+    opt_b = sok.OptimizerWrapper(keras_optimizer("Adam", 0.1))
     for _ in range(3):
         packed, _, per_ids, _ = packed_batch(rng, vocabs, batch)
         with tf.GradientTape() as tape:

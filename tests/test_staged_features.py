@@ -8,6 +8,7 @@ import tensorflow as tf
 import sparse_operation_kit as sok
 from sparse_operation_kit._ops import raw_ops
 from conftest import run_mode
+from keras_optimizers import keras_optimizer
 
 # The read-back runs on every device here: the CPU widens in host memory, a GPU after one copy.
 DEVICES = ["CPU:0"] + (["GPU:0"] if tf.config.list_physical_devices("GPU") else [])
@@ -188,9 +189,8 @@ def test_staged_batches_from_a_pipeline_train_as_the_packed_form(optimizer):
 
     def make():
         tables = [sok.Variable(i) for i in inits]
-        make_optimizer = (tf.keras.optimizers.legacy.Adam if optimizer == "adam"
-                          else tf.keras.optimizers.legacy.SGD)
-        return tables, squares_step(tables, make_optimizer(0.05), "mean")
+        name = "Adam" if optimizer == "adam" else "SGD"
+        return tables, squares_step(tables, keras_optimizer(name, 0.05), "mean")
 
     reference, by_argument = make()
     by_argument = tf.function(by_argument)
@@ -340,7 +340,7 @@ def staged_training(device, init, rows_of_dynamic=None):
         tables = [sok.Variable(init, name="staged_a"),
                   sok.Variable(init, name="staged_b") if rows_of_dynamic is None else
                   sok.DynamicVariable(dimension=init.shape[1], initializer="ones")]
-    return tables, tf.function(squares_step(tables, tf.keras.optimizers.legacy.SGD(0.1), "sum"))
+    return tables, tf.function(squares_step(tables, keras_optimizer("SGD", 0.1), "sum"))
 
 
 @pytest.mark.parametrize("device", DEVICES)

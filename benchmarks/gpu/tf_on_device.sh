@@ -10,7 +10,8 @@
 #   bench  the TF-on-GPU benchmarks (BENCH=static: tf_gpu.py; BENCH=dynamic: tf_gpu_dynamic.py;
 #          both by default), then benchmarks/run.py's comparison with the baselines
 # Needs: python3 with a GPU build of TensorFlow (2.15, or 2.16 with tf_keras and
-# TF_USE_LEGACY_KERAS=1), numpy < 2 and pytest; nvcc >= 12, cmake and a C++17 compiler on PATH;
+# TF_USE_LEGACY_KERAS=1, or with Keras 3: KERAS3_WHEELS in device_prologue.sh), numpy < 2 and
+# pytest; nvcc >= 12, cmake and a C++17 compiler on PATH;
 # SOK_CUDA_ARCHS (default 90) names the compute capabilities to build.
 # Logs and JSON land in $OUT (default benchmarks/out).
 set -uo pipefail
@@ -23,21 +24,21 @@ python3 -m sparse_operation_kit.info 2>/dev/null | tee -a "$OUT/tf_gpu_build.log
 if [[ $STAGES == *tests* ]]; then
   GPU_TESTS="tests/test_devices.py tests/test_dynamic_devices.py tests/test_lookup_sparse.py
     tests/test_packed_features.py tests/test_staged_features.py tests/test_pool_from_tables.py"
-  echo "== "$GPU_TESTS" (CPU and GPU)" | tee "$OUT/tf_gpu_tests.log"
+  echo "== "$GPU_TESTS" (CPU and GPU)" | tee "$OUT/tf_gpu_tests$KERAS_TAG.log"
   timeout 540 python3 -m pytest -q -rf --tb=short -p no:cacheprovider $GPU_TESTS 2>&1 \
-    | grep -v "$NOISE" >> "$OUT/tf_gpu_tests.log"
-  tail -3 "$OUT/tf_gpu_tests.log"
+    | grep -v "$NOISE" >> "$OUT/tf_gpu_tests$KERAS_TAG.log"
+  tail -3 "$OUT/tf_gpu_tests$KERAS_TAG.log"
 fi
 
 if [[ $STAGES == *suite* ]]; then
   # The multi-worker tests run on several GPUs in multi_gpu_on_device.sh.
-  echo "== the single-process suite, ops placed by TensorFlow (the GPU)" | tee "$OUT/tf_gpu_suite.log"
+  echo "== the single-process suite, ops placed by TensorFlow (the GPU)" | tee "$OUT/tf_gpu_suite$KERAS_TAG.log"
   timeout 540 python3 -m pytest -q -rf --tb=line -p no:cacheprovider tests --ignore=tests/gpu \
     --ignore=tests/test_devices.py --ignore=tests/test_dynamic_devices.py \
     --ignore=tests/test_lookup_sparse.py --ignore=tests/test_packed_features.py \
     --ignore=tests/test_staged_features.py --ignore=tests/test_pool_from_tables.py --ignore=tests/test_multiworker.py 2>&1 \
-    | grep -v "$NOISE" >> "$OUT/tf_gpu_suite.log"
-  tail -3 "$OUT/tf_gpu_suite.log"
+    | grep -v "$NOISE" >> "$OUT/tf_gpu_suite$KERAS_TAG.log"
+  tail -3 "$OUT/tf_gpu_suite$KERAS_TAG.log"
 fi
 
 if [[ $STAGES == *capi* ]]; then

@@ -10,15 +10,15 @@ import numpy as np
 import tensorflow as tf
 
 import sparse_operation_kit as sok
-from verdict import start_worker
+from verdict import keras_optimizer, start_worker
 
 start_worker(hvd, sok)  # one GPU a worker where there are GPUs, as SOK's examples pin them
 rank, workers = hvd.rank(), hvd.size()
 if rank == 1:
     sok.DynamicVariable(dimension=2)  # only here: the automatic names no longer agree
 dims = [16 - 4 * i for i in range(workers)]
-optimizers = [tf.keras.optimizers.legacy.SGD(1.0), tf.keras.optimizers.legacy.SGD(1.0, momentum=0.9),
-              tf.keras.optimizers.legacy.Adagrad(1.0), tf.keras.optimizers.legacy.Ftrl(1.0)]
+optimizers = [keras_optimizer("SGD", 1.0), keras_optimizer("SGD", 1.0, momentum=0.9),
+              keras_optimizer("Adagrad", 1.0), keras_optimizer("Ftrl", 1.0)]
 rng = np.random.default_rng(3)
 for number, optimizer in enumerate(optimizers):
     wrapper = sok.OptimizerWrapper(optimizer)

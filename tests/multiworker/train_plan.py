@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 import sparse_operation_kit as sok
-from verdict import placement_failures, report, start_worker
+from verdict import keras_optimizer, placement_failures, report, start_worker, summed_duplicates
 
 SIZES, DIM, GLOBAL_BATCH, STEPS = [40, 60, 70, 200], 4, 18, 5
 PLAN = [  # table 0 dp; 1 localized on worker 0; 2 localized on worker 1; 3 row-sharded
@@ -37,8 +37,8 @@ def main():
     references = [tf.Variable(tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=i)([rows, DIM]))
                   for i, rows in enumerate(SIZES)]
     tables = [collection.tables[i] for i in range(4)]
-    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9))
-    ref_optimizer = tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9)
+    optimizer = sok.OptimizerWrapper(keras_optimizer("SGD", 0.1, momentum=0.9))
+    ref_optimizer = keras_optimizer("SGD", 0.1, momentum=0.9)
     rng = np.random.default_rng(5)
     for step in range(STEPS):
         lengths = [rng.integers(1, 4, size=GLOBAL_BATCH) for _ in SIZES]
@@ -62,7 +62,8 @@ def main():
             outs = [s if i % 2 == 0 else s / tf.cast(x.row_lengths()[:, None], tf.float32)
                     for i, (s, x) in enumerate(zip(sums, full))]
             ref_loss = tf.add_n([tf.reduce_sum(o * o) for o in outs]) / GLOBAL_BATCH
-        ref_optimizer.apply_gradients(zip(tape.gradient(ref_loss, references), references))
+        ref_grads = map(summed_duplicates, tape.gradient(ref_loss, references))
+        ref_optimizer.apply_gradients(zip(ref_grads, references))
 
     failures = placement_failures(sok, tables)
     for i, (table, ref) in enumerate(zip(tables, references)):

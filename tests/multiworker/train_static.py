@@ -12,7 +12,8 @@ import numpy as np
 import tensorflow as tf
 
 import sparse_operation_kit as sok
-from verdict import placement_failures, report, start_worker
+from verdict import (KERAS_3, keras_optimizer, placement_failures, report, start_worker,
+                     summed_duplicates)
 
 # (rows, dim, mode): two tables of dim 8 (one distributed, one localized) fused in one group,
 # and a dim-4 table localized on the last worker.
@@ -24,10 +25,10 @@ GLOBAL_BATCH = 24
 
 def optimizer(name):
     if name == "sgd_momentum":
-        return tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9)
+        return keras_optimizer("SGD", 0.05, momentum=0.9)
     if name == "adam":
-        return tf.keras.optimizers.legacy.Adam(0.01)
-    return tf.keras.optimizers.legacy.Adagrad(0.1)
+        return keras_optimizer("Adam", 0.01)
+    return keras_optimizer("Adagrad", 0.1)
 
 
 class LazyAdamReference:
@@ -146,7 +147,9 @@ def main():
     # Adam through the wrapper updates the static tables lazily (Sok>StaticApply); the
     # reference does so in NumPy, the dense layer through Keras on both sides.
     lazy_reference = LazyAdamReference() if args.optimizer == "adam" else None
-    if lazy_reference:
+    # Under Keras 3 through the wrapper too: Keras 3 applies the repeated ids the exchange
+    # leaves in a worker's gradient row by row; the wrapper sums them, as the reference is.
+    if lazy_reference or KERAS_3:
         opt = sok.OptimizerWrapper(opt)
 
     def train_step(ids, weights, targets):
@@ -169,7 +172,7 @@ def main():
             lazy_reference.apply(zip(grads[:-1], ref_tables))
             ref_opt.apply_gradients([(grads[-1], ref_dense)])
         else:
-            ref_opt.apply_gradients(zip(grads, ref_tables + [ref_dense]))
+            ref_opt.apply_gradients(zip(map(summed_duplicates, grads), ref_tables + [ref_dense]))
 
     if args.function:
         train_step = tf.function(train_step)
