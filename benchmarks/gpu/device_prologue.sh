@@ -13,7 +13,13 @@ export PYTHONPATH=$PWD:$PYTHONPATH
 KERAS_TAG=""
 if [ -n "${KERAS3_WHEELS:-}" ]; then
   python3 -m pip install -q --no-deps --target /tmp/keras3 "$KERAS3_WHEELS"/*.whl || exit 1
-  export PYTHONPATH=/tmp/keras3:$PYTHONPATH
+  # Keras 3 imports PyTorch and JAX where installed; the machine's are built for NumPy 2 and
+  # fail beside this TensorFlow's NumPy 1, so they are hidden from it.
+  for hidden in torch jax jaxlib; do
+    mkdir -p /tmp/keras3_hidden/$hidden
+    echo "raise ImportError('$hidden is hidden from Keras 3 here')" > /tmp/keras3_hidden/$hidden/__init__.py
+  done
+  export PYTHONPATH=/tmp/keras3:/tmp/keras3_hidden:$PYTHONPATH
   unset TF_USE_LEGACY_KERAS
   KERAS_TAG=_keras3
 fi
