@@ -47,7 +47,19 @@ def _keras_3_weight(table, name):
     return TableWeight(table, name=name)
 
 
-class _TableLayer(tf.keras.layers.Layer):
+class _ShapeFreeBuild:
+    """For layers whose tables do not depend on the input's shape: a loaded layer makes them
+    at once, so its weights can be loaded."""
+
+    def get_build_config(self):
+        return {"built": bool(self.built)}
+
+    def build_from_config(self, config):
+        if config.get("built") and not self.built:
+            self.build(None)
+
+
+class _TableLayer(_ShapeFreeBuild, tf.keras.layers.Layer):
     """Holds one sok table; exposes a dynamic one as `sok_dynamic_table` for `sok.layers.Model`.
 
     A dynamic table is no Keras weight (it has no dense value; `sok.layers.Model` trains it),
@@ -67,15 +79,6 @@ class _TableLayer(tf.keras.layers.Layer):
     def has_table(self):
         """Whether the layer made its table (Keras 3 may build a layer again: it keeps it)."""
         return "_sok_table" in vars(self)
-
-    def get_build_config(self):
-        return {"built": bool(self.built)}
-
-    def build_from_config(self, config):
-        """The table does not depend on the input's shape: a loaded layer makes it at once,
-        so its weights can be loaded."""
-        if config.get("built") and not self.built:
-            self.build(None)
 
     def save_own_variables(self, store):
         super().save_own_variables(store)
@@ -248,7 +251,7 @@ class All2AllDenseEmbedding(_SokV1Layer):
 
 
 @tf.keras.utils.register_keras_serializable(package=_PACKAGE)
-class PackedEmbedding(tf.keras.layers.Layer):
+class PackedEmbedding(_ShapeFreeBuild, tf.keras.layers.Layer):
     """A group of static tables of one dimension looked up from one packed batch.
 
     `input_dims[f]` rows for feature f, each table `output_dim` wide, pooled with `combiner`
@@ -290,13 +293,6 @@ class PackedEmbedding(tf.keras.layers.Layer):
             self.tables = tables
         super().build(input_shape)
 
-    def get_build_config(self):
-        return {"built": bool(self.built)}
-
-    def build_from_config(self, config):
-        if config.get("built") and not self.built:
-            self.build(None)
-
     def call(self, inputs, training=None):
         return lookup_sparse(self.tables, inputs, combiners=self._combiners,
                              training=True if training is None else bool(training))
@@ -330,7 +326,7 @@ class Model(tf.keras.Model):
         attributes of any layer or of the model itself)."""
         tables = []
         for layer in self._flatten_layers(include_self=True):
-            for table in [getattr(layer, "sok_dynamic_table", None)] + list(vars(layer).values()):
+            for table in vars(layer).values():  # a sok layer's own table included
                 if (isinstance(table, DynamicVariable) and table.trainable and
                         all(table is not seen for seen in tables)):
                     tables.append(table)
@@ -345,8 +341,8 @@ class Model(tf.keras.Model):
                 self._loss_tracker.update_state(
                     loss, sample_weight=tf.shape(tf.nest.flatten(y_pred)[0])[0])
         dynamic = self.sok_dynamic_tables()  # after the call, which may have built the layers
-        variables = list(self.trainable_variables) + [t for t in dynamic if not any(
-            t is v for v in self.trainable_variables)]
+        variables = list(self.trainable_variables)
+        variables += [t for t in dynamic if all(t is not v for v in variables)]
         grads = tape.gradient(loss, variables)
         OptimizerWrapper(self.optimizer).apply_gradients(
             [(g, v) for g, v in zip(grads, variables) if g is not None])
