@@ -37,10 +37,18 @@ DEFAULT_MAX_CAPACITY = 64 * 1024 * 1024
 DEFAULT_EVICT = "lru"
 # HierarchicalKV options SOK accepts that do not apply to this table (its slot array and row
 # pool size and place themselves): accepted, with a warning.
-_HINT_CONFIG = ("max_hbm_for_vectors", "max_load_factor", "max_bucket_size", "block_size",
+_HINT_CONFIG = ("max_load_factor", "max_bucket_size", "block_size",
                 "device_id", "io_by_cpu", "use_constant_memory", "reserved_key_start_bit",
                 "num_of_buckets_per_alloc", "dim")
-VALID_CONFIG = ("init_capacity", "max_capacity", "evict_strategy", "filter_ratio") + _HINT_CONFIG
+# The HBM budget of a tiered ("hybrid") table: SOK's option in GB (2^30 bytes, its unit and
+# default), or this project's in bytes.
+_BUDGET_CONFIG = ("max_hbm_for_vectors", "hbm_budget_bytes")
+DEFAULT_MAX_HBM_GB = 16
+VALID_CONFIG = (("init_capacity", "max_capacity", "evict_strategy", "filter_ratio")
+                + _BUDGET_CONFIG + _HINT_CONFIG)
+# Tests set this to build tiered tables on the CPU too (both tiers then in host memory), so
+# the tier logic is checked where no GPU is.
+_TIER_ON_HOST = False
 
 
 def _evict_strategy(config):
@@ -58,6 +66,30 @@ def _evict_strategy(config):
         warnings.warn("evict_strategy kCustomized: sok keeps no user scores; evicting by LRU")
     return strategy
 _VAR_TYPES = (None, "hbm", "hybrid")
+
+
+def _hbm_budget_bytes(var_type, config):
+    """The tiered table's HBM budget in bytes, or 0 for a table wholly in GPU memory."""
+    given = [name for name in _BUDGET_CONFIG if name in config]
+    if len(given) > 1:
+        raise ValueError("give the HBM budget once: max_hbm_for_vectors (GB) or "
+                         "hbm_budget_bytes (bytes), not both")
+    for name in given:
+        value = config[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise TypeError(f"{name} must be a number, got {value!r}")
+        if not np.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+    if var_type == "hbm" and given:
+        raise ValueError(f"var_type='hbm' keeps the whole table in GPU memory; {given[0]} "
+                         "applies to var_type='hybrid'")
+    if "hbm_budget_bytes" in config:
+        return int(config["hbm_budget_bytes"])
+    if var_type != "hybrid":
+        if given:
+            warnings.warn("max_hbm_for_vectors applies to var_type='hybrid' tables; ignored")
+        return 0
+    return int(float(config.get("max_hbm_for_vectors", DEFAULT_MAX_HBM_GB)) * (1 << 30))
 _counter = itertools.count()
 
 
@@ -113,8 +145,12 @@ class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
       initializer: "random"/"normal" (default, N(0, 0.05)), "uniform", "zeros", "ones", a float
         string, or a Keras RandomNormal / RandomUniform / Constant initializer. The initial row
         of a key depends only on (seed, key), so every worker count agrees.
-      var_type: None, "hbm" or "hybrid" (hints: the table lives where it is created, in GPU
-        memory under a GPU device, in host memory on the CPU).
+      var_type: None or "hbm" (the table lives where it is created, in GPU memory under a GPU
+        device, in host memory on the CPU) or "hybrid": on a GPU, a tiered table whose rows
+        in use, with their optimizer state, stay in GPU memory within `max_hbm_for_vectors`
+        GB (default 16, as SOK) or `hbm_budget_bytes` bytes, the rest in host memory; a
+        budget that holds the whole table gives the all-GPU table. On the CPU a hybrid
+        table is the host table.
       name: the table's name (also seeds its initializer).
       key_type: tf.int64 (default) or tf.int32.
       dtype: how rows are stored: tf.float32 (default), tf.float16 or tf.bfloat16 (half the
@@ -127,7 +163,8 @@ class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
       **config: init_capacity, max_capacity (keys this worker holds; default 64Mi, as
         SOK's hybrid tables), evict_strategy ("lru" / "kLru", the default as in SOK, "lfu" /
         "kLfu", "kCustomized" evicting by LRU, or None: a full table then raises
-        ResourceExhaustedError), filter_ratio, and SOK's other HierarchicalKV options
+        ResourceExhaustedError), filter_ratio, max_hbm_for_vectors / hbm_budget_bytes (see
+        var_type), and SOK's other HierarchicalKV options
         (accepted with a warning: they do not apply here).
     """
 
@@ -150,6 +187,10 @@ class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
             raise TypeError(f"dtype must be one of {[d.name for d in _VALUE_DTYPES]}, got "
                             f"{value_dtype.name}")
         evict = _evict_strategy(config)
+        hbm_budget_bytes = _hbm_budget_bytes(var_type, config)
+        if 0 < hbm_budget_bytes < dimension * value_dtype.size:
+            raise ValueError(f"an HBM budget of {hbm_budget_bytes} bytes holds no row of this "
+                             f"table (a row is {dimension * value_dtype.size} bytes)")
         ignored = sorted(set(config) & set(_HINT_CONFIG))
         if ignored:
             warnings.warn(f"DynamicVariable options {ignored} do not apply to sok's table (its "
@@ -169,6 +210,8 @@ class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
                          "trainable": bool(trainable),
                          "config": {"init_capacity": init_capacity, "max_capacity": max_capacity,
                                     "evict_strategy": evict, "filter_ratio": filter_ratio}}
+        if hbm_budget_bytes:
+            self._revival["config"]["hbm_budget_bytes"] = hbm_budget_bytes
 
         self._key_type = key_dtype
         self._dimension = int(dimension)
@@ -179,11 +222,14 @@ class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
         unique_id = f"sok_dynamic_{self._name}_{id(self)}"
         with tf.init_scope():
             handle = raw_ops.sok_dynamic_table_handle(shared_name=unique_id)
+            if "GPU" not in handle.device.upper() and not _TIER_ON_HOST:
+                hbm_budget_bytes = 0  # a host table: there is no HBM to budget
+            self._hbm_budget_bytes = hbm_budget_bytes
             raw_ops.sok_dynamic_table_create(
                 handle, dim=self._dimension, init_capacity=init_capacity,
                 max_capacity=max_capacity, evict_strategy=evict or "none", initializer=kind,
                 init_a=a, init_b=b, seed=zlib.crc32(self._name.encode()),
-                value_dtype=value_dtype.name)
+                value_dtype=value_dtype.name, hbm_budget_bytes=hbm_budget_bytes)
         # A resource variable over the table's handle (as SOK's): name "<name>:0", dtype the
         # storage dtype, shape [None, dimension]; the dense-value methods are overridden below.
         super().__init__(trainable=trainable, shape=[None, self._dimension], dtype=value_dtype,
@@ -236,6 +282,11 @@ class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
     @property
     def filter_ratio(self):
         return self._filter_ratio
+
+    @property
+    def hbm_budget_bytes(self):
+        """Bytes of GPU memory for the rows in use of a tiered table (0: not tiered)."""
+        return self._hbm_budget_bytes
 
     @property
     def size(self):

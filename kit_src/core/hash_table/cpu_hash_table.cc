@@ -389,6 +389,25 @@ Status CpuHashTable::Erase(const int64_t* keys, int64_t n, int64_t* erased,
   return Status::Ok();
 }
 
+Status CpuHashTable::Take(const int64_t* keys, int64_t n, float* values, float* state,
+                          uint8_t* found, const TableContext&) {
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  const int64_t dim = options_.dim, state_dim = options_.state_dim;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = FindSlot(keys[i], Home(keys[i]));
+    found[i] = slot >= 0;
+    if (slot < 0) {
+      std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
+      if (state != nullptr) std::fill(state + i * state_dim, state + (i + 1) * state_dim, 0.0f);
+      continue;
+    }
+    ReadValue(slot, values + i * dim);
+    if (state != nullptr) std::memcpy(state + i * state_dim, State(slot), state_dim * sizeof(float));
+    EraseSlot(slot);
+  }
+  return Status::Ok();
+}
+
 Status CpuHashTable::Export(int64_t written_after_us, bool with_state,
                            const ExportOutputs& outputs, const TableContext&) {
   std::shared_lock<std::shared_mutex> lock(mutex_);

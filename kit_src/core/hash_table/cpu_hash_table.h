@@ -42,6 +42,12 @@ class CpuHashTable final : public DynamicTable {
   CpuHashTable(const HashTableOptions& options, const RowInitializer& initializer);
 
   int64_t size() const;
+  // Moves the bound on the key count (a tiered table lends part of it to its other tier);
+  // keys already beyond it stay until the next insert makes room.
+  void SetMaxCapacity(int64_t max_capacity) {
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    options_.max_capacity = max_capacity;
+  }
 
   // DynamicTable, in host memory; every call returns when done. Write times are kept to the
   // millisecond: Export includes rows written in the threshold's millisecond, and 2^32 ms

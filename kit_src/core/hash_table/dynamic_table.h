@@ -128,6 +128,12 @@ class DynamicTable {
   // changing nothing, when the rule does not fit `update.state_dim`.
   virtual Status ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) = 0;
 
+  // Removes the present keys among `keys` (distinct) and hands out their rows: values
+  // ([n, dim], widened), state ([n, state_dim], or null to drop it) and found[i] (1 when key i
+  // was present); a missing key's rows read as zeros. How a row moves between tables.
+  virtual Status Take(const int64_t* keys, int64_t n, float* values, float* state,
+                      uint8_t* found, const TableContext& context) = 0;
+
  protected:
   HashTableOptions options_;  // state_dim and state_initial_value change as the state widens
 };
@@ -146,7 +152,9 @@ class DynamicTable {
                const TableContext& context) override;                                       \
   Status Export(int64_t written_after_us, bool with_state, const ExportOutputs& outputs,    \
                 const TableContext& context) override;                                      \
-  Status ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) override
+  Status ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) override; \
+  Status Take(const int64_t* keys, int64_t n, float* values, float* state, uint8_t* found,  \
+              const TableContext& context) override
 
 inline constexpr int64_t kExportAll = INT64_MIN;  // Export's written_after_us: every row
 

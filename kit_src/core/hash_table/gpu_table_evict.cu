@@ -58,7 +58,56 @@ __global__ void CopyEvictedRows(const int64_t* rows, int64_t count, const int64_
   }
 }
 
+// Take's copy out: key i's value (widened) and state, zeros and found 0 when missing.
+template <typename V>
+__global__ void CopyTakenRows(const int64_t* rows, int64_t n, int64_t missing_row,
+                              const V* values, const float* state, int64_t dim,
+                              int64_t state_dim, float* values_out, float* state_out,
+                              uint8_t* found) {
+  const int64_t width = dim + (state_out != nullptr ? state_dim : 0);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * width;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = i / width, d = i - j * width, row = rows[j];
+    const bool present = row != missing_row;
+    if (d == 0) found[j] = present;
+    if (d < dim) {
+      values_out[j * dim + d] = present ? Widen(values[row * dim + d]) : 0.0f;
+    } else {
+      state_out[j * state_dim + d - dim] = present ? state[row * state_dim + d - dim] : 0.0f;
+    }
+  }
+}
+
 }  // namespace
+
+Status GpuHashTable::Take(const int64_t* keys, int64_t n, float* values, float* state,
+                          uint8_t* found, const TableContext& context) {
+  const cudaStream_t stream = StreamOf(context);
+  std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(init_status_);
+  if (n == 0) return Status::Ok();
+  int64_t* rows = nullptr;
+  unsigned long long* erased = nullptr;
+  Status status = Scratch(n, &rows);
+  if (status.ok()) status = Scratch(1, &erased);
+  if (status.ok()) status = FindRows(TableKeys{keys, n, 1, 0}, false, 1.0f, 0, 0, rows, stream);
+  if (status.ok()) {
+    if (options_.state_dim == 0) state = nullptr;
+    VisitValueType(options_.value_type, [&](auto value) {
+      using V = decltype(value);
+      const int64_t width = options_.dim + (state != nullptr ? options_.state_dim : 0);
+      CopyTakenRows<V><<<Blocks(n * width), kThreads, 0, stream>>>(
+          rows, n, row_capacity_, static_cast<const V*>(values_), state_, options_.dim,
+          options_.state_dim, values, state, found);
+    });
+    EraseKeys<<<Blocks(n), kThreads, 0, stream>>>(keys, n, static_cast<Slot*>(slots_),
+                                                  num_slots_ - 1, counters_, free_rows_,
+                                                  row_meta_, erased);
+    status = CudaStatus(cudaGetLastError(), "take");
+  }
+  FreeScratch();
+  return status;
+}
 
 Status GpuHashTable::Evict(int64_t count, int64_t next_row, cudaStream_t stream,
                            EvictedRows* evicted) {

@@ -12,6 +12,7 @@
 #include "kit_src/core/embedding/key_partition.h"
 #include "kit_src/core/hash_table/cpu_hash_table.h"
 #include "kit_src/core/hash_table/dynamic_table.h"
+#include "kit_src/core/hash_table/tiered_table.h"
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/device_tags.h"
 #include "kit_src/tf/kernels/dynamic_table_validation.h"
@@ -35,6 +36,12 @@ struct NewDynamicTable {
                                   const HashTableOptions& options,
                                   const RowInitializer& initializer,
                                   std::shared_ptr<DynamicTable>* table);
+};
+
+// The memory of a tiered table's hot tier on the device (host memory on the CPU).
+template <typename Device>
+struct NewTierMemory {
+  std::unique_ptr<TierMemory> operator()(::tensorflow::OpKernelContext* ctx);
 };
 
 // The context a table call runs in: TensorFlow's stream, or its CPU thread pool.
@@ -83,6 +90,13 @@ struct NewDynamicTable<CpuDevice> {
                                   std::shared_ptr<DynamicTable>* table) {
     *table = std::make_shared<CpuHashTable>(options, initializer);
     return ::tensorflow::Status();
+  }
+};
+
+template <>
+struct NewTierMemory<CpuDevice> {
+  std::unique_ptr<TierMemory> operator()(::tensorflow::OpKernelContext*) {
+    return NewHostTierMemory();
   }
 };
 

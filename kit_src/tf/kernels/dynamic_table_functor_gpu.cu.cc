@@ -42,6 +42,11 @@ tf::Status NewDynamicTable<GpuDevice>::operator()(tf::OpKernelContext* ctx,
 }
 
 template <>
+std::unique_ptr<TierMemory> NewTierMemory<GpuDevice>::operator()(tf::OpKernelContext* ctx) {
+  return NewGpuTierMemory(std::make_shared<TfGpuMemory>(ctx->device()->GetAllocator({})));
+}
+
+template <>
 TableContext TableContextOf<GpuDevice>::operator()(tf::OpKernelContext* ctx) {
   TableContext context;
   context.stream = GpuStream(ctx);

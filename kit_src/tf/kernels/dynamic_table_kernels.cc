@@ -68,17 +68,35 @@ class DynamicTableCreateOp : public tf::OpKernel {
  public:
   explicit DynamicTableCreateOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ReadTableAttrs(ctx, &options_, &initializer_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("hbm_budget_bytes", &hbm_budget_bytes_));
+    if (hbm_budget_bytes_ > 0) OP_REQUIRES_OK(ctx, ToTfStatus(CheckHotBudget(options_, hbm_budget_bytes_)));
   }
   void Compute(tf::OpKernelContext* ctx) override {
     std::shared_ptr<DynamicTable> table;
-    OP_REQUIRES_OK(ctx, functor::NewDynamicTable<Device>()(ctx, options_, initializer_, &table));
+    if (hbm_budget_bytes_ > 0 && !BudgetHoldsTable(options_, hbm_budget_bytes_)) {
+      OP_REQUIRES_OK(ctx, NewTieredTable(ctx, &table));
+    } else {
+      OP_REQUIRES_OK(ctx, functor::NewDynamicTable<Device>()(ctx, options_, initializer_, &table));
+    }
     auto* resource = new DynamicTableResource(std::move(table));
     OP_REQUIRES_OK(ctx, tf::CreateResource(ctx, tf::HandleFromInput(ctx, 0), resource));
   }
 
  private:
+  // The device's table as the hot tier over a host table.
+  tf::Status NewTieredTable(tf::OpKernelContext* ctx, std::shared_ptr<DynamicTable>* table) {
+    std::shared_ptr<DynamicTable> hot;
+    TF_RETURN_IF_ERROR(functor::NewDynamicTable<Device>()(
+        ctx, HotTierOptions(options_, hbm_budget_bytes_), initializer_, &hot));
+    *table = std::make_shared<TieredTable>(options_, hbm_budget_bytes_, std::move(hot),
+                                           std::make_unique<CpuHashTable>(options_, initializer_),
+                                           functor::NewTierMemory<Device>()(ctx));
+    return tf::Status();
+  }
+
   HashTableOptions options_;
   RowInitializer initializer_;
+  int64_t hbm_budget_bytes_ = 0;
 };
 
 template <typename Device>

@@ -24,10 +24,14 @@ REGISTER_OP("Sok>DynamicTableCreate")
     .Attr("init_b: float")
     .Attr("seed: int")
     .Attr("value_dtype: {'float32', 'float16', 'bfloat16'} = 'float32'")
+    .Attr("hbm_budget_bytes: int >= 0 = 0")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc("Creates the table behind `handle`; the initial row of a key depends on (seed, key). "
-         "value_dtype is how rows are stored; every read and write is float32.");
+         "value_dtype is how rows are stored; every read and write is float32. A positive "
+         "hbm_budget_bytes smaller than the table makes a tiered table: the rows in use (with "
+         "their optimizer state) within that many bytes of the device's memory, the rest in "
+         "host memory.");
 
 REGISTER_OP("Sok>DynamicTableSize")
     .Input("handle: resource")

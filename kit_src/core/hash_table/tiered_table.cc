@@ -1,0 +1,515 @@
+#include "kit_src/core/hash_table/tiered_table.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace sok {
+namespace {
+
+class HostTierMemory final : public TierMemory {
+ public:
+  bool is_host() const override { return true; }
+  Status Allocate(int64_t bytes, void** out) override {
+    *out = ::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 1)));
+    return Status::Ok();
+  }
+  void Free(void* pointer) override { ::operator delete(pointer); }
+  Status ToHost(void* host, const void* hot, int64_t bytes, const TableContext&) override {
+    if (bytes > 0) std::memcpy(host, hot, bytes);
+    return Status::Ok();
+  }
+  Status FromHost(void* hot, const void* host, int64_t bytes, const TableContext&) override {
+    if (bytes > 0) std::memcpy(hot, host, bytes);
+    return Status::Ok();
+  }
+  Status Copy(void* to, const void* from, int64_t bytes, const TableContext&) override {
+    if (bytes > 0) std::memcpy(to, from, bytes);
+    return Status::Ok();
+  }
+};
+
+// The host table's calls run on the caller's threads.
+TableContext HostContext(const TableContext& context) {
+  TableContext host;
+  host.parallel_for = context.parallel_for;
+  return host;
+}
+
+template <typename T>
+std::vector<T> Pick(const std::vector<T>& from, const std::vector<int64_t>& index, int64_t width) {
+  std::vector<T> out(index.size() * width);
+  for (size_t j = 0; j < index.size(); ++j) {
+    std::copy_n(from.begin() + index[j] * width, width, out.begin() + j * width);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<TierMemory> NewHostTierMemory() { return std::make_unique<HostTierMemory>(); }
+
+HashTableOptions HotTierOptions(const HashTableOptions& options, int64_t hot_bytes) {
+  HashTableOptions hot = options;
+  hot.max_capacity = hot_bytes / TieredTable::RowBytes(options.dim, options.value_type, 0);
+  hot.init_capacity = std::max<int64_t>(1, std::min(options.init_capacity, hot.max_capacity));
+  hot.evict = EvictStrategy::kNone;
+  return hot;
+}
+
+bool BudgetHoldsTable(const HashTableOptions& options, int64_t hot_bytes) {
+  const int64_t widest = TieredTable::RowBytes(options.dim, options.value_type, 3 * options.dim);
+  return hot_bytes / widest >= options.max_capacity;
+}
+
+Status CheckHotBudget(const HashTableOptions& options, int64_t hot_bytes) {
+  const int64_t row = TieredTable::RowBytes(options.dim, options.value_type, 0);
+  if (hot_bytes >= row) return Status::Ok();
+  return Status::InvalidArgument("an HBM budget of " + std::to_string(hot_bytes) +
+                                 " bytes holds no row of this table (a row is " +
+                                 std::to_string(row) + " bytes)");
+}
+
+// Hot-tier memory for one call, freed when it ends.
+class TieredTable::HotBuffer {
+ public:
+  explicit HotBuffer(TierMemory* memory) : memory_(memory) {}
+  ~HotBuffer() {
+    for (void* pointer : owned_) memory_->Free(pointer);
+  }
+  template <typename T>
+  Status Get(int64_t count, T** out) {
+    void* pointer = nullptr;
+    SOK_RETURN_IF_ERROR(memory_->Allocate(std::max<int64_t>(count, 1) * sizeof(T), &pointer));
+    owned_.push_back(pointer);
+    *out = static_cast<T*>(pointer);
+    return Status::Ok();
+  }
+  // A hot copy of a host array.
+  template <typename T>
+  Status Upload(const std::vector<T>& host, T** out, const TableContext& context) {
+    SOK_RETURN_IF_ERROR(Get(static_cast<int64_t>(host.size()), out));
+    return memory_->FromHost(*out, host.data(), host.size() * sizeof(T), context);
+  }
+
+ private:
+  TierMemory* memory_;
+  std::vector<void*> owned_;
+};
+
+TieredTable::TieredTable(const HashTableOptions& options, int64_t hot_bytes,
+                         std::shared_ptr<DynamicTable> hot, std::unique_ptr<CpuHashTable> cold,
+                         std::unique_ptr<TierMemory> memory)
+    : DynamicTable(options),
+      hot_bytes_(hot_bytes),
+      hot_(std::move(hot)),
+      cold_(std::move(cold)),
+      memory_(std::move(memory)) {}
+
+int64_t TieredTable::RowBytes(int64_t dim, ValueType value_type, int64_t state_dim) {
+  const int64_t value_bytes = value_type == ValueType::kFloat32 ? 4 : 2;
+  return dim * value_bytes + state_dim * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t TieredTable::hot_row_budget() const {
+  return hot_bytes_ / RowBytes(options_.dim, options_.value_type, hot_->state_dim());
+}
+
+Status TieredTable::HostKeys(const TableKeys& keys, std::vector<int64_t>* key,
+                             std::vector<int64_t>* position, const TableContext& context) {
+  std::vector<int64_t> raw(keys.n * keys.stride);
+  SOK_RETURN_IF_ERROR(memory_->ToHost(raw.data(), keys.data, raw.size() * sizeof(int64_t), context));
+  for (int64_t i = 0; i < keys.n; ++i) {
+    if (keys.stride == 2 && raw[2 * i] != keys.table) continue;
+    key->push_back(raw[i * keys.stride + keys.stride - 1]);
+    if (position != nullptr) position->push_back(i);
+  }
+  return Status::Ok();
+}
+
+void TieredTable::TouchHot(int64_t key) {
+  hot_order_.splice(hot_order_.begin(), hot_order_, hot_position_.at(key));
+}
+
+Status TieredTable::Demote(int64_t count, const TableContext& context) {
+  std::vector<int64_t> victims;
+  for (int64_t v = 0; v < count && !hot_order_.empty(); ++v) {
+    victims.push_back(hot_order_.back());
+    hot_position_.erase(hot_order_.back());
+    hot_order_.pop_back();
+  }
+  const int64_t n = static_cast<int64_t>(victims.size()), dim = options_.dim;
+  const int64_t state_dim = hot_->state_dim();
+  if (n == 0) return Status::Ok();
+  HotBuffer buffer(memory_.get());
+  int64_t* keys = nullptr;
+  float *values = nullptr, *state = nullptr;
+  uint8_t* found = nullptr;
+  SOK_RETURN_IF_ERROR(buffer.Upload(victims, &keys, context));
+  SOK_RETURN_IF_ERROR(buffer.Get(n * dim, &values));
+  SOK_RETURN_IF_ERROR(buffer.Get(n * state_dim, &state));
+  SOK_RETURN_IF_ERROR(buffer.Get(n, &found));
+  SOK_RETURN_IF_ERROR(hot_->Take(keys, n, values, state_dim ? state : nullptr, found, context));
+  std::vector<float> host_values(n * dim), host_state(n * state_dim);
+  std::vector<uint8_t> host_found(n);
+  SOK_RETURN_IF_ERROR(memory_->ToHost(host_values.data(), values, n * dim * 4, context));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(host_state.data(), state, n * state_dim * 4, context));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(host_found.data(), found, n, context));
+  std::vector<int64_t> kept;  // every victim is hot; kept filters in case one was not
+  for (int64_t j = 0; j < n; ++j) {
+    if (host_found[j]) kept.push_back(j);
+  }
+  LendCapacity();
+  const std::vector<float> kept_state = Pick(host_state, kept, state_dim);
+  return cold_->InsertOrAssign(Pick(victims, kept, 1).data(), static_cast<int64_t>(kept.size()),
+                               Pick(host_values, kept, dim).data(),
+                               state_dim ? kept_state.data() : nullptr, HostContext(context));
+}
+
+Status TieredTable::Promote(const std::vector<int64_t>& keys, const TableContext& context) {
+  const int64_t n = static_cast<int64_t>(keys.size()), dim = options_.dim;
+  const int64_t state_dim = cold_->state_dim();
+  std::vector<float> values(n * dim), state(n * state_dim);
+  std::vector<uint8_t> found(n);
+  SOK_RETURN_IF_ERROR(cold_->Take(keys.data(), n, values.data(), state.data(), found.data(),
+                                  HostContext(context)));
+  std::vector<int64_t> moving;
+  for (int64_t j = 0; j < n; ++j) {
+    if (found[j]) moving.push_back(j);
+  }
+  if (moving.empty()) return Status::Ok();
+  HotBuffer buffer(memory_.get());
+  int64_t* hot_keys = nullptr;
+  float *hot_values = nullptr, *hot_state = nullptr;
+  const std::vector<int64_t> moving_keys = Pick(keys, moving, 1);
+  SOK_RETURN_IF_ERROR(buffer.Upload(moving_keys, &hot_keys, context));
+  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(values, moving, dim), &hot_values, context));
+  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(state, moving, state_dim), &hot_state, context));
+  SOK_RETURN_IF_ERROR(hot_->InsertOrAssign(hot_keys, static_cast<int64_t>(moving.size()),
+                                           hot_values, state_dim ? hot_state : nullptr, context));
+  for (int64_t key : moving_keys) {
+    hot_order_.push_front(key);
+    hot_position_[key] = hot_order_.begin();
+  }
+  return Status::Ok();
+}
+
+Status TieredTable::HandOutEvicted(const std::vector<int64_t>& keys,
+                                   const std::vector<float>& values, EvictedRows* evicted,
+                                   const TableContext& context) {
+  const int64_t count = static_cast<int64_t>(keys.size());
+  if (evicted == nullptr || count == 0) return Status::Ok();
+  int64_t* out_keys = nullptr;
+  float* out_values = nullptr;
+  SOK_RETURN_IF_ERROR(evicted->allocate(count, &out_keys, &out_values));
+  evicted->count = count;
+  SOK_RETURN_IF_ERROR(memory_->FromHost(out_keys, keys.data(), count * 8, context));
+  return memory_->FromHost(out_values, values.data(), values.size() * 4, context);
+}
+
+Status TieredTable::Size(int64_t* size, const TableContext& context) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t total = hot_size() + cold_size();
+  return memory_->FromHost(size, &total, sizeof(total), context);
+}
+
+Status TieredTable::Find(const TableKeys& keys, float* values, const TableContext& context) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(hot_->Find(keys, values, context));
+  if (cold_size() == 0 || keys.n == 0) return Status::Ok();
+  std::vector<int64_t> key, position, cold_keys, cold_at;
+  SOK_RETURN_IF_ERROR(HostKeys(keys, &key, &position, context));
+  for (size_t j = 0; j < key.size(); ++j) {
+    if (IsHot(key[j])) continue;
+    cold_keys.push_back(key[j]);
+    cold_at.push_back(position[j]);
+  }
+  if (cold_keys.empty()) return Status::Ok();
+  const int64_t dim = options_.dim, count = static_cast<int64_t>(cold_keys.size());
+  std::vector<float> rows(count * dim), out(keys.n * dim);
+  SOK_RETURN_IF_ERROR(cold_->Find(TableKeys{cold_keys.data(), count, 1, 0}, rows.data(),
+                                  HostContext(context)));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(out.data(), values, out.size() * 4, context));
+  for (int64_t j = 0; j < count; ++j) {
+    std::copy_n(rows.begin() + j * dim, dim, out.begin() + cold_at[j] * dim);
+  }
+  return memory_->FromHost(values, out.data(), out.size() * 4, context);
+}
+
+Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float admit_probability,
+                                 EvictedRows* evicted, const TableContext& context) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int64_t> unique;
+  SOK_RETURN_IF_ERROR(HostKeys(keys, &unique, nullptr, context));
+  std::sort(unique.begin(), unique.end());
+  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  const int64_t budget = hot_row_budget();
+  if (static_cast<int64_t>(unique.size()) > budget) {
+    return Status::InvalidArgument(
+        "a lookup of " + std::to_string(unique.size()) + " distinct keys does not fit the "
+        "tiered table's HBM budget of " + std::to_string(hot_bytes_) + " bytes (" +
+        std::to_string(budget) + " rows of " +
+        std::to_string(RowBytes(options_.dim, options_.value_type, hot_->state_dim())) +
+        " bytes with optimizer state); raise max_hbm_for_vectors");
+  }
+  std::vector<int64_t> missing;
+  for (int64_t key : unique) {
+    if (IsHot(key)) {
+      TouchHot(key);
+    } else {
+      missing.push_back(key);
+    }
+  }
+  std::vector<int64_t> evicted_keys;
+  std::vector<float> evicted_values;
+  if (!missing.empty()) {
+    // The host table admits and initialises keys new to the whole table, and evicts its
+    // coldest keys past max_capacity.
+    LendCapacity();
+    std::vector<float> unused(missing.size() * options_.dim);
+    EvictedRows host_evicted;
+    host_evicted.allocate = [&](int64_t count, int64_t** k, float** v) {
+      evicted_keys.resize(count);
+      evicted_values.resize(count * options_.dim);
+      *k = evicted_keys.data();
+      *v = evicted_values.data();
+      return Status::Ok();
+    };
+    SOK_RETURN_IF_ERROR(cold_->FindOrInsert(
+        TableKeys{missing.data(), static_cast<int64_t>(missing.size()), 1, 0}, unused.data(),
+        admit_probability, &host_evicted, HostContext(context)));
+  }
+  // The batch's hot keys are the most recent now: the rows moved down are none of them.
+  const int64_t overflow = hot_size() + static_cast<int64_t>(missing.size()) - budget;
+  if (overflow > 0) SOK_RETURN_IF_ERROR(Demote(overflow, context));
+  if (!missing.empty()) SOK_RETURN_IF_ERROR(Promote(missing, context));
+  SOK_RETURN_IF_ERROR(HandOutEvicted(evicted_keys, evicted_values, evicted, context));
+  return hot_->Find(keys, values, context);
+}
+
+Status TieredTable::InsertOrAssign(const int64_t* keys, int64_t n, const float* values,
+                                   const float* state, const TableContext& context) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int64_t> key;
+  SOK_RETURN_IF_ERROR(HostKeys(TableKeys{keys, n, 1, 0}, &key, nullptr, context));
+  std::vector<int64_t> hot_at, cold_at;
+  for (int64_t j = 0; j < n; ++j) (IsHot(key[j]) ? hot_at : cold_at).push_back(j);
+  if (cold_at.empty()) {
+    for (int64_t k : key) TouchHot(k);
+    return hot_->InsertOrAssign(keys, n, values, state, context);
+  }
+  // Hot keys are assigned in the hot tier, the others on the host.
+  const int64_t dim = options_.dim, state_dim = state != nullptr ? hot_->state_dim() : 0;
+  std::vector<float> host_values(n * dim), host_state(n * state_dim);
+  SOK_RETURN_IF_ERROR(memory_->ToHost(host_values.data(), values, n * dim * 4, context));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(host_state.data(), state, n * state_dim * 4, context));
+  if (!hot_at.empty()) {
+    HotBuffer buffer(memory_.get());
+    int64_t* hot_keys = nullptr;
+    float *hot_values = nullptr, *hot_state = nullptr;
+    SOK_RETURN_IF_ERROR(buffer.Upload(Pick(key, hot_at, 1), &hot_keys, context));
+    SOK_RETURN_IF_ERROR(buffer.Upload(Pick(host_values, hot_at, dim), &hot_values, context));
+    SOK_RETURN_IF_ERROR(buffer.Upload(Pick(host_state, hot_at, state_dim), &hot_state, context));
+    SOK_RETURN_IF_ERROR(hot_->InsertOrAssign(hot_keys, static_cast<int64_t>(hot_at.size()),
+                                             hot_values, state ? hot_state : nullptr, context));
+    for (int64_t j : hot_at) TouchHot(key[j]);
+  }
+  LendCapacity();
+  const std::vector<float> cold_state = Pick(host_state, cold_at, state_dim);
+  return cold_->InsertOrAssign(Pick(key, cold_at, 1).data(), static_cast<int64_t>(cold_at.size()),
+                               Pick(host_values, cold_at, dim).data(),
+                               state ? cold_state.data() : nullptr, HostContext(context));
+}
+
+Status TieredTable::Replace(const int64_t* keys, int64_t n, const float* values,
+                            const float* state, int64_t state_dim, const TableContext& context) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (n > options_.max_capacity) {
+    return Status::ResourceExhausted("restoring " + std::to_string(n) +
+                                     " keys into a table whose max_capacity is " +
+                                     std::to_string(options_.max_capacity));
+  }
+  const int64_t dim = options_.dim, width = state != nullptr ? state_dim : 0;
+  std::vector<int64_t> host_keys(n);
+  std::vector<float> host_values(n * dim), host_state(n * width);
+  SOK_RETURN_IF_ERROR(memory_->ToHost(host_keys.data(), keys, n * 8, context));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(host_values.data(), values, n * dim * 4, context));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(host_state.data(), state, n * width * 4, context));
+  // Everything restored lands on the host; rows rise to the hot tier as they are used.
+  SOK_RETURN_IF_ERROR(hot_->Replace(nullptr, 0, nullptr, nullptr, state_dim, context));
+  hot_order_.clear();
+  hot_position_.clear();
+  cold_->SetMaxCapacity(options_.max_capacity);
+  SOK_RETURN_IF_ERROR(cold_->Replace(host_keys.data(), n, host_values.data(),
+                                     state ? host_state.data() : nullptr, state_dim,
+                                     HostContext(context)));
+  options_.state_dim = hot_->state_dim();
+  return Status::Ok();
+}
+
+Status TieredTable::Erase(const int64_t* keys, int64_t n, int64_t* erased,
+                          const TableContext& context) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int64_t> key;
+  SOK_RETURN_IF_ERROR(HostKeys(TableKeys{keys, n, 1, 0}, &key, nullptr, context));
+  HotBuffer buffer(memory_.get());
+  int64_t* hot_count = nullptr;
+  SOK_RETURN_IF_ERROR(buffer.Get(1, &hot_count));
+  SOK_RETURN_IF_ERROR(hot_->Erase(keys, n, hot_count, context));
+  int64_t hot_erased = 0, cold_erased = 0;
+  SOK_RETURN_IF_ERROR(memory_->ToHost(&hot_erased, hot_count, sizeof(int64_t), context));
+  SOK_RETURN_IF_ERROR(cold_->Erase(key.data(), n, &cold_erased, HostContext(context)));
+  for (int64_t k : key) {
+    const auto at = hot_position_.find(k);
+    if (at == hot_position_.end()) continue;
+    hot_order_.erase(at->second);
+    hot_position_.erase(at);
+  }
+  const int64_t total = hot_erased + cold_erased;
+  return memory_->FromHost(erased, &total, sizeof(total), context);
+}
+
+Status TieredTable::Export(int64_t written_after_us, bool with_state, const ExportOutputs& outputs,
+                           const TableContext& context) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  HotBuffer buffer(memory_.get());
+  int64_t hot_n = 0;
+  int64_t* hot_keys = nullptr;
+  float *hot_values = nullptr, *hot_state = nullptr;
+  const int64_t dim = options_.dim, state_dim = with_state ? hot_->state_dim() : 0;
+  SOK_RETURN_IF_ERROR(hot_->Export(
+      written_after_us, with_state,
+      [&](int64_t n, int64_t** k, float** v, float** s) {
+        hot_n = n;
+        SOK_RETURN_IF_ERROR(buffer.Get(n, &hot_keys));
+        SOK_RETURN_IF_ERROR(buffer.Get(n * dim, &hot_values));
+        SOK_RETURN_IF_ERROR(buffer.Get(n * state_dim, &hot_state));
+        *k = hot_keys;
+        *v = hot_values;
+        if (s != nullptr) *s = hot_state;
+        return Status::Ok();
+      },
+      context));
+  std::vector<int64_t> cold_keys;
+  std::vector<float> cold_values, cold_state;
+  SOK_RETURN_IF_ERROR(cold_->Export(
+      written_after_us, with_state,
+      [&](int64_t n, int64_t** k, float** v, float** s) {
+        cold_keys.resize(n);
+        cold_values.resize(n * dim);
+        cold_state.resize(n * state_dim);
+        *k = cold_keys.data();
+        *v = cold_values.data();
+        if (s != nullptr) *s = cold_state.data();
+        return Status::Ok();
+      },
+      HostContext(context)));
+  const int64_t cold_n = static_cast<int64_t>(cold_keys.size());
+  int64_t* keys = nullptr;
+  float *values = nullptr, *state = nullptr;
+  SOK_RETURN_IF_ERROR(outputs(hot_n + cold_n, &keys, &values, with_state ? &state : nullptr));
+  SOK_RETURN_IF_ERROR(memory_->Copy(keys, hot_keys, hot_n * 8, context));
+  SOK_RETURN_IF_ERROR(memory_->Copy(values, hot_values, hot_n * dim * 4, context));
+  SOK_RETURN_IF_ERROR(memory_->FromHost(keys + hot_n, cold_keys.data(), cold_n * 8, context));
+  SOK_RETURN_IF_ERROR(
+      memory_->FromHost(values + hot_n * dim, cold_values.data(), cold_n * dim * 4, context));
+  if (!with_state) return Status::Ok();
+  SOK_RETURN_IF_ERROR(memory_->Copy(state, hot_state, hot_n * state_dim * 4, context));
+  return memory_->FromHost(state + hot_n * state_dim, cold_state.data(),
+                           cold_n * state_dim * 4, context);
+}
+
+Status TieredTable::MatchColdState(const SparseUpdate& update, const TableContext& context) {
+  options_.state_dim = hot_->state_dim();
+  options_.state_initial_value = hot_->options().state_initial_value;
+  if (cold_->state_dim() >= hot_->state_dim()) return Status::Ok();
+  std::vector<float> hyper(update.hyper_count);
+  SOK_RETURN_IF_ERROR(memory_->ToHost(hyper.data(), update.hyper, hyper.size() * 4, context));
+  SparseUpdate widen = update;
+  widen.hyper = hyper.data();
+  widen.keys = nullptr;
+  widen.grads = nullptr;
+  widen.n = 0;
+  widen.state_dim = hot_->state_dim();
+  return cold_->ApplySparseUpdate(widen, HostContext(context));
+}
+
+Status TieredTable::ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int64_t> key;
+  SOK_RETURN_IF_ERROR(HostKeys(TableKeys{update.keys, update.n, 1, 0}, &key, nullptr, context));
+  std::vector<int64_t> hot_at, cold_at;
+  for (int64_t j = 0; j < update.n; ++j) (IsHot(key[j]) ? hot_at : cold_at).push_back(j);
+  if (cold_at.empty()) {
+    SOK_RETURN_IF_ERROR(hot_->ApplySparseUpdate(update, context));
+    return MatchColdState(update, context);
+  }
+  // Rows that moved down since their lookup are updated where they are now.
+  const int64_t dim = options_.dim;
+  std::vector<float> grads(update.n * dim), hyper(update.hyper_count);
+  SOK_RETURN_IF_ERROR(memory_->ToHost(grads.data(), update.grads, grads.size() * 4, context));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(hyper.data(), update.hyper, hyper.size() * 4, context));
+  HotBuffer buffer(memory_.get());
+  SparseUpdate hot_update = update;
+  int64_t* hot_keys = nullptr;
+  float* hot_grads = nullptr;
+  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(key, hot_at, 1), &hot_keys, context));
+  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(grads, hot_at, dim), &hot_grads, context));
+  hot_update.keys = hot_keys;
+  hot_update.grads = hot_grads;
+  hot_update.n = static_cast<int64_t>(hot_at.size());
+  SOK_RETURN_IF_ERROR(hot_->ApplySparseUpdate(hot_update, context));
+  SOK_RETURN_IF_ERROR(MatchColdState(update, context));
+  const std::vector<int64_t> cold_keys = Pick(key, cold_at, 1);
+  const std::vector<float> cold_grads = Pick(grads, cold_at, dim);
+  SparseUpdate cold_update = update;
+  cold_update.hyper = hyper.data();
+  cold_update.keys = cold_keys.data();
+  cold_update.grads = cold_grads.data();
+  cold_update.n = static_cast<int64_t>(cold_at.size());
+  return cold_->ApplySparseUpdate(cold_update, HostContext(context));
+}
+
+Status TieredTable::Take(const int64_t* keys, int64_t n, float* values, float* state,
+                         uint8_t* found, const TableContext& context) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t dim = options_.dim, state_dim = state != nullptr ? hot_->state_dim() : 0;
+  SOK_RETURN_IF_ERROR(hot_->Take(keys, n, values, state, found, context));
+  std::vector<int64_t> key, cold_keys, cold_at;
+  SOK_RETURN_IF_ERROR(HostKeys(TableKeys{keys, n, 1, 0}, &key, nullptr, context));
+  for (int64_t j = 0; j < n; ++j) {
+    const auto at = hot_position_.find(key[j]);
+    if (at != hot_position_.end()) {
+      hot_order_.erase(at->second);
+      hot_position_.erase(at);
+    } else {
+      cold_keys.push_back(key[j]);
+      cold_at.push_back(j);
+    }
+  }
+  const int64_t count = static_cast<int64_t>(cold_keys.size());
+  if (count == 0 || cold_size() == 0) return Status::Ok();
+  std::vector<float> cold_values(count * dim), cold_state(count * state_dim);
+  std::vector<uint8_t> cold_found(count);
+  SOK_RETURN_IF_ERROR(cold_->Take(cold_keys.data(), count, cold_values.data(),
+                                  state ? cold_state.data() : nullptr, cold_found.data(),
+                                  HostContext(context)));
+  // Merged on the host: the hot tier's outputs with the host rows put in their places.
+  std::vector<float> out_values(n * dim), out_state(n * state_dim);
+  std::vector<uint8_t> out_found(n);
+  SOK_RETURN_IF_ERROR(memory_->ToHost(out_values.data(), values, n * dim * 4, context));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(out_state.data(), state, n * state_dim * 4, context));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(out_found.data(), found, n, context));
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t at = cold_at[j];
+    out_found[at] = cold_found[j];
+    std::copy_n(cold_values.begin() + j * dim, dim, out_values.begin() + at * dim);
+    std::copy_n(cold_state.begin() + j * state_dim, state_dim, out_state.begin() + at * state_dim);
+  }
+  SOK_RETURN_IF_ERROR(memory_->FromHost(values, out_values.data(), n * dim * 4, context));
+  SOK_RETURN_IF_ERROR(memory_->FromHost(state, out_state.data(), n * state_dim * 4, context));
+  return memory_->FromHost(found, out_found.data(), n, context);
+}
+
+}  // namespace sok

@@ -1,0 +1,109 @@
+// A dynamic table over two tiers: a budgeted hot table (GPU memory on a GPU) holds the rows
+// in use, with their optimizer state, and a host table holds the rest. A row lives in exactly
+// one tier. Every find-or-insert first brings the batch's rows into the hot tier: the
+// least-recently-used hot rows not in the batch move to the host to make room (write-back),
+// and the batch's host rows move up, state included. Keys new to the whole table are admitted
+// and initialised by the host table, which also keeps the whole table's max_capacity: it
+// holds the coldest rows, so the keys it evicts are the whole table's least recently used.
+// Updates then run on the hot tier, where the batch's rows are, at the hot table's speed;
+// an update of a row that moved down since its lookup is applied on the host. Moving a row
+// copies its floats, so the tiers change where a row lives, never its value.
+//
+// The tiered table keeps the hot tier's keys in use order on the host, so choosing which
+// rows move needs no device work; the moves are Take (which removes and hands out rows) on
+// one tier and InsertOrAssign on the other. Calls take and hand out pointers in the hot
+// tier's memory; `TierMemory` copies between it and the host.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "kit_src/core/hash_table/cpu_hash_table.h"
+#include "kit_src/core/hash_table/dynamic_table.h"
+#include "kit_src/core/status.h"
+
+namespace sok {
+
+// Memory of the hot tier as the tiered table sees it: allocations and copies to and from
+// the host, each finished (on the context's stream) before it returns.
+class TierMemory {
+ public:
+  virtual ~TierMemory() = default;
+  virtual bool is_host() const = 0;
+  virtual Status Allocate(int64_t bytes, void** out) = 0;
+  virtual void Free(void* pointer) = 0;
+  virtual Status ToHost(void* host, const void* hot, int64_t bytes,
+                        const TableContext& context) = 0;
+  virtual Status FromHost(void* hot, const void* host, int64_t bytes,
+                          const TableContext& context) = 0;
+  virtual Status Copy(void* to, const void* from, int64_t bytes, const TableContext& context) = 0;
+};
+
+// Both tiers in host memory: what a CPU device runs, and how the tier logic is tested
+// without a GPU.
+std::unique_ptr<TierMemory> NewHostTierMemory();
+class GpuMemory;
+// Owns `memory`, the allocator the hot table draws from.
+std::unique_ptr<TierMemory> NewGpuTierMemory(std::shared_ptr<GpuMemory> memory);  // tier_memory_gpu.cu
+
+// The hot table's options: as many rows as `hot_bytes` holds without state, no eviction of
+// its own (the tiered table makes room before it inserts).
+HashTableOptions HotTierOptions(const HashTableOptions& options, int64_t hot_bytes);
+// Whether `hot_bytes` holds max_capacity rows with the widest state a rule keeps (3 x dim):
+// then the table needs no host tier.
+bool BudgetHoldsTable(const HashTableOptions& options, int64_t hot_bytes);
+// Fails, naming the budget, when it holds no row.
+Status CheckHotBudget(const HashTableOptions& options, int64_t hot_bytes);
+
+class TieredTable final : public DynamicTable {
+ public:
+  // `hot` (built with max_capacity >= the rows `hot_bytes` holds without state, no eviction)
+  // and `cold` (built with the whole table's options) are empty; `memory` is hot's memory.
+  TieredTable(const HashTableOptions& options, int64_t hot_bytes, std::shared_ptr<DynamicTable> hot,
+              std::unique_ptr<CpuHashTable> cold, std::unique_ptr<TierMemory> memory);
+
+  bool in_device_memory() const override { return hot_->in_device_memory(); }
+  SOK_DYNAMIC_TABLE_OPERATIONS;
+
+  // Rows the hot tier holds at the current row width (value and state).
+  int64_t hot_row_budget() const;
+  int64_t hot_size() const { return static_cast<int64_t>(hot_position_.size()); }
+  int64_t cold_size() const { return cold_->size(); }
+
+  // Bytes of a row of `dim` values of `value_type` and `state_dim` floats of state.
+  static int64_t RowBytes(int64_t dim, ValueType value_type, int64_t state_dim);
+
+ private:
+  // A host buffer of hot-tier memory's counterpart, and hot-tier scratch freed at scope end.
+  class HotBuffer;
+  // The selected keys of `keys` on the host: key[j] of position[j] in the call.
+  Status HostKeys(const TableKeys& keys, std::vector<int64_t>* key, std::vector<int64_t>* position,
+                  const TableContext& context);
+  bool IsHot(int64_t key) const { return hot_position_.count(key) != 0; }
+  void TouchHot(int64_t key);
+  // Moves the `count` least recently used hot rows to the host.
+  Status Demote(int64_t count, const TableContext& context);
+  // Moves `keys` (distinct, on the host, none hot) that the host holds into the hot tier.
+  Status Promote(const std::vector<int64_t>& keys, const TableContext& context);
+  // The host table may hold what the hot tier leaves of max_capacity.
+  void LendCapacity() { cold_->SetMaxCapacity(options_.max_capacity - hot_size()); }
+  // Widens the host table's state to the hot table's.
+  Status MatchColdState(const SparseUpdate& update, const TableContext& context);
+  // Copies host rows to the caller's evicted output (in hot memory).
+  Status HandOutEvicted(const std::vector<int64_t>& keys, const std::vector<float>& values,
+                        EvictedRows* evicted, const TableContext& context);
+
+  int64_t hot_bytes_;
+  std::shared_ptr<DynamicTable> hot_;
+  std::unique_ptr<CpuHashTable> cold_;
+  std::unique_ptr<TierMemory> memory_;
+  std::mutex mutex_;
+  std::list<int64_t> hot_order_;  // hot keys, most recently used first
+  std::unordered_map<int64_t, std::list<int64_t>::iterator> hot_position_;
+};
+
+}  // namespace sok
