@@ -15,7 +15,7 @@ from sparse_operation_kit.communication import init, set_comm_tool
 from sparse_operation_kit.dynamic_variable import (DynamicVariable, assign, export,
                                                     incremental_model_dump,
                                                     sparse_read_and_erase,
-                                                    sparse_read_and_evict)
+                                                    sparse_read_and_evict, tier_counts)
 from sparse_operation_kit import layers
 # SOK v1's layers, where v1 scripts look for them (sok.DistributedEmbedding, ...).
 from sparse_operation_kit.layers import All2AllDenseEmbedding, DistributedEmbedding
@@ -37,7 +37,7 @@ from sparse_operation_kit.version import __version__
 __all__ = [
     "init", "set_comm_tool", "communication", "Variable", "DistributedVariable",
     "LocalizedVariable", "DynamicVariable", "lookup_sparse", "all2all_dense_embedding",
-    "filter_variables", "export", "assign", "sparse_read_and_evict", "sparse_read_and_erase", "OptimizerWrapper", "SGD",
+    "filter_variables", "export", "assign", "sparse_read_and_evict", "tier_counts", "sparse_read_and_erase", "OptimizerWrapper", "SGD",
     "dot_interaction", "layers", "dump", "load", "incremental_model_dump", "EmbeddingTableConfig", "EmbeddingPlanner",
     "EmbeddingCollection", "generate_plan", "validate_plan", "read_plan", "write_plan", "raw_ops", "tf_version", "set_id_check",
     "DistributedEmbedding", "All2AllDenseEmbedding", "StagedFeatures", "stage_features",

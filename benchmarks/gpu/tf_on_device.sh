@@ -2,8 +2,8 @@
 # One GPU: builds the op library with its GPU kernels against the installed TensorFlow and
 # prints its build report, then, by STAGES (default "tests suite bench"):
 #   tests  tests/test_devices.py, tests/test_dynamic_devices.py, tests/test_lookup_sparse.py,
-#          tests/test_packed_features.py, tests/test_staged_features.py and
-#          tests/test_pool_from_tables.py
+#          tests/test_packed_features.py, tests/test_staged_features.py,
+#          tests/test_pool_from_tables.py and tests/test_tiered_table.py (or $GPU_TESTS)
 #          (every test on CPU and GPU)
 #   suite  the rest of the single-process suite, ops and tables placed by TensorFlow (the GPU)
 #   capi   the C ABI GPU tests (tests/gpu, needs PyTorch)
@@ -22,8 +22,9 @@ build_plugin "$OUT/tf_gpu_build.log"
 python3 -m sparse_operation_kit.info 2>/dev/null | tee -a "$OUT/tf_gpu_build.log"
 
 if [[ $STAGES == *tests* ]]; then
-  GPU_TESTS="tests/test_devices.py tests/test_dynamic_devices.py tests/test_lookup_sparse.py
-    tests/test_packed_features.py tests/test_staged_features.py tests/test_pool_from_tables.py"
+  GPU_TESTS=${GPU_TESTS:-"tests/test_devices.py tests/test_dynamic_devices.py tests/test_lookup_sparse.py
+    tests/test_packed_features.py tests/test_staged_features.py tests/test_pool_from_tables.py
+    tests/test_tiered_table.py"}
   echo "== "$GPU_TESTS" (CPU and GPU)" | tee "$OUT/tf_gpu_tests$KERAS_TAG.log"
   timeout 540 python3 -m pytest -q -rf --tb=short -p no:cacheprovider $GPU_TESTS 2>&1 \
     | grep -v "$NOISE" >> "$OUT/tf_gpu_tests$KERAS_TAG.log"
@@ -36,7 +37,7 @@ if [[ $STAGES == *suite* ]]; then
   timeout 540 python3 -m pytest -q -rf --tb=line -p no:cacheprovider tests --ignore=tests/gpu \
     --ignore=tests/test_devices.py --ignore=tests/test_dynamic_devices.py \
     --ignore=tests/test_lookup_sparse.py --ignore=tests/test_packed_features.py \
-    --ignore=tests/test_staged_features.py --ignore=tests/test_pool_from_tables.py --ignore=tests/test_multiworker.py 2>&1 \
+    --ignore=tests/test_staged_features.py --ignore=tests/test_pool_from_tables.py --ignore=tests/test_tiered_table.py --ignore=tests/test_multiworker.py 2>&1 \
     | grep -v "$NOISE" >> "$OUT/tf_gpu_suite$KERAS_TAG.log"
   tail -3 "$OUT/tf_gpu_suite$KERAS_TAG.log"
 fi

@@ -77,6 +77,14 @@ struct SparseUpdate {
   const float* grads = nullptr;     // [n, dim]
 };
 
+// Where a tiered table's rows are and how they moved (tiered_table.h), counted since creation.
+struct TierCounts {
+  int64_t hot_keys = 0, host_keys = 0;
+  int64_t keys_looked_up = 0;  // distinct keys of each find-or-insert, summed over calls
+  int64_t hot_hits = 0;        // of them, keys already in the hot tier
+  int64_t moved_up = 0, moved_down = 0;  // rows moved host -> hot and hot -> host
+};
+
 class DynamicTable {
  public:
   explicit DynamicTable(const HashTableOptions& options) : options_(options) {}
@@ -133,6 +141,9 @@ class DynamicTable {
   // was present); a missing key's rows read as zeros. How a row moves between tables.
   virtual Status Take(const int64_t* keys, int64_t n, float* values, float* state,
                       uint8_t* found, const TableContext& context) = 0;
+
+  // A tiered table's counts; false for a table of one tier.
+  virtual bool Tiers(TierCounts* counts) { return false; }
 
  protected:
   HashTableOptions options_;  // state_dim and state_initial_value change as the state widens

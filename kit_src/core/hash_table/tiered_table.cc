@@ -161,6 +161,7 @@ Status TieredTable::Demote(int64_t count, const TableContext& context) {
     if (host_found[j]) kept.push_back(j);
   }
   LendCapacity();
+  counts_.moved_down += static_cast<int64_t>(kept.size());
   const std::vector<float> kept_state = Pick(host_state, kept, state_dim);
   return cold_->InsertOrAssign(Pick(victims, kept, 1).data(), static_cast<int64_t>(kept.size()),
                                Pick(host_values, kept, dim).data(),
@@ -179,6 +180,7 @@ Status TieredTable::Promote(const std::vector<int64_t>& keys, const TableContext
     if (found[j]) moving.push_back(j);
   }
   if (moving.empty()) return Status::Ok();
+  counts_.moved_up += static_cast<int64_t>(moving.size());
   HotBuffer buffer(memory_.get());
   int64_t* hot_keys = nullptr;
   float *hot_values = nullptr, *hot_state = nullptr;
@@ -206,6 +208,14 @@ Status TieredTable::HandOutEvicted(const std::vector<int64_t>& keys,
   evicted->count = count;
   SOK_RETURN_IF_ERROR(memory_->FromHost(out_keys, keys.data(), count * 8, context));
   return memory_->FromHost(out_values, values.data(), values.size() * 4, context);
+}
+
+bool TieredTable::Tiers(TierCounts* counts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  *counts = counts_;
+  counts->hot_keys = hot_size();
+  counts->host_keys = cold_size();
+  return true;
 }
 
 Status TieredTable::Size(int64_t* size, const TableContext& context) {
@@ -254,6 +264,7 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
         " bytes with optimizer state); raise max_hbm_for_vectors");
   }
   std::vector<int64_t> missing;
+  counts_.keys_looked_up += static_cast<int64_t>(unique.size());
   for (int64_t key : unique) {
     if (IsHot(key)) {
       TouchHot(key);
@@ -281,6 +292,7 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
         admit_probability, &host_evicted, HostContext(context)));
   }
   // The batch's hot keys are the most recent now: the rows moved down are none of them.
+  counts_.hot_hits += static_cast<int64_t>(unique.size() - missing.size());
   const int64_t overflow = hot_size() + static_cast<int64_t>(missing.size()) - budget;
   if (overflow > 0) SOK_RETURN_IF_ERROR(Demote(overflow, context));
   if (!missing.empty()) SOK_RETURN_IF_ERROR(Promote(missing, context));

@@ -68,6 +68,7 @@ class TieredTable final : public DynamicTable {
 
   bool in_device_memory() const override { return hot_->in_device_memory(); }
   SOK_DYNAMIC_TABLE_OPERATIONS;
+  bool Tiers(TierCounts* counts) override;
 
   // Rows the hot tier holds at the current row width (value and state).
   int64_t hot_row_budget() const;
@@ -104,6 +105,7 @@ class TieredTable final : public DynamicTable {
   std::mutex mutex_;
   std::list<int64_t> hot_order_;  // hot keys, most recently used first
   std::unordered_map<int64_t, std::list<int64_t>::iterator> hot_position_;
+  TierCounts counts_;  // the movement counts; the key counts are filled in by Tiers
 };
 
 }  // namespace sok

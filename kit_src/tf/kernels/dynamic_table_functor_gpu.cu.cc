@@ -50,6 +50,7 @@ template <>
 TableContext TableContextOf<GpuDevice>::operator()(tf::OpKernelContext* ctx) {
   TableContext context;
   context.stream = GpuStream(ctx);
+  context.parallel_for = CpuParallelFor(ctx);  // a tiered table's host tier
   return context;
 }
 

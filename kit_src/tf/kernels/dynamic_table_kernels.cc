@@ -100,6 +100,24 @@ class DynamicTableCreateOp : public tf::OpKernel {
 };
 
 template <typename Device>
+class DynamicTableTierCountsOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* ctx) override {
+    TableRef table;
+    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &table));
+    TierCounts counts;
+    const bool tiered = table->table().Tiers(&counts);
+    tf::Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({7}), &out));
+    auto values = out->flat<int64_t>();
+    const int64_t all[7] = {tiered, counts.hot_keys, counts.host_keys, counts.keys_looked_up,
+                            counts.hot_hits, counts.moved_up, counts.moved_down};
+    for (int i = 0; i < 7; ++i) values(i) = all[i];
+  }
+};
+
+template <typename Device>
 class DynamicTableSizeOp : public tf::OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -372,6 +390,7 @@ class DynamicApplyOp : public KeyedTableOp<Device> {
   SOK_REGISTER_KERNELS(name, Op, .HostMemory("handle") __VA_ARGS__)
 SOK_REGISTER_TABLE_OP("Sok>DynamicTableCreate", DynamicTableCreateOp);
 SOK_REGISTER_TABLE_OP("Sok>DynamicTableSize", DynamicTableSizeOp);
+SOK_REGISTER_TABLE_OP("Sok>DynamicTableTierCounts", DynamicTableTierCountsOp, .HostMemory("counts"));
 SOK_REGISTER_TABLE_OP("Sok>DynamicTableLookup", DynamicTableLookupOp);
 SOK_REGISTER_TABLE_OP("Sok>DynamicTableLookupEvict", DynamicTableLookupOp);
 SOK_REGISTER_TABLE_OP("Sok>DynamicTableAssign", DynamicTableWriteOp);

@@ -33,6 +33,17 @@ REGISTER_OP("Sok>DynamicTableCreate")
          "their optimizer state) within that many bytes of the device's memory, the rest in "
          "host memory.");
 
+REGISTER_OP("Sok>DynamicTableTierCounts")
+    .Input("handle: resource")
+    .Output("counts: int64")
+    .SetIsStateful()
+    .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Vector(7));
+      return ::tensorflow::Status();
+    })
+    .Doc("[tiered, hot keys, host keys, keys looked up, hot hits, rows moved up, rows moved "
+         "down]: a tiered table's counts since its creation (tiered 1), zeros for another.");
+
 REGISTER_OP("Sok>DynamicTableSize")
     .Input("handle: resource")
     .Output("size: int64")

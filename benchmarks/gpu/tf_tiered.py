@@ -1,0 +1,205 @@
+"""Tiered dynamic tables on the GPU (T6a-T6e; docs/benchmarks.md): more rows than the HBM
+budget holds.
+
+One sok.DynamicVariable(var_type="hybrid", hbm_budget_bytes=...) prefilled with `keys` keys
+(dim 128, uniform rows written by sok.assign: they start on the host), the keys of each
+batch drawn by docs/benchmarks.md's power-law sampler (alpha 1.05, the first keys hottest),
+100 batches drawn once and cycled, one id a sample, passed to the step as its argument.
+Measured per step: eval (lookup_sparse with training=False: find only), forward (the training
+lookup: find-or-insert, which brings the batch's rows into the hot tier) and train (forward,
+a sum loss, its gradient and the optimizer's update), in a tf.range loop of `loop` steps a
+call (as Keras' steps_per_execution) and one step a call; medians of interleaved rounds.
+`hit_rate` is the share of each training lookup's distinct keys already in the hot tier
+(sok.tier_counts) while the train steps ran; `rows_moved_per_step` the rows copied up and
+down, `host_gbps` the bytes those rows (value and state) moved a second. Where the table fits
+the GPU whole, the same steps on the one-tier GPU table give `hbm_train_ms` and `slowdown`.
+dynamicemb's published H100 figures of the same shapes (`caching` on) stand beside each row.
+Writes tf_tiered.json to $OUT (default benchmarks/out; merged with the variants already there).
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tf_gpu import provenance, start_on_gpu, timed_call  # noqa: E402
+
+DIM = 128
+GIB = 1 << 30
+VARIANTS = {  # keys, HBM budget (GiB), batch, optimizer
+    "T6a": (64 << 20, 4, 65536, "sgd"),
+    "T6b": (64 << 20, 12, 65536, "adam"),
+    "T6c": (64 << 20, 4, 1 << 20, "sgd"),
+    "T6d": (64 << 20, 12, 1 << 20, "adam"),
+    "T6e": (8 << 20, 4, 65536, "sgd"),
+}
+DYNAMICEMB_H100 = {  # docs/benchmarks.md: dynamicemb caching, H100, ms
+    "T6a": {"train_ms": 1.415, "eval_ms": 0.242},
+    "T6b": {"train_ms": 1.601, "eval_ms": 0.243},
+    "T6c": {"train_ms": 10.69, "eval_ms": 3.19},
+    "T6d": {"train_ms": 11.48, "eval_ms": 3.30},
+    "T6e": {"train_ms": 1.281, "eval_ms": 0.240},
+}
+OPTIMIZERS = {"sgd": (lambda: tf.keras.optimizers.legacy.SGD(0.01), 0),
+              "adam": (lambda: tf.keras.optimizers.legacy.Adam(0.001), 2)}
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def power_law(rng, keys, count, alpha=1.05):
+    """docs/benchmarks.md's sampler: indices in [1, keys - 1], the smallest hottest."""
+    x = rng.random(count)
+    y = (x * (keys ** (1.0 - alpha) - 1.0) + 1.0) ** (1.0 / (1.0 - alpha))
+    return np.minimum(y, keys - 1).astype(np.int64)
+
+
+def key_of(index):
+    """The table's key for an index: spread over the int64 range, as hashed ids are."""
+    return (index * np.int64(-7046029254386353131)).astype(np.int64)
+
+
+def prefilled(keys, name, **config):
+    table = sok.DynamicVariable(DIM, name=name, initializer="uniform", max_capacity=2 * keys,
+                                **config)
+    rng = np.random.default_rng(3)
+    chunk = 1 << 20
+    for start in range(0, keys, chunk):
+        index = np.arange(start, min(start + chunk, keys), dtype=np.int64)
+        rows = rng.uniform(-0.05, 0.05, size=(len(index), DIM)).astype(np.float32)
+        table.assign(tf.constant(key_of(index)), rows)
+    assert int(table.size[0]) == keys
+    return table
+
+
+def steps_of(table, optimizer):
+    def one_id(keys):
+        return tf.RaggedTensor.from_uniform_row_length(keys, 1, validate=False)
+
+    def forward(keys, training):
+        return sok.lookup_sparse([table], [one_id(keys)], combiners=["sum"],
+                                 training=training)[0]
+
+    def train(keys):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(forward(keys, True))
+        optimizer.apply_gradients([(tape.gradient(loss, table), table)])
+        return loss
+
+    return {"eval_ms": lambda keys: forward(keys, False)[0, 0],
+            "fwd_ms": lambda keys: forward(keys, True)[0, 0],
+            "train_ms": train}
+
+
+def timed_steps(steps, batches, loop, rounds):
+    """Medians over `rounds` interleaved rounds: "<name>" a step of a `loop`-step tf.range
+    loop, "<name>_call" one step a call."""
+    def looped(step):
+        @tf.function
+        def run(window):
+            total = tf.constant(0.0)
+            for k in tf.range(loop):
+                total += step(window[k])
+            return total
+        return run
+
+    windows = [batches[w:w + loop] for w in range(0, int(batches.shape[0]) - loop + 1, loop)]
+    calls = {}
+    for name, step in steps.items():
+        run, one = looped(step), tf.function(step)
+        turn = {"loop": 0, "call": 0}
+
+        def loop_call(run=run, turn=turn):
+            turn["loop"] += 1
+            return run(windows[turn["loop"] % len(windows)])
+
+        def one_call(one=one, turn=turn):
+            turn["call"] += 1
+            return one(batches[turn["call"] % int(batches.shape[0])])
+        calls[name] = (loop_call, loop)
+        calls[name.replace("_ms", "_call_ms")] = (one_call, 1)
+    for call, per_call in calls.values():
+        for _ in range(max(1, 20 // per_call)):
+            call().numpy()
+    samples = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, (call, per_call) in calls.items():
+            samples[name].append(timed_call(call, max(1, 2 * loop // per_call)) / per_call)
+    return {name: float(np.median(v)) for name, v in samples.items()}
+
+
+def measure(name, keys, budget_gib, batch, optimizer_name, rng, loop, rounds, with_hbm):
+    make_optimizer, state_floats = OPTIMIZERS[optimizer_name]
+    budget = int(budget_gib * GIB)
+    batches = tf.constant(key_of(power_law(rng, keys, 100 * batch).reshape(100, batch)))
+    result = {"keys": keys, "hbm_budget_bytes": budget, "batch": batch,
+              "optimizer": optimizer_name, "batches_cycled": 100,
+              "distinct_keys_per_batch": float(np.mean([len(np.unique(b)) for b in
+                                                        batches.numpy()[:10]]))}
+    table = prefilled(keys, f"{name}_tiered", var_type="hybrid", hbm_budget_bytes=budget)
+    steps = steps_of(table, sok.OptimizerWrapper(make_optimizer()))
+    before = sok.tier_counts(table)
+    timings = timed_steps({"train_ms": steps["train_ms"]}, batches, loop, rounds)
+    after = sok.tier_counts(table)
+    looked_up = after["keys_looked_up"] - before["keys_looked_up"]
+    moved = (after["moved_up"] - before["moved_up"]) + (after["moved_down"] - before["moved_down"])
+    train_steps = looked_up / result["distinct_keys_per_batch"]
+    result["hit_rate"] = (after["hot_hits"] - before["hot_hits"]) / max(1, looked_up)
+    result["rows_moved_per_step"] = moved / max(1.0, train_steps)
+    row_bytes = DIM * 4 * (1 + state_floats)
+    result["host_gbps"] = result["rows_moved_per_step"] * row_bytes / timings["train_ms"] / 1e6
+    timings.update(timed_steps({k: v for k, v in steps.items() if k != "train_ms"}, batches,
+                               loop, rounds))
+    result.update(timings)
+    result["tier_counts"] = after
+    del steps, table
+    if with_hbm:
+        hbm = prefilled(keys, f"{name}_hbm")
+        hbm_steps = steps_of(hbm, sok.OptimizerWrapper(make_optimizer()))
+        result["hbm_train_ms"] = timed_steps({"train_ms": hbm_steps["train_ms"]}, batches,
+                                             loop, rounds)["train_ms"]
+        result["slowdown"] = result["train_ms"] / result["hbm_train_ms"]
+        del hbm_steps, hbm
+    result["dynamicemb_h100"] = DYNAMICEMB_H100.get(name)
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--variants", default="T6e,T6a")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="keys and budget multiplied by this (a quick run: 0.125)")
+    parser.add_argument("--loop", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--with-hbm", default="T6e,T6a",
+                        help="variants also measured on the one-tier GPU table")
+    args = parser.parse_args()
+    out_dir = provenance.out_dir()
+    results = {"device": start_on_gpu(), "scale": args.scale, "dim": DIM}
+    rng = np.random.default_rng(11)
+    with tf.device("GPU:0"):
+        for name in args.variants.split(","):
+            keys, budget_gib, batch, optimizer_name = VARIANTS[name]
+            result = measure(name, int(keys * args.scale), budget_gib * args.scale, batch,
+                             optimizer_name, rng, args.loop, args.rounds,
+                             name in args.with_hbm.split(","))
+            log(name, json.dumps(result))
+            results[name] = result
+    path = os.path.join(out_dir, "tf_tiered.json")
+    if os.path.exists(path):
+        with open(path) as handle:
+            previous = json.load(handle)
+        previous.update(results)
+        results = previous
+    with open(path, "w") as handle:
+        json.dump(provenance.stamp(results, results["device"]), handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

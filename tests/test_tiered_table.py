@@ -1,0 +1,235 @@
+"""Tiered dynamic tables (var_type="hybrid"): the rows in use, with their optimizer state,
+within an HBM budget, the rest in host memory.
+
+Each test drives a tiered table and a one-tier table of the same name (same initial rows)
+with the same calls, its working set larger than the budget so rows move down to the host
+and back, and checks both hold the same keys, rows and optimizer state: tiers change where a
+row lives, never its value. On the CPU both tiers are host tables
+(dynamic_variable._TIER_ON_HOST); on the GPU machine the hot tier is in GPU memory.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+from sparse_operation_kit import dynamic_variable, raw_ops
+from conftest import poison
+from keras_optimizers import keras_optimizer
+
+DEVICES = ["CPU"] + (["GPU"] if tf.config.list_physical_devices("GPU") else [])
+UNIVERSE = 1500  # distinct keys the tests cycle through
+BUDGET_ROWS = 160  # rows (value and state) the hot tier holds: about a tenth of them
+
+# Every fused rule, with the floats of state it keeps per value float.
+RULES = {
+    "sgd": (lambda: keras_optimizer("SGD", 0.1), 0),
+    "momentum": (lambda: keras_optimizer("SGD", 0.05, momentum=0.9), 1),
+    "nesterov": (lambda: keras_optimizer("SGD", 0.05, momentum=0.9, nesterov=True), 1),
+    "adagrad": (lambda: keras_optimizer("Adagrad", 0.1), 1),
+    "adam": (lambda: keras_optimizer("Adam", 0.01), 2),
+    "adamax": (lambda: keras_optimizer("Adamax", 0.01), 2),
+    "adadelta": (lambda: keras_optimizer("Adadelta", 1.0), 2),
+    "rmsprop": (lambda: keras_optimizer("RMSprop", 0.01), 1),
+    "rmsprop_momentum": (lambda: keras_optimizer("RMSprop", 0.01, momentum=0.5), 2),
+    "rmsprop_centered": (lambda: keras_optimizer("RMSprop", 0.01, centered=True), 2),
+    "ftrl": (lambda: keras_optimizer("Ftrl", 0.1, l1_regularization_strength=0.01), 2),
+    "nadam": (lambda: keras_optimizer("Nadam", 0.01), 2),
+}
+
+
+@pytest.fixture(autouse=True)
+def tiers_on_every_device(monkeypatch):
+    monkeypatch.setattr(dynamic_variable, "_TIER_ON_HOST", True)
+
+
+def make_pair(device, dim, name, budget_rows=BUDGET_ROWS, state_floats=2, **kwargs):
+    """(tiered, one-tier) tables of the same name on `device`."""
+    poison(device)
+    budget = budget_rows * dim * (1 + state_floats) * 4
+    with tf.device(f"{device}:0"):
+        tiered = sok.DynamicVariable(dim, name=name, var_type="hybrid", hbm_budget_bytes=budget,
+                                     **kwargs)
+        plain = sok.DynamicVariable(dim, name=name, **kwargs)
+    return tiered, plain
+
+
+def export_sorted(table):
+    keys, values, state = (t.numpy() for t in raw_ops.sok_dynamic_table_export(table.handle))
+    order = np.argsort(keys, kind="stable")
+    return keys[order], values[order], state[order]
+
+
+def assert_same(tiered, plain, device):
+    # The GPU's plain SGD adds duplicate uses by atomics: equal up to float rounding.
+    for a, b in zip(export_sorted(tiered), export_sorted(plain)):
+        if device == "CPU" or a.dtype == np.int64:
+            np.testing.assert_array_equal(a, b)
+        else:
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def batches(rng, distribution, steps, size=96):
+    """Ragged batches of keys: power-law (Zipf over the universe, hot keys repeat within a
+    batch) or uniform; every batch has fewer distinct keys than the budget."""
+    out = []
+    for _ in range(steps):
+        if distribution == "powerlaw":
+            ids = (rng.zipf(1.05, size=size) - 1) % UNIVERSE
+        else:
+            ids = rng.integers(0, UNIVERSE, size=size)
+        keys = ids.astype(np.int64) * 7919 - (1 << 40)  # spread over the int64 range
+        out.append(tf.RaggedTensor.from_row_lengths(tf.constant(keys), [size // 16] * 16))
+    return out
+
+
+def train(table, optimizer, data, device):
+    @tf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            out = sok.lookup_sparse([table], [ids], combiners=["sum"])[0]
+            loss = tf.reduce_sum(out * out)
+        optimizer.apply_gradients([(tape.gradient(loss, table), table)])
+
+    for ids in data:
+        with tf.device(f"{device}:0"):
+            step(ids)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("distribution", ["powerlaw", "uniform"])
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_training_gives_the_rows_and_state_of_a_one_tier_table(device, distribution, rule):
+    make_optimizer, state_floats = RULES[rule]
+    tiered, plain = make_pair(device, 8, f"train_{rule}_{distribution}",
+                              state_floats=state_floats)
+    data = batches(np.random.default_rng(5), distribution, steps=24)
+    for table in (tiered, plain):
+        train(table, sok.OptimizerWrapper(make_optimizer()), data, device)
+    keys = export_sorted(plain)[0]
+    counts = sok.tier_counts(tiered)
+    assert sok.tier_counts(plain) is None
+    assert counts["hot_keys"] + counts["host_keys"] == len(keys) > 2 * BUDGET_ROWS
+    assert counts["hot_keys"] <= BUDGET_ROWS
+    # Rows went down to the host and came back up; not every key was a hit.
+    assert counts["moved_down"] >= len(keys) - BUDGET_ROWS and counts["moved_up"] > 0
+    assert 0 < counts["hot_hits"] < counts["keys_looked_up"]
+    assert_same(tiered, plain, device)
+    # Reads (no insert) of rows in either tier, and of keys in neither.
+    probe = tf.constant(np.concatenate([keys[::7], [12345, -6]]))
+    with tf.device(f"{device}:0"):
+        np.testing.assert_array_equal(tiered.sparse_read(probe, insert=False).numpy(),
+                                      plain.sparse_read(probe, insert=False).numpy())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_16_bit_rows_move_between_tiers_unchanged(device):
+    tiered, plain = make_pair(device, 8, "bf16_tiers", dtype=tf.bfloat16)
+    data = batches(np.random.default_rng(6), "powerlaw", steps=16)
+    for table in (tiered, plain):
+        train(table, sok.OptimizerWrapper(keras_optimizer("Adam", 0.01)), data, device)
+    assert_same(tiered, plain, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_assign_erase_import_with_rows_in_both_tiers(device, tmp_path):
+    tiered, plain = make_pair(device, 4, "edits", budget_rows=40, state_floats=0)
+    rng = np.random.default_rng(7)
+    for table in (tiered, plain):  # 600 keys: most on the host, the last used ones hot
+        with tf.device(f"{device}:0"):
+            for start in range(0, 600, 30):
+                table.sparse_read(tf.constant(np.arange(start, start + 30, dtype=np.int64)))
+    written = rng.permutation(700)[:200].astype(np.int64)  # hot, host and new keys
+    values = rng.standard_normal((200, 4)).astype(np.float32)
+    erased = tf.constant(np.arange(0, 700, 3, dtype=np.int64))
+    for table in (tiered, plain):
+        with tf.device(f"{device}:0"):
+            table.assign(tf.constant(written), values)
+            raw_ops.sok_dynamic_table_erase(table.handle, erased)
+    assert_same(tiered, plain, device)
+    # A checkpoint of the tiered table restores into a new tiered table (rows land on the
+    # host and rise as they are used) and into a one-tier one.
+    path = tf.train.Checkpoint(table=tiered).save(str(tmp_path / "tiered"))
+    restored, restored_plain = make_pair(device, 4, "edits_restored", budget_rows=40,
+                                         state_floats=0)
+    for table in (restored, restored_plain):
+        tf.train.Checkpoint(table=table).restore(path)
+    assert_same(restored, plain, device)
+    assert_same(restored_plain, plain, device)
+    keys = tf.constant(export_sorted(plain)[0][:35])
+    with tf.device(f"{device}:0"):
+        np.testing.assert_array_equal(restored.sparse_read(keys).numpy(),
+                                      plain.sparse_read(keys, insert=False).numpy())
+    assert_same(restored, plain, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eviction_at_max_capacity_removes_the_least_recently_used_of_both_tiers(device):
+    tiered, plain = make_pair(device, 4, "evict", budget_rows=100, state_floats=0,
+                              max_capacity=300, evict_strategy="lru")
+    evicted = {}
+    for name, table in (("tiered", tiered), ("plain", plain)):
+        gone = []
+        with tf.device(f"{device}:0"):
+            for start in list(range(0, 300, 50)) + [1000, 1050]:
+                ids = tf.constant(np.arange(start, start + 50, dtype=np.int64))
+                _, keys, _ = sok.sparse_read_and_evict(table, ids)
+                gone.extend(keys.numpy().tolist())
+        evicted[name] = sorted(gone)
+        assert table.size.numpy()[0] == 300
+    assert evicted["tiered"] == evicted["plain"] == list(range(100))
+    assert_same(tiered, plain, device)
+
+
+def test_budget_options_and_bad_budgets():
+    gb = sok.DynamicVariable(4, var_type="hybrid", max_hbm_for_vectors=0.5)
+    assert gb.hbm_budget_bytes == 1 << 29  # SOK's unit: GB of 2^30 bytes
+    assert sok.DynamicVariable(4, var_type="hybrid").hbm_budget_bytes == 16 << 30  # SOK's default
+    assert sok.DynamicVariable(4, hbm_budget_bytes=4096).hbm_budget_bytes == 4096
+    assert sok.DynamicVariable(4, var_type="hbm").hbm_budget_bytes == 0
+    for config, error, message in [
+            ({"max_hbm_for_vectors": "4"}, TypeError, "max_hbm_for_vectors must be a number, got '4'"),
+            ({"hbm_budget_bytes": -8}, ValueError, "hbm_budget_bytes must be positive, got -8"),
+            ({"max_hbm_for_vectors": float("nan")}, ValueError, "must be positive, got nan"),
+            ({"max_hbm_for_vectors": 1, "hbm_budget_bytes": 4096}, ValueError, "not both"),
+            ({"hbm_budget_bytes": 15}, ValueError, "budget of 15 bytes holds no row of this "
+                                                   "table \\(a row is 16 bytes\\)"),
+            ({"var_type": "hbm", "hbm_budget_bytes": 4096}, ValueError, "var_type='hbm'")]:
+        with pytest.raises(error, match=message):
+            sok.DynamicVariable(4, var_type=config.pop("var_type", "hybrid"), **config)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_batch_larger_than_the_budget_fails_and_changes_nothing(device):
+    tiered, _ = make_pair(device, 4, "small_budget", budget_rows=20, state_floats=0)
+    with tf.device(f"{device}:0"):
+        tiered.sparse_read(tf.constant(np.arange(15, dtype=np.int64)))
+        before = export_sorted(tiered)
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match="a lookup of 30 distinct keys does not fit the tiered table's "
+                                 "HBM budget of 320 bytes \\(20 rows of 16 bytes"):
+            tiered.sparse_read(tf.constant(np.arange(100, 130, dtype=np.int64)))
+    for a, b in zip(before, export_sorted(tiered)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_hybrid_on_the_cpu_is_the_host_table(monkeypatch):
+    monkeypatch.setattr(dynamic_variable, "_TIER_ON_HOST", False)
+    with tf.device("CPU:0"):
+        table = sok.DynamicVariable(4, var_type="hybrid", max_hbm_for_vectors=1e-9 * 64)
+        assert table.hbm_budget_bytes == 0
+        table.sparse_read(tf.constant(np.arange(100, dtype=np.int64)))  # more rows than 64 bytes
+    assert table.size.numpy()[0] == 100
+    assert sok.tier_counts(table) is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_budget_that_holds_the_whole_table_gives_the_one_tier_table(device):
+    with tf.device(f"{device}:0"):
+        # max_capacity rows with the widest state (3 x dim floats) fit: no host tier.
+        whole = sok.DynamicVariable(4, var_type="hybrid", max_capacity=1000,
+                                    hbm_budget_bytes=1000 * 16 * 4)
+        tiered = sok.DynamicVariable(4, var_type="hybrid", max_capacity=1000,
+                                     hbm_budget_bytes=1000 * 16 * 4 - 1)
+    assert sok.tier_counts(whole) is None
+    assert sok.tier_counts(tiered) == {"hot_keys": 0, "host_keys": 0, "keys_looked_up": 0,
+                                       "hot_hits": 0, "moved_up": 0, "moved_down": 0}
