@@ -8,7 +8,7 @@
 #   suite  the rest of the single-process suite, ops and tables placed by TensorFlow (the GPU)
 #   capi   the C ABI GPU tests (tests/gpu, needs PyTorch)
 #   bench  the TF-on-GPU benchmarks (BENCH=static: tf_gpu.py; BENCH=dynamic: tf_gpu_dynamic.py;
-#          both by default), then benchmarks/run.py's comparison with the baselines
+#          both by default; BENCH=tiered: tf_tiered.py with $TIERED_ARGS), then benchmarks/run.py's comparison with the baselines
 # Needs: python3 with a GPU build of TensorFlow (2.15, or 2.16 with tf_keras and
 # TF_USE_LEGACY_KERAS=1, or with Keras 3: KERAS3_WHEELS in device_prologue.sh), numpy < 2 and
 # pytest; nvcc >= 12, cmake and a C++17 compiler on PATH;
@@ -59,6 +59,11 @@ if [[ $STAGES == *bench* ]]; then
     timeout 540 python3 benchmarks/gpu/tf_gpu_dynamic.py 2>&1 | grep -v "$NOISE" \
       > "$OUT/tf_gpu_dynamic_bench.log"
     grep "^T\|^G\|Error" "$OUT/tf_gpu_dynamic_bench.log" | cut -c1-400
+  fi
+  if [ "${BENCH:-}" = tiered ]; then  # TIERED_ARGS: tf_tiered.py's (variants, scale)
+    timeout 540 python3 benchmarks/gpu/tf_tiered.py ${TIERED_ARGS:-} 2>&1 | grep -v "$NOISE" \
+      > "$OUT/tf_tiered_bench.log"
+    grep "^T\|Error" "$OUT/tf_tiered_bench.log" | cut -c1-1500
   fi
   python3 benchmarks/run.py --results "$OUT"
 fi
