@@ -540,16 +540,16 @@ def assign(variable, keys, values):
 
 def tier_counts(variable):
     """Where a tiered table's rows are and how they moved since its creation (a dict), or
-    None for a table of one tier: hot_keys and host_keys held in each tier, keys_looked_up
-    (distinct keys of each training lookup, summed), hot_hits (of them, keys already in the
-    hot tier; hot_hits / keys_looked_up is the hit rate), moved_up and moved_down (rows moved
+    None for a table of one tier: hot_keys and host_keys held in each tier, ids_looked_up
+    (ids of the training lookups), hot_hits (of them, ids whose row was in the hot tier
+    already; hot_hits / ids_looked_up is the hit rate), moved_up and moved_down (rows moved
     from host memory to the hot tier and back)."""
     if not isinstance(variable, DynamicVariable):
         raise TypeError(f"tier_counts takes a sok.DynamicVariable, got {type(variable).__name__}")
     counts = raw_ops.sok_dynamic_table_tier_counts(variable.handle).numpy().tolist()
     if not counts[0]:
         return None
-    names = ("hot_keys", "host_keys", "keys_looked_up", "hot_hits", "moved_up", "moved_down")
+    names = ("hot_keys", "host_keys", "ids_looked_up", "hot_hits", "moved_up", "moved_down")
     return dict(zip(names, counts[1:]))
 
 

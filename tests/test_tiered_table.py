@@ -117,7 +117,7 @@ def test_training_gives_the_rows_and_state_of_a_one_tier_table(device, distribut
     assert counts["hot_keys"] <= BUDGET_ROWS
     # Rows went down to the host and came back up; not every key was a hit.
     assert counts["moved_down"] >= len(keys) - BUDGET_ROWS and counts["moved_up"] > 0
-    assert 0 < counts["hot_hits"] < counts["keys_looked_up"]
+    assert 0 < counts["hot_hits"] < counts["ids_looked_up"]
     assert_same(tiered, plain, device)
     # Reads (no insert) of rows in either tier, and of keys in neither.
     probe = tf.constant(np.concatenate([keys[::7], [12345, -6]]))
@@ -236,5 +236,5 @@ def test_a_budget_that_holds_the_whole_table_gives_the_one_tier_table(device):
         tiered = sok.DynamicVariable(4, var_type="hybrid", max_capacity=1000,
                                      hbm_budget_bytes=1000 * 16 * 4 - 1)
     assert sok.tier_counts(whole) is None
-    assert sok.tier_counts(tiered) == {"hot_keys": 0, "host_keys": 0, "keys_looked_up": 0,
+    assert sok.tier_counts(tiered) == {"hot_keys": 0, "host_keys": 0, "ids_looked_up": 0,
                                        "hot_hits": 0, "moved_up": 0, "moved_down": 0}

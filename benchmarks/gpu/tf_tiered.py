@@ -9,7 +9,7 @@ Measured per step: eval (lookup_sparse with training=False: find only), forward 
 lookup: find-or-insert, which brings the batch's rows into the hot tier) and train (forward,
 a sum loss, its gradient and the optimizer's update), in a tf.range loop of `loop` steps a
 call (as Keras' steps_per_execution) and one step a call; medians of interleaved rounds.
-`hit_rate` is the share of each training lookup's distinct keys already in the hot tier
+`hit_rate` is the share of the training lookups' ids whose rows were in the hot tier already
 (sok.tier_counts) while the train steps ran; `rows_moved_per_step` the rows copied up and
 down, `host_gbps` the bytes those rows (value and state) moved a second. Where the table fits
 the GPU whole, the same steps on the one-tier GPU table give `hbm_train_ms` and `slowdown`.
@@ -147,9 +147,9 @@ def measure(name, keys, budget_gib, batch, optimizer_name, rng, loop, rounds, wi
     before = sok.tier_counts(table)
     timings = timed_steps({"train_ms": steps["train_ms"]}, batches, loop, rounds)
     after = sok.tier_counts(table)
-    looked_up = after["keys_looked_up"] - before["keys_looked_up"]
+    looked_up = after["ids_looked_up"] - before["ids_looked_up"]
     moved = (after["moved_up"] - before["moved_up"]) + (after["moved_down"] - before["moved_down"])
-    train_steps = looked_up / result["distinct_keys_per_batch"]
+    train_steps = looked_up / batch
     result["hit_rate"] = (after["hot_hits"] - before["hot_hits"]) / max(1, looked_up)
     result["rows_moved_per_step"] = moved / max(1.0, train_steps)
     row_bytes = DIM * 4 * (1 + state_floats)

@@ -210,6 +210,20 @@ int64_t CpuHashTable::CountNewKeys(const int64_t* keys, const std::vector<uint8_
   return std::unique(new_keys.begin(), new_keys.end()) - new_keys.begin();
 }
 
+std::vector<int64_t> CpuHashTable::LowestScoredKeys(int64_t count) const {
+  std::vector<std::pair<uint64_t, int64_t>> scored;
+  scored.reserve(size_);
+  for (int64_t s = 0; s <= mask_; ++s) {
+    if (Occupied(s)) scored.emplace_back(Score(s), slots_[s].key);
+  }
+  count = std::min<int64_t>(count, scored.size());
+  std::vector<int64_t> keys;
+  if (count <= 0) return keys;
+  std::nth_element(scored.begin(), scored.begin() + (count - 1), scored.end());
+  for (int64_t v = 0; v < count; ++v) keys.push_back(scored[v].second);
+  return keys;
+}
+
 Status CpuHashTable::Reserve(int64_t incoming, EvictedBuffer* evicted,
                              const ParallelFor& parallel_for) {
   const int64_t overflow = size_ + incoming - options_.max_capacity;
@@ -221,15 +235,7 @@ Status CpuHashTable::Reserve(int64_t incoming, EvictedBuffer* evicted,
           std::to_string(options_.max_capacity) +
           "; raise max_capacity or set evict_strategy ('lru' or 'lfu')");
     }
-    // Evict the `overflow` lowest-scored keys.
-    std::vector<std::pair<uint64_t, int64_t>> scored;
-    scored.reserve(size_);
-    for (int64_t s = 0; s <= mask_; ++s) {
-      if (Occupied(s)) scored.emplace_back(Score(s), slots_[s].key);
-    }
-    std::nth_element(scored.begin(), scored.begin() + (overflow - 1), scored.end());
-    for (int64_t v = 0; v < overflow; ++v) {
-      const int64_t key = scored[v].second;
+    for (const int64_t key : LowestScoredKeys(overflow)) {
       const int64_t slot = FindSlot(key, Home(key));
       if (evicted != nullptr) {
         evicted->keys.push_back(key);
@@ -403,6 +409,35 @@ Status CpuHashTable::Take(const int64_t* keys, int64_t n, float* values, float* 
     }
     ReadValue(slot, values + i * dim);
     if (state != nullptr) std::memcpy(state + i * state_dim, State(slot), state_dim * sizeof(float));
+    EraseSlot(slot);
+  }
+  return Status::Ok();
+}
+
+Status CpuHashTable::Absent(const TableKeys& keys, uint8_t* absent, const TableContext&) {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  for (int64_t i = 0; i < keys.n; ++i) {
+    const bool selected = keys.stride == 1 || keys.data[2 * i] == keys.table;
+    const int64_t key = keys.data[i * keys.stride + keys.stride - 1];
+    absent[i] = selected && FindSlot(key, Home(key)) < 0;
+  }
+  return Status::Ok();
+}
+
+Status CpuHashTable::EvictLowest(int64_t count, const ExportOutputs& outputs,
+                                 const TableContext&) {
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  const std::vector<int64_t> lowest = LowestScoredKeys(count);
+  const int64_t n = static_cast<int64_t>(lowest.size()), dim = options_.dim;
+  const int64_t state_dim = options_.state_dim;
+  int64_t* keys = nullptr;
+  float *values = nullptr, *state = nullptr;
+  SOK_RETURN_IF_ERROR(outputs(n, &keys, &values, &state));
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t slot = FindSlot(lowest[j], Home(lowest[j]));
+    keys[j] = lowest[j];
+    ReadValue(slot, values + j * dim);
+    if (state != nullptr) std::memcpy(state + j * state_dim, State(slot), state_dim * sizeof(float));
     EraseSlot(slot);
   }
   return Status::Ok();

@@ -53,9 +53,11 @@ struct TableKeys {
 };
 
 // Hands out the arrays for `count` evicted keys and their rows ([count, dim], float32);
-// called at most once, only when a find-or-insert evicts.
+// called at most once, only when a find-or-insert evicts. With `allocate_state`, called
+// after `allocate`, the rows' optimizer state ([count, state_dim]) is handed out too.
 struct EvictedRows {
   std::function<Status(int64_t count, int64_t** keys, float** values)> allocate;
+  std::function<Status(int64_t count, float** state)> allocate_state;
   int64_t count = 0;  // set by the call
 };
 
@@ -80,8 +82,8 @@ struct SparseUpdate {
 // Where a tiered table's rows are and how they moved (tiered_table.h), counted since creation.
 struct TierCounts {
   int64_t hot_keys = 0, host_keys = 0;
-  int64_t keys_looked_up = 0;  // distinct keys of each find-or-insert, summed over calls
-  int64_t hot_hits = 0;        // of them, keys already in the hot tier
+  int64_t ids_looked_up = 0;  // ids of the find-or-inserts (training lookups)
+  int64_t hot_hits = 0;       // of them, ids whose key was in the hot tier already
   int64_t moved_up = 0, moved_down = 0;  // rows moved host -> hot and hot -> host
 };
 
@@ -142,6 +144,14 @@ class DynamicTable {
   virtual Status Take(const int64_t* keys, int64_t n, float* values, float* state,
                       uint8_t* found, const TableContext& context) = 0;
 
+  // absent[i] = 1 when key i is selected and not held, else 0 ([keys.n] bytes). A read only.
+  virtual Status Absent(const TableKeys& keys, uint8_t* absent, const TableContext& context) = 0;
+
+  // Removes the `count` lowest-scored keys (all, when fewer are held) and hands them out with
+  // their values and state (`outputs` is called once, with the count removed).
+  virtual Status EvictLowest(int64_t count, const ExportOutputs& outputs,
+                             const TableContext& context) = 0;
+
   // A tiered table's counts; false for a table of one tier.
   virtual bool Tiers(TierCounts* counts) { return false; }
 
@@ -165,7 +175,10 @@ class DynamicTable {
                 const TableContext& context) override;                                      \
   Status ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) override; \
   Status Take(const int64_t* keys, int64_t n, float* values, float* state, uint8_t* found,  \
-              const TableContext& context) override
+              const TableContext& context) override;                                       \
+  Status Absent(const TableKeys& keys, uint8_t* absent, const TableContext& context) override; \
+  Status EvictLowest(int64_t count, const ExportOutputs& outputs,                           \
+                     const TableContext& context) override
 
 inline constexpr int64_t kExportAll = INT64_MIN;  // Export's written_after_us: every row
 

@@ -57,6 +57,23 @@ __global__ void CopyEvictedRows(const int64_t* rows, int64_t count, const int64_
     values_out[i] = Widen(values[row * dim + d]);
   }
 }
+__global__ void CopyEvictedState(const int64_t* rows, int64_t count, const float* state,
+                                 int64_t state_dim, float* state_out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < count * state_dim; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = i / state_dim;
+    state_out[i] = state[rows[j] * state_dim + i - j * state_dim];
+  }
+}
+// absent[i] = 1 when selected key i is not held (rows from a find).
+__global__ void MarkAbsent(TableKeys keys, const int64_t* rows, int64_t missing_row,
+                           uint8_t* absent) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < keys.n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t key;
+    absent[i] = KeyAt(keys, i, &key) && rows[i] == missing_row;
+  }
+}
 
 // Take's copy out: key i's value (widened) and state, zeros and found 0 when missing.
 template <typename V>
@@ -109,6 +126,55 @@ Status GpuHashTable::Take(const int64_t* keys, int64_t n, float* values, float* 
   return status;
 }
 
+Status GpuHashTable::Absent(const TableKeys& keys, uint8_t* absent, const TableContext& context) {
+  const cudaStream_t stream = StreamOf(context);
+  std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(init_status_);
+  if (keys.n == 0) return Status::Ok();
+  int64_t* rows = nullptr;
+  Status status = Scratch(keys.n, &rows);
+  if (status.ok()) status = FindRows(keys, false, 1.0f, 0, 0, rows, stream);
+  if (status.ok()) {
+    MarkAbsent<<<Blocks(keys.n), kThreads, 0, stream>>>(keys, rows, row_capacity_, absent);
+    status = CudaStatus(cudaGetLastError(), "absent");
+  }
+  FreeScratch();
+  return status;
+}
+
+Status GpuHashTable::EvictLowest(int64_t count, const ExportOutputs& outputs,
+                                 const TableContext& context) {
+  const cudaStream_t stream = StreamOf(context);
+  std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(init_status_);
+  Exact e;
+  SOK_RETURN_IF_ERROR(ReadCounters(&e, stream));
+  DropSnapshots();
+  count = std::max<int64_t>(0, std::min(count, e.size));
+  float* state_out = nullptr;
+  if (count == 0) {
+    int64_t* keys = nullptr;
+    float* values = nullptr;
+    return outputs(0, &keys, &values, &state_out);
+  }
+  EvictedRows sink;
+  sink.allocate = [&](int64_t n, int64_t** keys, float** values) {
+    return outputs(n, keys, values, &state_out);
+  };
+  sink.allocate_state = [&](int64_t, float** state) {
+    *state = state_out;
+    return Status::Ok();
+  };
+  Status status = Evict(count, e.next_row, stream, &sink);
+  if (status.ok()) {
+    e.size -= count;
+    e.free_count += count;
+    SetBounds(e);
+  }
+  FreeScratch();
+  return status;
+}
+
 Status GpuHashTable::Evict(int64_t count, int64_t next_row, cudaStream_t stream,
                            EvictedRows* evicted) {
   uint64_t *scores = nullptr, *sorted_scores = nullptr;
@@ -137,6 +203,12 @@ Status GpuHashTable::Evict(int64_t count, int64_t next_row, cudaStream_t stream,
           sorted_rows, count, row_keys_, static_cast<const V*>(values_), options_.dim, keys_out,
           values_out);
     });
+    if (evicted->allocate_state && options_.state_dim > 0) {
+      float* state_out = nullptr;
+      SOK_RETURN_IF_ERROR(evicted->allocate_state(count, &state_out));
+      CopyEvictedState<<<Blocks(count * options_.state_dim), kThreads, 0, stream>>>(
+          sorted_rows, count, state_, options_.state_dim, state_out);
+    }
   }
   EvictRows<<<Blocks(count), kThreads, 0, stream>>>(sorted_rows, count, row_keys_,
                                                     static_cast<Slot*>(slots_), num_slots_ - 1,

@@ -2,15 +2,28 @@
 // allocator, copies ordered on the call's stream and finished before returning.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
+
+#include <vector>
 
 #include "kit_src/core/gpu_memory.h"
 #include "kit_src/core/hash_table/tiered_table.h"
 
 namespace sok {
 namespace {
+
+// out row positions[j] = rows row j ([count, dim]).
+__global__ void PutRows(const int64_t* positions, const float* rows, int64_t count, int64_t dim,
+                        float* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count * dim;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = i / dim;
+    out[positions[j] * dim + i - j * dim] = rows[i];
+  }
+}
 
 class GpuTierMemory final : public TierMemory {
  public:
@@ -32,8 +45,35 @@ class GpuTierMemory final : public TierMemory {
   Status Copy(void* to, const void* from, int64_t bytes, const TableContext& context) override {
     return CopyAndWait(to, from, bytes, cudaMemcpyDeviceToDevice, context);
   }
+  Status ScatterRows(float* out, const std::vector<int64_t>& positions,
+                     const std::vector<float>& rows, int64_t dim,
+                     const TableContext& context) override {
+    const int64_t count = static_cast<int64_t>(positions.size());
+    if (count == 0) return Status::Ok();
+    void *at = nullptr, *from = nullptr;
+    Status status = Allocate(count * sizeof(int64_t), &at);
+    if (status.ok()) status = Allocate(rows.size() * sizeof(float), &from);
+    if (status.ok()) status = FromHost(at, positions.data(), count * sizeof(int64_t), context);
+    if (status.ok()) status = FromHost(from, rows.data(), rows.size() * sizeof(float), context);
+    if (status.ok()) {
+      const int64_t total = count * dim;
+      const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 4096));
+      PutRows<<<blocks, 256, 0, static_cast<cudaStream_t>(context.stream)>>>(
+          static_cast<const int64_t*>(at), static_cast<const float*>(from), count, dim, out);
+      if (status.ok()) status = Synchronize(context);
+    }
+    if (from != nullptr) Free(from);
+    if (at != nullptr) Free(at);
+    return status;
+  }
 
  private:
+  static Status Synchronize(const TableContext& context) {
+    cudaError_t error = cudaGetLastError();
+    if (error == cudaSuccess) error = cudaStreamSynchronize(static_cast<cudaStream_t>(context.stream));
+    if (error == cudaSuccess) return Status::Ok();
+    return Status::Internal(std::string("tiered table: ") + cudaGetErrorString(error));
+  }
   static Status CopyAndWait(void* to, const void* from, int64_t bytes, cudaMemcpyKind kind,
                             const TableContext& context) {
     if (bytes <= 0) return Status::Ok();

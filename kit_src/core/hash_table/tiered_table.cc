@@ -28,6 +28,13 @@ class HostTierMemory final : public TierMemory {
     if (bytes > 0) std::memcpy(to, from, bytes);
     return Status::Ok();
   }
+  Status ScatterRows(float* out, const std::vector<int64_t>& positions,
+                     const std::vector<float>& rows, int64_t dim, const TableContext&) override {
+    for (size_t j = 0; j < positions.size(); ++j) {
+      std::copy_n(rows.begin() + j * dim, dim, out + positions[j] * dim);
+    }
+    return Status::Ok();
+  }
 };
 
 // The host table's calls run on the caller's threads.
@@ -54,7 +61,7 @@ HashTableOptions HotTierOptions(const HashTableOptions& options, int64_t hot_byt
   HashTableOptions hot = options;
   hot.max_capacity = hot_bytes / TieredTable::RowBytes(options.dim, options.value_type, 0);
   hot.init_capacity = std::max<int64_t>(1, std::min(options.init_capacity, hot.max_capacity));
-  hot.evict = EvictStrategy::kNone;
+  hot.evict = EvictStrategy::kLru;  // scores only: the tiered table keeps it below capacity
   return hot;
 }
 
@@ -116,56 +123,60 @@ int64_t TieredTable::hot_row_budget() const {
   return hot_bytes_ / RowBytes(options_.dim, options_.value_type, hot_->state_dim());
 }
 
-Status TieredTable::HostKeys(const TableKeys& keys, std::vector<int64_t>* key,
-                             std::vector<int64_t>* position, const TableContext& context) {
+Status TieredTable::Split(const TableKeys& keys, std::vector<int64_t>* key,
+                          std::vector<uint8_t>* absent, std::vector<int64_t>* position,
+                          const TableContext& context) {
   std::vector<int64_t> raw(keys.n * keys.stride);
+  std::vector<uint8_t> flags(keys.n);
+  HotBuffer buffer(memory_.get());
+  uint8_t* hot_flags = nullptr;
+  SOK_RETURN_IF_ERROR(buffer.Get(keys.n, &hot_flags));
+  SOK_RETURN_IF_ERROR(hot_->Absent(keys, hot_flags, context));
   SOK_RETURN_IF_ERROR(memory_->ToHost(raw.data(), keys.data, raw.size() * sizeof(int64_t), context));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(flags.data(), hot_flags, keys.n, context));
   for (int64_t i = 0; i < keys.n; ++i) {
     if (keys.stride == 2 && raw[2 * i] != keys.table) continue;
     key->push_back(raw[i * keys.stride + keys.stride - 1]);
+    absent->push_back(flags[i]);
     if (position != nullptr) position->push_back(i);
   }
   return Status::Ok();
 }
 
-void TieredTable::TouchHot(int64_t key) {
-  hot_order_.splice(hot_order_.begin(), hot_order_, hot_position_.at(key));
-}
-
-Status TieredTable::Demote(int64_t count, const TableContext& context) {
-  std::vector<int64_t> victims;
-  for (int64_t v = 0; v < count && !hot_order_.empty(); ++v) {
-    victims.push_back(hot_order_.back());
-    hot_position_.erase(hot_order_.back());
-    hot_order_.pop_back();
+Status TieredTable::Demote(int64_t count, int64_t keep, const TableContext& context) {
+  const int64_t dim = options_.dim, state_dim = hot_->state_dim();
+  const int64_t batch = std::min(count + hot_row_budget() / 16, hot_size() - keep);
+  if (batch < count) {
+    return Status::Internal("tiered table: the hot tier cannot make room for " +
+                            std::to_string(count) + " rows");
   }
-  const int64_t n = static_cast<int64_t>(victims.size()), dim = options_.dim;
-  const int64_t state_dim = hot_->state_dim();
-  if (n == 0) return Status::Ok();
   HotBuffer buffer(memory_.get());
+  int64_t n = 0;
   int64_t* keys = nullptr;
   float *values = nullptr, *state = nullptr;
-  uint8_t* found = nullptr;
-  SOK_RETURN_IF_ERROR(buffer.Upload(victims, &keys, context));
-  SOK_RETURN_IF_ERROR(buffer.Get(n * dim, &values));
-  SOK_RETURN_IF_ERROR(buffer.Get(n * state_dim, &state));
-  SOK_RETURN_IF_ERROR(buffer.Get(n, &found));
-  SOK_RETURN_IF_ERROR(hot_->Take(keys, n, values, state_dim ? state : nullptr, found, context));
+  SOK_RETURN_IF_ERROR(hot_->EvictLowest(
+      batch,
+      [&](int64_t moved, int64_t** k, float** v, float** s) {
+        n = moved;
+        SOK_RETURN_IF_ERROR(buffer.Get(moved, &keys));
+        SOK_RETURN_IF_ERROR(buffer.Get(moved * dim, &values));
+        SOK_RETURN_IF_ERROR(buffer.Get(moved * state_dim, &state));
+        *k = keys;
+        *v = values;
+        if (s != nullptr) *s = state;
+        return Status::Ok();
+      },
+      context));
+  std::vector<int64_t> host_keys(n);
   std::vector<float> host_values(n * dim), host_state(n * state_dim);
-  std::vector<uint8_t> host_found(n);
+  SOK_RETURN_IF_ERROR(memory_->ToHost(host_keys.data(), keys, n * 8, context));
   SOK_RETURN_IF_ERROR(memory_->ToHost(host_values.data(), values, n * dim * 4, context));
   SOK_RETURN_IF_ERROR(memory_->ToHost(host_state.data(), state, n * state_dim * 4, context));
-  SOK_RETURN_IF_ERROR(memory_->ToHost(host_found.data(), found, n, context));
-  std::vector<int64_t> kept;  // every victim is hot; kept filters in case one was not
-  for (int64_t j = 0; j < n; ++j) {
-    if (host_found[j]) kept.push_back(j);
-  }
+  hot_size_ -= n;
+  counts_.moved_down += n;
   LendCapacity();
-  counts_.moved_down += static_cast<int64_t>(kept.size());
-  const std::vector<float> kept_state = Pick(host_state, kept, state_dim);
-  return cold_->InsertOrAssign(Pick(victims, kept, 1).data(), static_cast<int64_t>(kept.size()),
-                               Pick(host_values, kept, dim).data(),
-                               state_dim ? kept_state.data() : nullptr, HostContext(context));
+  return cold_->InsertOrAssign(host_keys.data(), n, host_values.data(),
+                               state_dim ? host_state.data() : nullptr, HostContext(context));
 }
 
 Status TieredTable::Promote(const std::vector<int64_t>& keys, const TableContext& context) {
@@ -180,20 +191,16 @@ Status TieredTable::Promote(const std::vector<int64_t>& keys, const TableContext
     if (found[j]) moving.push_back(j);
   }
   if (moving.empty()) return Status::Ok();
-  counts_.moved_up += static_cast<int64_t>(moving.size());
   HotBuffer buffer(memory_.get());
   int64_t* hot_keys = nullptr;
   float *hot_values = nullptr, *hot_state = nullptr;
-  const std::vector<int64_t> moving_keys = Pick(keys, moving, 1);
-  SOK_RETURN_IF_ERROR(buffer.Upload(moving_keys, &hot_keys, context));
+  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(keys, moving, 1), &hot_keys, context));
   SOK_RETURN_IF_ERROR(buffer.Upload(Pick(values, moving, dim), &hot_values, context));
   SOK_RETURN_IF_ERROR(buffer.Upload(Pick(state, moving, state_dim), &hot_state, context));
   SOK_RETURN_IF_ERROR(hot_->InsertOrAssign(hot_keys, static_cast<int64_t>(moving.size()),
                                            hot_values, state_dim ? hot_state : nullptr, context));
-  for (int64_t key : moving_keys) {
-    hot_order_.push_front(key);
-    hot_position_[key] = hot_order_.begin();
-  }
+  hot_size_ += static_cast<int64_t>(moving.size());
+  counts_.moved_up += static_cast<int64_t>(moving.size());
   return Status::Ok();
 }
 
@@ -229,49 +236,62 @@ Status TieredTable::Find(const TableKeys& keys, float* values, const TableContex
   SOK_RETURN_IF_ERROR(hot_->Find(keys, values, context));
   if (cold_size() == 0 || keys.n == 0) return Status::Ok();
   std::vector<int64_t> key, position, cold_keys, cold_at;
-  SOK_RETURN_IF_ERROR(HostKeys(keys, &key, &position, context));
+  std::vector<uint8_t> absent;
+  SOK_RETURN_IF_ERROR(Split(keys, &key, &absent, &position, context));
   for (size_t j = 0; j < key.size(); ++j) {
-    if (IsHot(key[j])) continue;
+    if (!absent[j]) continue;
     cold_keys.push_back(key[j]);
     cold_at.push_back(position[j]);
   }
   if (cold_keys.empty()) return Status::Ok();
-  const int64_t dim = options_.dim, count = static_cast<int64_t>(cold_keys.size());
-  std::vector<float> rows(count * dim), out(keys.n * dim);
+  const int64_t count = static_cast<int64_t>(cold_keys.size());
+  std::vector<float> rows(count * options_.dim);
   SOK_RETURN_IF_ERROR(cold_->Find(TableKeys{cold_keys.data(), count, 1, 0}, rows.data(),
                                   HostContext(context)));
-  SOK_RETURN_IF_ERROR(memory_->ToHost(out.data(), values, out.size() * 4, context));
-  for (int64_t j = 0; j < count; ++j) {
-    std::copy_n(rows.begin() + j * dim, dim, out.begin() + cold_at[j] * dim);
-  }
-  return memory_->FromHost(values, out.data(), out.size() * 4, context);
+  return memory_->ScatterRows(values, cold_at, rows, options_.dim, context);
 }
 
 Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float admit_probability,
                                  EvictedRows* evicted, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<int64_t> unique;
-  SOK_RETURN_IF_ERROR(HostKeys(keys, &unique, nullptr, context));
-  std::sort(unique.begin(), unique.end());
-  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
-  const int64_t budget = hot_row_budget();
-  if (static_cast<int64_t>(unique.size()) > budget) {
+  std::vector<int64_t> key;
+  std::vector<uint8_t> absent;
+  SOK_RETURN_IF_ERROR(Split(keys, &key, &absent, nullptr, context));
+  std::vector<int64_t> missing;
+  int64_t hits = 0;
+  for (size_t j = 0; j < key.size(); ++j) {
+    if (absent[j]) {
+      missing.push_back(key[j]);
+    } else {
+      ++hits;
+    }
+  }
+  std::sort(missing.begin(), missing.end());
+  missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+  const int64_t budget = hot_row_budget(), misses = static_cast<int64_t>(missing.size());
+  // The batch's hot keys (at most `hits`, exactly when that already fits) and its misses
+  // must fit the hot tier together.
+  int64_t batch_hot = hits;
+  if (hits + misses > budget) {
+    std::vector<int64_t> hot_keys;
+    for (size_t j = 0; j < key.size(); ++j) {
+      if (!absent[j]) hot_keys.push_back(key[j]);
+    }
+    std::sort(hot_keys.begin(), hot_keys.end());
+    batch_hot = std::unique(hot_keys.begin(), hot_keys.end()) - hot_keys.begin();
+  }
+  if (batch_hot + misses > budget) {
     return Status::InvalidArgument(
-        "a lookup of " + std::to_string(unique.size()) + " distinct keys does not fit the "
+        "a lookup of " + std::to_string(batch_hot + misses) + " distinct keys does not fit the "
         "tiered table's HBM budget of " + std::to_string(hot_bytes_) + " bytes (" +
         std::to_string(budget) + " rows of " +
         std::to_string(RowBytes(options_.dim, options_.value_type, hot_->state_dim())) +
         " bytes with optimizer state); raise max_hbm_for_vectors");
   }
-  std::vector<int64_t> missing;
-  counts_.keys_looked_up += static_cast<int64_t>(unique.size());
-  for (int64_t key : unique) {
-    if (IsHot(key)) {
-      TouchHot(key);
-    } else {
-      missing.push_back(key);
-    }
-  }
+  counts_.ids_looked_up += static_cast<int64_t>(key.size());
+  counts_.hot_hits += hits;
+  // A use of each of the batch's hot keys (nothing is admitted), so they are the newest.
+  SOK_RETURN_IF_ERROR(hot_->FindOrInsert(keys, values, 0.0f, nullptr, context));
   std::vector<int64_t> evicted_keys;
   std::vector<float> evicted_values;
   if (!missing.empty()) {
@@ -287,14 +307,12 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
       *v = evicted_values.data();
       return Status::Ok();
     };
-    SOK_RETURN_IF_ERROR(cold_->FindOrInsert(
-        TableKeys{missing.data(), static_cast<int64_t>(missing.size()), 1, 0}, unused.data(),
-        admit_probability, &host_evicted, HostContext(context)));
+    SOK_RETURN_IF_ERROR(cold_->FindOrInsert(TableKeys{missing.data(), misses, 1, 0},
+                                            unused.data(), admit_probability, &host_evicted,
+                                            HostContext(context)));
   }
-  // The batch's hot keys are the most recent now: the rows moved down are none of them.
-  counts_.hot_hits += static_cast<int64_t>(unique.size() - missing.size());
-  const int64_t overflow = hot_size() + static_cast<int64_t>(missing.size()) - budget;
-  if (overflow > 0) SOK_RETURN_IF_ERROR(Demote(overflow, context));
+  const int64_t overflow = hot_size() + misses - budget;
+  if (overflow > 0) SOK_RETURN_IF_ERROR(Demote(overflow, batch_hot, context));
   if (!missing.empty()) SOK_RETURN_IF_ERROR(Promote(missing, context));
   SOK_RETURN_IF_ERROR(HandOutEvicted(evicted_keys, evicted_values, evicted, context));
   return hot_->Find(keys, values, context);
@@ -304,13 +322,11 @@ Status TieredTable::InsertOrAssign(const int64_t* keys, int64_t n, const float* 
                                    const float* state, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<int64_t> key;
-  SOK_RETURN_IF_ERROR(HostKeys(TableKeys{keys, n, 1, 0}, &key, nullptr, context));
+  std::vector<uint8_t> absent;
+  SOK_RETURN_IF_ERROR(Split(TableKeys{keys, n, 1, 0}, &key, &absent, nullptr, context));
   std::vector<int64_t> hot_at, cold_at;
-  for (int64_t j = 0; j < n; ++j) (IsHot(key[j]) ? hot_at : cold_at).push_back(j);
-  if (cold_at.empty()) {
-    for (int64_t k : key) TouchHot(k);
-    return hot_->InsertOrAssign(keys, n, values, state, context);
-  }
+  for (int64_t j = 0; j < n; ++j) (absent[j] ? cold_at : hot_at).push_back(j);
+  if (cold_at.empty()) return hot_->InsertOrAssign(keys, n, values, state, context);
   // Hot keys are assigned in the hot tier, the others on the host.
   const int64_t dim = options_.dim, state_dim = state != nullptr ? hot_->state_dim() : 0;
   std::vector<float> host_values(n * dim), host_state(n * state_dim);
@@ -325,7 +341,6 @@ Status TieredTable::InsertOrAssign(const int64_t* keys, int64_t n, const float* 
     SOK_RETURN_IF_ERROR(buffer.Upload(Pick(host_state, hot_at, state_dim), &hot_state, context));
     SOK_RETURN_IF_ERROR(hot_->InsertOrAssign(hot_keys, static_cast<int64_t>(hot_at.size()),
                                              hot_values, state ? hot_state : nullptr, context));
-    for (int64_t j : hot_at) TouchHot(key[j]);
   }
   LendCapacity();
   const std::vector<float> cold_state = Pick(host_state, cold_at, state_dim);
@@ -350,8 +365,7 @@ Status TieredTable::Replace(const int64_t* keys, int64_t n, const float* values,
   SOK_RETURN_IF_ERROR(memory_->ToHost(host_state.data(), state, n * width * 4, context));
   // Everything restored lands on the host; rows rise to the hot tier as they are used.
   SOK_RETURN_IF_ERROR(hot_->Replace(nullptr, 0, nullptr, nullptr, state_dim, context));
-  hot_order_.clear();
-  hot_position_.clear();
+  hot_size_ = 0;
   cold_->SetMaxCapacity(options_.max_capacity);
   SOK_RETURN_IF_ERROR(cold_->Replace(host_keys.data(), n, host_values.data(),
                                      state ? host_state.data() : nullptr, state_dim,
@@ -363,8 +377,8 @@ Status TieredTable::Replace(const int64_t* keys, int64_t n, const float* values,
 Status TieredTable::Erase(const int64_t* keys, int64_t n, int64_t* erased,
                           const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<int64_t> key;
-  SOK_RETURN_IF_ERROR(HostKeys(TableKeys{keys, n, 1, 0}, &key, nullptr, context));
+  std::vector<int64_t> key(n);
+  SOK_RETURN_IF_ERROR(memory_->ToHost(key.data(), keys, n * 8, context));
   HotBuffer buffer(memory_.get());
   int64_t* hot_count = nullptr;
   SOK_RETURN_IF_ERROR(buffer.Get(1, &hot_count));
@@ -372,12 +386,7 @@ Status TieredTable::Erase(const int64_t* keys, int64_t n, int64_t* erased,
   int64_t hot_erased = 0, cold_erased = 0;
   SOK_RETURN_IF_ERROR(memory_->ToHost(&hot_erased, hot_count, sizeof(int64_t), context));
   SOK_RETURN_IF_ERROR(cold_->Erase(key.data(), n, &cold_erased, HostContext(context)));
-  for (int64_t k : key) {
-    const auto at = hot_position_.find(k);
-    if (at == hot_position_.end()) continue;
-    hot_order_.erase(at->second);
-    hot_position_.erase(at);
-  }
+  hot_size_ -= hot_erased;
   const int64_t total = hot_erased + cold_erased;
   return memory_->FromHost(erased, &total, sizeof(total), context);
 }
@@ -450,10 +459,12 @@ Status TieredTable::MatchColdState(const SparseUpdate& update, const TableContex
 Status TieredTable::ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<int64_t> key;
-  SOK_RETURN_IF_ERROR(HostKeys(TableKeys{update.keys, update.n, 1, 0}, &key, nullptr, context));
+  std::vector<uint8_t> absent;
+  SOK_RETURN_IF_ERROR(Split(TableKeys{update.keys, update.n, 1, 0}, &key, &absent, nullptr,
+                            context));
   std::vector<int64_t> hot_at, cold_at;
-  for (int64_t j = 0; j < update.n; ++j) (IsHot(key[j]) ? hot_at : cold_at).push_back(j);
-  if (cold_at.empty()) {
+  for (int64_t j = 0; j < update.n; ++j) (absent[j] ? cold_at : hot_at).push_back(j);
+  if (cold_at.empty()) {  // as after a lookup: every row is hot
     SOK_RETURN_IF_ERROR(hot_->ApplySparseUpdate(update, context));
     return MatchColdState(update, context);
   }
@@ -487,14 +498,14 @@ Status TieredTable::Take(const int64_t* keys, int64_t n, float* values, float* s
                          uint8_t* found, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t dim = options_.dim, state_dim = state != nullptr ? hot_->state_dim() : 0;
+  std::vector<int64_t> key;
+  std::vector<uint8_t> absent;
+  SOK_RETURN_IF_ERROR(Split(TableKeys{keys, n, 1, 0}, &key, &absent, nullptr, context));
   SOK_RETURN_IF_ERROR(hot_->Take(keys, n, values, state, found, context));
-  std::vector<int64_t> key, cold_keys, cold_at;
-  SOK_RETURN_IF_ERROR(HostKeys(TableKeys{keys, n, 1, 0}, &key, nullptr, context));
+  std::vector<int64_t> cold_keys, cold_at;
   for (int64_t j = 0; j < n; ++j) {
-    const auto at = hot_position_.find(key[j]);
-    if (at != hot_position_.end()) {
-      hot_order_.erase(at->second);
-      hot_position_.erase(at);
+    if (!absent[j]) {
+      --hot_size_;
     } else {
       cold_keys.push_back(key[j]);
       cold_at.push_back(j);
@@ -522,6 +533,51 @@ Status TieredTable::Take(const int64_t* keys, int64_t n, float* values, float* s
   SOK_RETURN_IF_ERROR(memory_->FromHost(values, out_values.data(), n * dim * 4, context));
   SOK_RETURN_IF_ERROR(memory_->FromHost(state, out_state.data(), n * state_dim * 4, context));
   return memory_->FromHost(found, out_found.data(), n, context);
+}
+
+Status TieredTable::Absent(const TableKeys& keys, uint8_t* absent, const TableContext& context) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int64_t> key, position;
+  std::vector<uint8_t> hot_absent;
+  SOK_RETURN_IF_ERROR(Split(keys, &key, &hot_absent, &position, context));
+  std::vector<int64_t> cold_keys;
+  for (size_t j = 0; j < key.size(); ++j) cold_keys.push_back(key[j]);
+  std::vector<uint8_t> cold_absent(cold_keys.size());
+  SOK_RETURN_IF_ERROR(cold_->Absent(
+      TableKeys{cold_keys.data(), static_cast<int64_t>(cold_keys.size()), 1, 0},
+      cold_absent.data(), HostContext(context)));
+  std::vector<uint8_t> out(keys.n, 0);
+  for (size_t j = 0; j < key.size(); ++j) out[position[j]] = hot_absent[j] && cold_absent[j];
+  return memory_->FromHost(absent, out.data(), keys.n, context);
+}
+
+Status TieredTable::EvictLowest(int64_t count, const ExportOutputs& outputs,
+                                const TableContext& context) {
+  // The host tier holds the least recently used rows: they go first.
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int64_t> keys;
+  std::vector<float> values, state;
+  const int64_t dim = options_.dim, state_dim = cold_->state_dim();
+  SOK_RETURN_IF_ERROR(cold_->EvictLowest(
+      count,
+      [&](int64_t n, int64_t** k, float** v, float** s) {
+        keys.resize(n);
+        values.resize(n * dim);
+        state.resize(n * state_dim);
+        *k = keys.data();
+        *v = values.data();
+        if (s != nullptr) *s = state.data();
+        return Status::Ok();
+      },
+      HostContext(context)));
+  const int64_t n = static_cast<int64_t>(keys.size());
+  int64_t* out_keys = nullptr;
+  float *out_values = nullptr, *out_state = nullptr;
+  SOK_RETURN_IF_ERROR(outputs(n, &out_keys, &out_values, &out_state));
+  SOK_RETURN_IF_ERROR(memory_->FromHost(out_keys, keys.data(), n * 8, context));
+  SOK_RETURN_IF_ERROR(memory_->FromHost(out_values, values.data(), n * dim * 4, context));
+  if (out_state == nullptr) return Status::Ok();
+  return memory_->FromHost(out_state, state.data(), n * state_dim * 4, context);
 }
 
 }  // namespace sok

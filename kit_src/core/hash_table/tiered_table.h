@@ -1,25 +1,24 @@
 // A dynamic table over two tiers: a budgeted hot table (GPU memory on a GPU) holds the rows
 // in use, with their optimizer state, and a host table holds the rest. A row lives in exactly
-// one tier. Every find-or-insert first brings the batch's rows into the hot tier: the
-// least-recently-used hot rows not in the batch move to the host to make room (write-back),
-// and the batch's host rows move up, state included. Keys new to the whole table are admitted
-// and initialised by the host table, which also keeps the whole table's max_capacity: it
-// holds the coldest rows, so the keys it evicts are the whole table's least recently used.
-// Updates then run on the hot tier, where the batch's rows are, at the hot table's speed;
-// an update of a row that moved down since its lookup is applied on the host. Moving a row
-// copies its floats, so the tiers change where a row lives, never its value.
+// one tier. Every find-or-insert first brings the batch's rows into the hot tier: the hot
+// table marks the batch's keys it lacks and counts its own keys as used; keys new to the
+// whole table are admitted and initialised by the host table, which keeps the whole table's
+// max_capacity (it holds the coldest rows, so the keys it evicts are the whole table's least
+// recently used); when the hot tier is full, its least-recently-used rows move down to the
+// host with their state (write-back), a sixteenth of the budget at once so that the sort
+// that picks them runs rarely; then the batch's host rows move up. Updates run on the hot
+// tier, where the batch's rows are, at the hot table's speed; an update of a row that moved
+// down since its lookup is applied on the host. Moving a row copies its floats, so the tiers
+// change where a row lives, never its value.
 //
-// The tiered table keeps the hot tier's keys in use order on the host, so choosing which
-// rows move needs no device work; the moves are Take (which removes and hands out rows) on
-// one tier and InsertOrAssign on the other. Calls take and hand out pointers in the hot
-// tier's memory; `TierMemory` copies between it and the host.
+// Only the batch's misses cross to the host: the hot table says which keys it lacks, and
+// the host table's work is on those. Calls take and hand out pointers in the hot tier's
+// memory; `TierMemory` copies between it and the host.
 #pragma once
 
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "kit_src/core/hash_table/cpu_hash_table.h"
@@ -41,6 +40,10 @@ class TierMemory {
   virtual Status FromHost(void* hot, const void* host, int64_t bytes,
                           const TableContext& context) = 0;
   virtual Status Copy(void* to, const void* from, int64_t bytes, const TableContext& context) = 0;
+  // out row positions[j] = rows row j ([count, dim], host).
+  virtual Status ScatterRows(float* out, const std::vector<int64_t>& positions,
+                             const std::vector<float>& rows, int64_t dim,
+                             const TableContext& context) = 0;
 };
 
 // Both tiers in host memory: what a CPU device runs, and how the tier logic is tested
@@ -61,8 +64,8 @@ Status CheckHotBudget(const HashTableOptions& options, int64_t hot_bytes);
 
 class TieredTable final : public DynamicTable {
  public:
-  // `hot` (built with max_capacity >= the rows `hot_bytes` holds without state, no eviction)
-  // and `cold` (built with the whole table's options) are empty; `memory` is hot's memory.
+  // `hot` (built with HotTierOptions) and `cold` (built with the whole table's options) are
+  // empty; `memory` is hot's memory.
   TieredTable(const HashTableOptions& options, int64_t hot_bytes, std::shared_ptr<DynamicTable> hot,
               std::unique_ptr<CpuHashTable> cold, std::unique_ptr<TierMemory> memory);
 
@@ -72,22 +75,22 @@ class TieredTable final : public DynamicTable {
 
   // Rows the hot tier holds at the current row width (value and state).
   int64_t hot_row_budget() const;
-  int64_t hot_size() const { return static_cast<int64_t>(hot_position_.size()); }
+  int64_t hot_size() const { return hot_size_; }
   int64_t cold_size() const { return cold_->size(); }
 
   // Bytes of a row of `dim` values of `value_type` and `state_dim` floats of state.
   static int64_t RowBytes(int64_t dim, ValueType value_type, int64_t state_dim);
 
  private:
-  // A host buffer of hot-tier memory's counterpart, and hot-tier scratch freed at scope end.
+  // Hot-tier scratch freed at scope end.
   class HotBuffer;
-  // The selected keys of `keys` on the host: key[j] of position[j] in the call.
-  Status HostKeys(const TableKeys& keys, std::vector<int64_t>* key, std::vector<int64_t>* position,
-                  const TableContext& context);
-  bool IsHot(int64_t key) const { return hot_position_.count(key) != 0; }
-  void TouchHot(int64_t key);
-  // Moves the `count` least recently used hot rows to the host.
-  Status Demote(int64_t count, const TableContext& context);
+  // The selected keys of `keys` on the host, with absent[j] = 1 where the hot tier lacks
+  // key[j] (a call's keys and flags; `position` j's index in the call).
+  Status Split(const TableKeys& keys, std::vector<int64_t>* key, std::vector<uint8_t>* absent,
+               std::vector<int64_t>* position, const TableContext& context);
+  // Moves at least `count` of the least recently used hot rows to the host (up to a
+  // sixteenth of the budget more, none of the newest `keep`).
+  Status Demote(int64_t count, int64_t keep, const TableContext& context);
   // Moves `keys` (distinct, on the host, none hot) that the host holds into the hot tier.
   Status Promote(const std::vector<int64_t>& keys, const TableContext& context);
   // The host table may hold what the hot tier leaves of max_capacity.
@@ -103,8 +106,7 @@ class TieredTable final : public DynamicTable {
   std::unique_ptr<CpuHashTable> cold_;
   std::unique_ptr<TierMemory> memory_;
   std::mutex mutex_;
-  std::list<int64_t> hot_order_;  // hot keys, most recently used first
-  std::unordered_map<int64_t, std::list<int64_t>::iterator> hot_position_;
+  int64_t hot_size_ = 0;
   TierCounts counts_;  // the movement counts; the key counts are filled in by Tiers
 };
 

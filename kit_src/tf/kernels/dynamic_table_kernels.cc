@@ -111,7 +111,7 @@ class DynamicTableTierCountsOp : public tf::OpKernel {
     tf::Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({7}), &out));
     auto values = out->flat<int64_t>();
-    const int64_t all[7] = {tiered, counts.hot_keys, counts.host_keys, counts.keys_looked_up,
+    const int64_t all[7] = {tiered, counts.hot_keys, counts.host_keys, counts.ids_looked_up,
                             counts.hot_hits, counts.moved_up, counts.moved_down};
     for (int i = 0; i < 7; ++i) values(i) = all[i];
   }

@@ -41,7 +41,7 @@ REGISTER_OP("Sok>DynamicTableTierCounts")
       c->set_output(0, c->Vector(7));
       return ::tensorflow::Status();
     })
-    .Doc("[tiered, hot keys, host keys, keys looked up, hot hits, rows moved up, rows moved "
+    .Doc("[tiered, hot keys, host keys, ids looked up, hot hits, rows moved up, rows moved "
          "down]: a tiered table's counts since its creation (tiered 1), zeros for another.");
 
 REGISTER_OP("Sok>DynamicTableSize")
