@@ -191,14 +191,18 @@ def main():
                              name in args.with_hbm.split(","))
             log(name, json.dumps(result))
             results[name] = result
+            save(results, out_dir)  # after each variant: a long run keeps what it measured
+
+
+def save(results, out_dir):
     path = os.path.join(out_dir, "tf_tiered.json")
+    merged = dict(results)
     if os.path.exists(path):
         with open(path) as handle:
-            previous = json.load(handle)
-        previous.update(results)
-        results = previous
+            merged = json.load(handle)
+        merged.update(results)
     with open(path, "w") as handle:
-        json.dump(provenance.stamp(results, results["device"]), handle, indent=1)
+        json.dump(provenance.stamp(merged, merged["device"]), handle, indent=1)
 
 
 if __name__ == "__main__":
