@@ -44,6 +44,23 @@ TableContext HostContext(const TableContext& context) {
   return host;
 }
 
+// Rows a host table call hands out (Export, EvictLowest), kept on the host.
+struct HostRows {
+  std::vector<int64_t> keys;
+  std::vector<float> values, state;
+  ExportOutputs Receiver(int64_t dim, int64_t state_dim) {
+    return [this, dim, state_dim](int64_t n, int64_t** k, float** v, float** s) {
+      keys.resize(n);
+      values.resize(n * dim);
+      state.resize(n * state_dim);
+      *k = keys.data();
+      *v = values.data();
+      if (s != nullptr) *s = state.data();
+      return Status::Ok();
+    };
+  }
+};
+
 template <typename T>
 std::vector<T> Pick(const std::vector<T>& from, const std::vector<int64_t>& index, int64_t width) {
   std::vector<T> out(index.size() * width);
@@ -412,32 +429,21 @@ Status TieredTable::Export(int64_t written_after_us, bool with_state, const Expo
         return Status::Ok();
       },
       context));
-  std::vector<int64_t> cold_keys;
-  std::vector<float> cold_values, cold_state;
-  SOK_RETURN_IF_ERROR(cold_->Export(
-      written_after_us, with_state,
-      [&](int64_t n, int64_t** k, float** v, float** s) {
-        cold_keys.resize(n);
-        cold_values.resize(n * dim);
-        cold_state.resize(n * state_dim);
-        *k = cold_keys.data();
-        *v = cold_values.data();
-        if (s != nullptr) *s = cold_state.data();
-        return Status::Ok();
-      },
-      HostContext(context)));
-  const int64_t cold_n = static_cast<int64_t>(cold_keys.size());
+  HostRows cold;
+  SOK_RETURN_IF_ERROR(cold_->Export(written_after_us, with_state,
+                                    cold.Receiver(dim, state_dim), HostContext(context)));
+  const int64_t cold_n = static_cast<int64_t>(cold.keys.size());
   int64_t* keys = nullptr;
   float *values = nullptr, *state = nullptr;
   SOK_RETURN_IF_ERROR(outputs(hot_n + cold_n, &keys, &values, with_state ? &state : nullptr));
   SOK_RETURN_IF_ERROR(memory_->Copy(keys, hot_keys, hot_n * 8, context));
   SOK_RETURN_IF_ERROR(memory_->Copy(values, hot_values, hot_n * dim * 4, context));
-  SOK_RETURN_IF_ERROR(memory_->FromHost(keys + hot_n, cold_keys.data(), cold_n * 8, context));
+  SOK_RETURN_IF_ERROR(memory_->FromHost(keys + hot_n, cold.keys.data(), cold_n * 8, context));
   SOK_RETURN_IF_ERROR(
-      memory_->FromHost(values + hot_n * dim, cold_values.data(), cold_n * dim * 4, context));
+      memory_->FromHost(values + hot_n * dim, cold.values.data(), cold_n * dim * 4, context));
   if (!with_state) return Status::Ok();
   SOK_RETURN_IF_ERROR(memory_->Copy(state, hot_state, hot_n * state_dim * 4, context));
-  return memory_->FromHost(state + hot_n * state_dim, cold_state.data(),
+  return memory_->FromHost(state + hot_n * state_dim, cold.state.data(),
                            cold_n * state_dim * 4, context);
 }
 
@@ -555,29 +561,18 @@ Status TieredTable::EvictLowest(int64_t count, const ExportOutputs& outputs,
                                 const TableContext& context) {
   // The host tier holds the least recently used rows: they go first.
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<int64_t> keys;
-  std::vector<float> values, state;
+  HostRows rows;
   const int64_t dim = options_.dim, state_dim = cold_->state_dim();
-  SOK_RETURN_IF_ERROR(cold_->EvictLowest(
-      count,
-      [&](int64_t n, int64_t** k, float** v, float** s) {
-        keys.resize(n);
-        values.resize(n * dim);
-        state.resize(n * state_dim);
-        *k = keys.data();
-        *v = values.data();
-        if (s != nullptr) *s = state.data();
-        return Status::Ok();
-      },
-      HostContext(context)));
-  const int64_t n = static_cast<int64_t>(keys.size());
+  SOK_RETURN_IF_ERROR(
+      cold_->EvictLowest(count, rows.Receiver(dim, state_dim), HostContext(context)));
+  const int64_t n = static_cast<int64_t>(rows.keys.size());
   int64_t* out_keys = nullptr;
   float *out_values = nullptr, *out_state = nullptr;
   SOK_RETURN_IF_ERROR(outputs(n, &out_keys, &out_values, &out_state));
-  SOK_RETURN_IF_ERROR(memory_->FromHost(out_keys, keys.data(), n * 8, context));
-  SOK_RETURN_IF_ERROR(memory_->FromHost(out_values, values.data(), n * dim * 4, context));
+  SOK_RETURN_IF_ERROR(memory_->FromHost(out_keys, rows.keys.data(), n * 8, context));
+  SOK_RETURN_IF_ERROR(memory_->FromHost(out_values, rows.values.data(), n * dim * 4, context));
   if (out_state == nullptr) return Status::Ok();
-  return memory_->FromHost(out_state, state.data(), n * state_dim * 4, context);
+  return memory_->FromHost(out_state, rows.state.data(), n * state_dim * 4, context);
 }
 
 }  // namespace sok
