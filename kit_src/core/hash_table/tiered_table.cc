@@ -110,6 +110,24 @@ class TieredTable::HotBuffer {
     *out = static_cast<T*>(pointer);
     return Status::Ok();
   }
+  // Rows a hot-table call hands out (Export, EvictLowest), in this buffer.
+  struct Rows {
+    int64_t n = 0;
+    int64_t* keys = nullptr;
+    float *values = nullptr, *state = nullptr;
+  };
+  ExportOutputs Receiver(int64_t dim, int64_t state_dim, Rows* rows) {
+    return [this, dim, state_dim, rows](int64_t n, int64_t** k, float** v, float** s) {
+      rows->n = n;
+      SOK_RETURN_IF_ERROR(Get(n, &rows->keys));
+      SOK_RETURN_IF_ERROR(Get(n * dim, &rows->values));
+      SOK_RETURN_IF_ERROR(Get(n * state_dim, &rows->state));
+      *k = rows->keys;
+      *v = rows->values;
+      if (s != nullptr) *s = rows->state;
+      return Status::Ok();
+    };
+  }
   // A hot copy of a host array.
   template <typename T>
   Status Upload(const std::vector<T>& host, T** out, const TableContext& context) {
@@ -168,27 +186,14 @@ Status TieredTable::Demote(int64_t count, int64_t keep, const TableContext& cont
                             std::to_string(count) + " rows");
   }
   HotBuffer buffer(memory_.get());
-  int64_t n = 0;
-  int64_t* keys = nullptr;
-  float *values = nullptr, *state = nullptr;
-  SOK_RETURN_IF_ERROR(hot_->EvictLowest(
-      batch,
-      [&](int64_t moved, int64_t** k, float** v, float** s) {
-        n = moved;
-        SOK_RETURN_IF_ERROR(buffer.Get(moved, &keys));
-        SOK_RETURN_IF_ERROR(buffer.Get(moved * dim, &values));
-        SOK_RETURN_IF_ERROR(buffer.Get(moved * state_dim, &state));
-        *k = keys;
-        *v = values;
-        if (s != nullptr) *s = state;
-        return Status::Ok();
-      },
-      context));
+  HotBuffer::Rows moved;
+  SOK_RETURN_IF_ERROR(hot_->EvictLowest(batch, buffer.Receiver(dim, state_dim, &moved), context));
+  const int64_t n = moved.n;
   std::vector<int64_t> host_keys(n);
   std::vector<float> host_values(n * dim), host_state(n * state_dim);
-  SOK_RETURN_IF_ERROR(memory_->ToHost(host_keys.data(), keys, n * 8, context));
-  SOK_RETURN_IF_ERROR(memory_->ToHost(host_values.data(), values, n * dim * 4, context));
-  SOK_RETURN_IF_ERROR(memory_->ToHost(host_state.data(), state, n * state_dim * 4, context));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(host_keys.data(), moved.keys, n * 8, context));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(host_values.data(), moved.values, n * dim * 4, context));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(host_state.data(), moved.state, n * state_dim * 4, context));
   hot_size_ -= n;
   counts_.moved_down += n;
   LendCapacity();
@@ -412,23 +417,11 @@ Status TieredTable::Export(int64_t written_after_us, bool with_state, const Expo
                            const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
   HotBuffer buffer(memory_.get());
-  int64_t hot_n = 0;
-  int64_t* hot_keys = nullptr;
-  float *hot_values = nullptr, *hot_state = nullptr;
   const int64_t dim = options_.dim, state_dim = with_state ? hot_->state_dim() : 0;
-  SOK_RETURN_IF_ERROR(hot_->Export(
-      written_after_us, with_state,
-      [&](int64_t n, int64_t** k, float** v, float** s) {
-        hot_n = n;
-        SOK_RETURN_IF_ERROR(buffer.Get(n, &hot_keys));
-        SOK_RETURN_IF_ERROR(buffer.Get(n * dim, &hot_values));
-        SOK_RETURN_IF_ERROR(buffer.Get(n * state_dim, &hot_state));
-        *k = hot_keys;
-        *v = hot_values;
-        if (s != nullptr) *s = hot_state;
-        return Status::Ok();
-      },
-      context));
+  HotBuffer::Rows hot;
+  SOK_RETURN_IF_ERROR(
+      hot_->Export(written_after_us, with_state, buffer.Receiver(dim, state_dim, &hot), context));
+  const int64_t hot_n = hot.n;
   HostRows cold;
   SOK_RETURN_IF_ERROR(cold_->Export(written_after_us, with_state,
                                     cold.Receiver(dim, state_dim), HostContext(context)));
@@ -436,13 +429,13 @@ Status TieredTable::Export(int64_t written_after_us, bool with_state, const Expo
   int64_t* keys = nullptr;
   float *values = nullptr, *state = nullptr;
   SOK_RETURN_IF_ERROR(outputs(hot_n + cold_n, &keys, &values, with_state ? &state : nullptr));
-  SOK_RETURN_IF_ERROR(memory_->Copy(keys, hot_keys, hot_n * 8, context));
-  SOK_RETURN_IF_ERROR(memory_->Copy(values, hot_values, hot_n * dim * 4, context));
+  SOK_RETURN_IF_ERROR(memory_->Copy(keys, hot.keys, hot_n * 8, context));
+  SOK_RETURN_IF_ERROR(memory_->Copy(values, hot.values, hot_n * dim * 4, context));
   SOK_RETURN_IF_ERROR(memory_->FromHost(keys + hot_n, cold.keys.data(), cold_n * 8, context));
   SOK_RETURN_IF_ERROR(
       memory_->FromHost(values + hot_n * dim, cold.values.data(), cold_n * dim * 4, context));
   if (!with_state) return Status::Ok();
-  SOK_RETURN_IF_ERROR(memory_->Copy(state, hot_state, hot_n * state_dim * 4, context));
+  SOK_RETURN_IF_ERROR(memory_->Copy(state, hot.state, hot_n * state_dim * 4, context));
   return memory_->FromHost(state + hot_n * state_dim, cold.state.data(),
                            cold_n * state_dim * 4, context);
 }
