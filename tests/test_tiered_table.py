@@ -7,13 +7,17 @@ and back, and checks both hold the same keys, rows and optimizer state: tiers ch
 row lives, never its value. On the CPU both tiers are host tables
 (dynamic_variable._TIER_ON_HOST); on the GPU machine the hot tier is in GPU memory.
 """
+import subprocess
+import sys
+import time
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import sparse_operation_kit as sok
 from sparse_operation_kit import dynamic_variable, raw_ops
-from conftest import poison
+from conftest import poison, subprocess_env
 from keras_optimizers import keras_optimizer
 
 DEVICES = ["CPU"] + (["GPU"] if tf.config.list_physical_devices("GPU") else [])
@@ -238,3 +242,68 @@ def test_a_budget_that_holds_the_whole_table_gives_the_one_tier_table(device):
     assert sok.tier_counts(whole) is None
     assert sok.tier_counts(tiered) == {"hot_keys": 0, "host_keys": 0, "ids_looked_up": 0,
                                        "hot_hits": 0, "moved_up": 0, "moved_down": 0}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dump_load_and_incremental_dump_with_rows_in_both_tiers(device, tmp_path):
+    tiered, plain = make_pair(device, 8, "dumped")
+    optimizers = {}
+    for table in (tiered, plain):
+        optimizers[id(table)] = optimizer = sok.OptimizerWrapper(keras_optimizer("Adam", 0.01))
+        train(table, optimizer, batches(np.random.default_rng(9), "powerlaw", steps=12), device)
+    assert sok.tier_counts(tiered)["host_keys"] > 0
+    since = time.time()
+    time.sleep(0.01)
+    with tf.device(f"{device}:0"):  # rows written after `since`: some hot, some on the host
+        for table in (tiered, plain):
+            table.sparse_read(tf.constant(np.arange(5000, 5040, dtype=np.int64)))
+    for table in (tiered, plain):
+        keys, values = (np.concatenate([np.asarray(k) for k in part]) for part in
+                        sok.incremental_model_dump([table], since))
+        assert set(range(5000, 5040)) <= set(keys.tolist())  # a move counts as a write too
+        read_back = table.sparse_read(tf.constant(keys), insert=False).numpy()
+        np.testing.assert_array_equal(values, read_back)
+    sok.dump(str(tmp_path / "tiered"), [tiered], optimizers[id(tiered)])
+    # The dump of a tiered table loads into a tiered and a one-tier table (same name).
+    restored, restored_plain = make_pair(device, 8, "dumped")
+    for table in (restored, restored_plain):
+        optimizer = sok.OptimizerWrapper(keras_optimizer("Adam", 0.01))
+        sok.load(str(tmp_path / "tiered"), [table], optimizer)
+        assert_same(table, plain, device)
+
+
+SERVE_TIERED = """
+import sys, numpy as np, tensorflow as tf
+import sparse_operation_kit as sok
+sok.init(comm_tool="single")
+served = tf.saved_model.load(sys.argv[1])
+np.save(sys.argv[2], served.serve(tf.constant(np.load(sys.argv[3]))).numpy())
+"""
+
+
+def test_saved_model_of_a_tiered_table_serves_rows_of_both_tiers(tmp_path):
+    class Ranker(tf.Module):
+        def __init__(self, table):
+            super().__init__()
+            self.table = table
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+        def serve(self, ids):
+            return sok.lookup_sparse([self.table], [tf.RaggedTensor.from_tensor(ids[:, None])],
+                                     training=False)[0]
+
+    tiered, _ = make_pair("CPU", 4, "served_tiered", budget_rows=30, state_floats=0)
+    with tf.device("CPU:0"):
+        for start in range(0, 300, 25):  # 300 keys, 30 of them hot
+            tiered.sparse_read(tf.constant(np.arange(start, start + 25, dtype=np.int64)))
+    ids = np.arange(-5, 310, 7, dtype=np.int64)  # hot, host and missing keys
+    ranker = Ranker(tiered)
+    expected = ranker.serve(tf.constant(ids)).numpy()
+    tf.saved_model.save(ranker, str(tmp_path / "model"))
+    np.save(tmp_path / "ids.npy", ids)
+    result = subprocess.run(
+        [sys.executable, "-c", SERVE_TIERED, str(tmp_path / "model"), str(tmp_path / "out.npy"),
+         str(tmp_path / "ids.npy")],
+        env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected)
