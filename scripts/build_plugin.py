@@ -25,10 +25,13 @@ def build(cuda=None, build_dir=None, output_dir=PACKAGE_LIB):
     if build_dir is None:
         build_dir = os.path.join(ROOT, "build", TF_TAG + ("-cuda" if cuda else ""))
     os.makedirs(build_dir, exist_ok=True)
-    if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
+    compile_flags = ";".join(tf.sysconfig.get_compile_flags())
+    # Configured once, and again when the folder was configured against another TensorFlow
+    # install (a venv made again elsewhere): its headers are where the flags say.
+    if cmake_cache(build_dir).get("TF_COMPILE_FLAGS") != compile_flags:
         command = [
             "cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
-            "-DTF_COMPILE_FLAGS=" + ";".join(tf.sysconfig.get_compile_flags()),
+            "-DTF_COMPILE_FLAGS=" + compile_flags,
             "-DTF_LINK_FLAGS=" + ";".join(tf.sysconfig.get_link_flags()),
             "-DSOK_OUTPUT_DIR=" + os.path.join(build_dir, "lib"),
         ]
@@ -48,14 +51,22 @@ def build(cuda=None, build_dir=None, output_dir=PACKAGE_LIB):
     return target
 
 
+def cmake_cache(build_dir):
+    """CMake's cache of a build folder as {name: value} (empty before the first configure)."""
+    cache = {}
+    path = os.path.join(build_dir, "CMakeCache.txt")
+    if os.path.exists(path):
+        with open(path) as handle:
+            for line in handle:
+                name, _, value = line.strip().partition("=")
+                cache[name.split(":")[0]] = value
+    return cache
+
+
 def write_build_info(build_dir, output_dir):
     """build_info.json beside the library: what `python -m sparse_operation_kit.info` reports
     about the build (the CUDA architectures and compiler are read from CMake's cache)."""
-    cache = {}
-    with open(os.path.join(build_dir, "CMakeCache.txt")) as handle:
-        for line in handle:
-            name, _, value = line.strip().partition("=")
-            cache[name.split(":")[0]] = value
+    cache = cmake_cache(build_dir)
     cuda = cache.get("SOK_BUILD_CUDA", "OFF").upper() in ("ON", "1", "TRUE")
     info = {"tensorflow": tf.__version__, "cuda": cuda,
             "cuda_archs": cache.get("CMAKE_CUDA_ARCHITECTURES") if cuda else None,
