@@ -307,3 +307,45 @@ def test_saved_model_of_a_tiered_table_serves_rows_of_both_tiers(tmp_path):
         env=subprocess_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected)
+
+
+GROW_UNTIL_HOST_MEMORY_RUNS_OUT = """
+import resource, sys
+import numpy as np, tensorflow as tf
+import sparse_operation_kit as sok
+from sparse_operation_kit import dynamic_variable
+sok.init(comm_tool="single")
+dynamic_variable._TIER_ON_HOST = True
+tiered = sys.argv[1] == "tiered"
+config = {"var_type": "hybrid", "hbm_budget_bytes": 64 * 4 * 70000} if tiered else {}
+table = sok.DynamicVariable(64, name="grows", init_capacity=1024, max_capacity=1 << 30, **config)
+first = tf.constant(np.arange(60000, dtype=np.int64))
+table.sparse_read(first)
+size = int(table.size[0])
+# The address space from here on: what the process holds and 1 GiB more.
+held = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (held + (1 << 30), resource.RLIM_INFINITY))
+try:
+    for start in range(60000, 1 << 40, 60000):
+        table.sparse_read(tf.constant(np.arange(start, start + 60000, dtype=np.int64)))
+        size = int(table.size[0])
+    print("no error")
+except tf.errors.ResourceExhaustedError as error:
+    print("ERROR", error.message.splitlines()[0])
+    print("SIZE", size, int(table.size[0]))
+    print("SAME", bool((table.sparse_read(first, insert=False).numpy() ==
+                        table.sparse_read(first, insert=False).numpy()).all()),
+          bool(np.abs(table.sparse_read(first, insert=False).numpy()).sum() > 0))
+"""
+
+
+@pytest.mark.parametrize("kind", ["tiered", "host"])
+def test_host_memory_running_out_is_a_clear_error_and_changes_nothing(kind):
+    result = subprocess.run([sys.executable, "-c", GROW_UNTIL_HOST_MEMORY_RUNS_OUT, kind],
+                            env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in result.stdout.strip().splitlines())
+    assert "host memory exhausted: the dynamic table could not grow by" in lines["ERROR"]
+    before, after = lines["SIZE"].split()
+    assert before == after  # the failed lookup inserted nothing
+    assert lines["SAME"] == "True True"  # the rows held before are still there

@@ -79,11 +79,14 @@ void CpuHashTable::Touch(int64_t slot, uint64_t clock) {
 }
 
 void CpuHashTable::Rehash(int64_t num_slots, const ParallelFor& parallel_for) {
+  const int64_t width = RowWidth();
+  // Allocated before anything moves: when host memory runs out the table is as it was.
+  HugePageArray<Slot> new_slots(num_slots);  // zeroed: every slot empty
+  HugePageArray<float> new_values(num_slots * width);
   HugePageArray<Slot> old_slots = std::move(slots_);
   HugePageArray<float> old_values = std::move(values_);
-  const int64_t width = RowWidth();
-  slots_ = HugePageArray<Slot>(num_slots);  // zeroed: every slot empty
-  values_ = HugePageArray<float>(num_slots * width);
+  slots_ = std::move(new_slots);
+  values_ = std::move(new_values);
   mask_ = num_slots - 1;
   // Old slots in parallel: each key claims the first free slot of its probe run, as
   // ClaimSlot does (keys are distinct, and no slot empties meanwhile, so a claimed slot is
@@ -210,6 +213,17 @@ int64_t CpuHashTable::CountNewKeys(const int64_t* keys, const std::vector<uint8_
   return std::unique(new_keys.begin(), new_keys.end()) - new_keys.begin();
 }
 
+Status CpuHashTable::HostAllocation(const std::function<void()>& allocate, int64_t bytes) {
+  try {
+    allocate();
+  } catch (const std::bad_alloc&) {
+    return Status::ResourceExhausted("host memory exhausted: the dynamic table could not grow "
+                                     "by " + std::to_string(bytes >> 20) + " MiB (it holds " +
+                                     std::to_string(size_) + " keys); nothing was changed");
+  }
+  return Status::Ok();
+}
+
 std::vector<int64_t> CpuHashTable::LowestScoredKeys(int64_t count) const {
   std::vector<std::pair<uint64_t, int64_t>> scored;
   scored.reserve(size_);
@@ -245,10 +259,7 @@ Status CpuHashTable::Reserve(int64_t incoming, EvictedBuffer* evicted,
       EraseSlot(slot);
     }
   }
-  if (static_cast<double>(size_ + incoming) > static_cast<double>(mask_ + 1) * kMaxSlotLoad) {
-    Rehash(SlotsForKeys(size_ + incoming), parallel_for);
-  }
-  return Status::Ok();
+  return Grow(incoming, parallel_for);
 }
 
 Status CpuHashTable::LookupRows(const int64_t* keys, int64_t n, bool insert, float* values,
@@ -341,20 +352,25 @@ Status CpuHashTable::InsertOrAssign(const int64_t* keys, int64_t n, const float*
   return Status::Ok();
 }
 
-void CpuHashTable::EnsureState(int64_t state_dim, float initial_value) {
+Status CpuHashTable::EnsureState(int64_t state_dim, float initial_value) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  if (options_.state_dim >= state_dim) return;
+  if (options_.state_dim >= state_dim) return Status::Ok();
   const int64_t old_width = RowWidth(), value_words = ValueWords(), slots = mask_ + 1;
+  const int64_t wide_floats = slots * (value_words + state_dim);
+  HugePageArray<float> wide;
+  SOK_RETURN_IF_ERROR(
+      HostAllocation([&] { wide = HugePageArray<float>(wide_floats); }, wide_floats * 4));
   HugePageArray<float> old_values = std::move(values_);
   options_.state_dim = state_dim;
   SetLayout();
   options_.state_initial_value = initial_value;
-  values_ = HugePageArray<float>(slots * RowWidth());
+  values_ = std::move(wide);
   for (int64_t s = 0; s < slots; ++s) {
     if (!Occupied(s)) continue;
     std::memcpy(Row(s), old_values.data() + s * old_width, value_words * sizeof(float));
     FillInitialState(State(s));
   }
+  return Status::Ok();
 }
 
 Status CpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values,
@@ -364,9 +380,11 @@ Status CpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values
                                      " keys into a table whose max_capacity is " +
                                      std::to_string(options_.max_capacity));
   }
-  EnsureState(state_dim, options_.state_initial_value);
+  SOK_RETURN_IF_ERROR(EnsureState(state_dim, options_.state_initial_value));
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  Rehash(SlotsForKeys(std::max<int64_t>(n, 1)));  // empties: Rehash keeps only occupied slots
+  const int64_t slots = SlotsForKeys(std::max<int64_t>(n, 1));
+  SOK_RETURN_IF_ERROR(HostAllocation([&] { Rehash(slots); },  // Rehash keeps occupied slots
+                                     slots * (static_cast<int64_t>(sizeof(Slot)) + RowWidth() * 4)));
   for (int64_t s = 0; s <= mask_; ++s) slots_[s].meta.store(0, std::memory_order_relaxed);
   size_ = 0;
   const uint32_t now = StampNow();
@@ -412,6 +430,20 @@ Status CpuHashTable::Take(const int64_t* keys, int64_t n, float* values, float* 
     EraseSlot(slot);
   }
   return Status::Ok();
+}
+
+Status CpuHashTable::GrowFor(int64_t incoming) {
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  return Grow(incoming, SerialFor);
+}
+
+Status CpuHashTable::Grow(int64_t incoming, const ParallelFor& parallel_for) {
+  if (static_cast<double>(size_ + incoming) <= static_cast<double>(mask_ + 1) * kMaxSlotLoad) {
+    return Status::Ok();
+  }
+  const int64_t slots = SlotsForKeys(size_ + incoming);
+  return HostAllocation([&] { Rehash(slots, parallel_for); },
+                        slots * (static_cast<int64_t>(sizeof(Slot)) + RowWidth() * 4));
 }
 
 Status CpuHashTable::Absent(const TableKeys& keys, uint8_t* absent, const TableContext&) {
@@ -532,7 +564,7 @@ Status CpuHashTable::ApplySparseUpdate(const SparseUpdate& update, const TableCo
   std::vector<int64_t> unique_keys;
   std::vector<float> summed;
   SumDuplicates(update.keys, GradientUses{update.grads}, update.n, dim, &unique_keys, &summed);
-  EnsureState(update.state_dim, update.state_initial_value);
+  SOK_RETURN_IF_ERROR(EnsureState(update.state_dim, update.state_initial_value));
   const float* g = summed.data();
   return VisitRule(update.rule, update.hyper, update.hyper_count, update.nesterov,
                    [&](const auto& rule) {

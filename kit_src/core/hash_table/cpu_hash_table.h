@@ -16,6 +16,7 @@
 #include <climits>
 #include <cstring>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -42,6 +43,9 @@ class CpuHashTable final : public DynamicTable {
   CpuHashTable(const HashTableOptions& options, const RowInitializer& initializer);
 
   int64_t size() const;
+  // Grows the slots for `incoming` more keys now, so that inserting them later needs no
+  // host memory (a failure is ResourceExhausted, the table unchanged).
+  Status GrowFor(int64_t incoming);
   // Moves the bound on the key count (a tiered table lends part of it to its other tier);
   // keys already beyond it stay until the next insert makes room.
   void SetMaxCapacity(int64_t max_capacity) {
@@ -73,7 +77,10 @@ class CpuHashTable final : public DynamicTable {
   // Widens every row to hold `state_dim` floats of optimizer state (kept if already wide
   // enough), the first dim of them set to `initial_value`, the rest to zero. Done once, when
   // an optimizer first applies.
-  void EnsureState(int64_t state_dim, float initial_value);
+  Status EnsureState(int64_t state_dim, float initial_value);
+  // Runs `allocate` (new arrays of `bytes`, made before anything changes): a failed
+  // allocation is ResourceExhausted naming the host memory, the table unchanged.
+  Status HostAllocation(const std::function<void()>& allocate, int64_t bytes);
 
   // Calls update(i, value, state) for each present key i (value: dim floats, state:
   // state_dim floats, both updated in place), under the exclusive lock. `keys` must be
@@ -224,6 +231,9 @@ class CpuHashTable final : public DynamicTable {
   Status Reserve(int64_t incoming, EvictedBuffer* evicted = nullptr,
                  const ParallelFor& parallel_for = SerialFor);
   void Rehash(int64_t slots, const ParallelFor& parallel_for = SerialFor);
+  // Rehashes into more slots when `incoming` more keys would pass the load limit. Exclusive
+  // lock.
+  Status Grow(int64_t incoming, const ParallelFor& parallel_for);
   void EraseSlot(int64_t slot);
   void FillInitialState(float* state) const;
 

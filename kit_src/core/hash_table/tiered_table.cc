@@ -178,13 +178,17 @@ Status TieredTable::Split(const TableKeys& keys, std::vector<int64_t>* key,
   return Status::Ok();
 }
 
-Status TieredTable::Demote(int64_t count, int64_t keep, const TableContext& context) {
+int64_t TieredTable::DemoteCount(int64_t incoming, int64_t keep) const {
+  const int64_t overflow = hot_size() + incoming - hot_row_budget();
+  if (overflow <= 0) return 0;
+  return std::min(overflow + hot_row_budget() / 16, hot_size() - keep);
+}
+
+Status TieredTable::Demote(int64_t batch, const TableContext& context) {
   const int64_t dim = options_.dim, state_dim = hot_->state_dim();
-  const int64_t batch = std::min(count + hot_row_budget() / 16, hot_size() - keep);
-  if (batch < count) {
-    return Status::Internal("tiered table: the hot tier cannot make room for " +
-                            std::to_string(count) + " rows");
-  }
+  if (batch <= 0) return Status::Ok();
+  // Host memory for the rows first: when it runs out, nothing has moved.
+  SOK_RETURN_IF_ERROR(cold_->GrowFor(batch));
   HotBuffer buffer(memory_.get());
   HotBuffer::Rows moved;
   SOK_RETURN_IF_ERROR(hot_->EvictLowest(batch, buffer.Receiver(dim, state_dim, &moved), context));
@@ -314,6 +318,13 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
   counts_.hot_hits += hits;
   // A use of each of the batch's hot keys (nothing is admitted), so they are the newest.
   SOK_RETURN_IF_ERROR(hot_->FindOrInsert(keys, values, 0.0f, nullptr, context));
+  // Host memory for the misses and the rows moving down, before anything changes.
+  const int64_t demoted = DemoteCount(misses, batch_hot);
+  if (demoted < hot_size() + misses - budget) {
+    return Status::Internal("tiered table: the hot tier cannot make room for " +
+                            std::to_string(misses) + " rows");
+  }
+  SOK_RETURN_IF_ERROR(cold_->GrowFor(misses + demoted));
   std::vector<int64_t> evicted_keys;
   std::vector<float> evicted_values;
   if (!missing.empty()) {
@@ -333,8 +344,7 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
                                             unused.data(), admit_probability, &host_evicted,
                                             HostContext(context)));
   }
-  const int64_t overflow = hot_size() + misses - budget;
-  if (overflow > 0) SOK_RETURN_IF_ERROR(Demote(overflow, batch_hot, context));
+  SOK_RETURN_IF_ERROR(Demote(demoted, context));
   if (!missing.empty()) SOK_RETURN_IF_ERROR(Promote(missing, context));
   SOK_RETURN_IF_ERROR(HandOutEvicted(evicted_keys, evicted_values, evicted, context));
   return hot_->Find(keys, values, context);

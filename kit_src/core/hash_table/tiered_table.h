@@ -88,9 +88,11 @@ class TieredTable final : public DynamicTable {
   // key[j] (a call's keys and flags; `position` j's index in the call).
   Status Split(const TableKeys& keys, std::vector<int64_t>* key, std::vector<uint8_t>* absent,
                std::vector<int64_t>* position, const TableContext& context);
-  // Moves at least `count` of the least recently used hot rows to the host (up to a
-  // sixteenth of the budget more, none of the newest `keep`).
-  Status Demote(int64_t count, int64_t keep, const TableContext& context);
+  // How many hot rows to move down so that `incoming` more fit: the overflow and a sixteenth
+  // of the budget more, none of the newest `keep` (fewer than the overflow: no room).
+  int64_t DemoteCount(int64_t incoming, int64_t keep) const;
+  // Moves the `count` least recently used hot rows to the host.
+  Status Demote(int64_t count, const TableContext& context);
   // Moves `keys` (distinct, on the host, none hot) that the host holds into the hot tier.
   Status Promote(const std::vector<int64_t>& keys, const TableContext& context);
   // The host table may hold what the hot tier leaves of max_capacity.
