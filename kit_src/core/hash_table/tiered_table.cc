@@ -217,17 +217,24 @@ Status TieredTable::Promote(const std::vector<int64_t>& keys, const TableContext
     if (found[j]) moving.push_back(j);
   }
   if (moving.empty()) return Status::Ok();
-  HotBuffer buffer(memory_.get());
-  int64_t* hot_keys = nullptr;
-  float *hot_values = nullptr, *hot_state = nullptr;
-  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(keys, moving, 1), &hot_keys, context));
-  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(values, moving, dim), &hot_values, context));
-  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(state, moving, state_dim), &hot_state, context));
-  SOK_RETURN_IF_ERROR(hot_->InsertOrAssign(hot_keys, static_cast<int64_t>(moving.size()),
-                                           hot_values, state_dim ? hot_state : nullptr, context));
+  SOK_RETURN_IF_ERROR(AssignHot(keys, values, state, moving, state_dim > 0, context));
   hot_size_ += static_cast<int64_t>(moving.size());
   counts_.moved_up += static_cast<int64_t>(moving.size());
   return Status::Ok();
+}
+
+Status TieredTable::AssignHot(const std::vector<int64_t>& keys, const std::vector<float>& values,
+                              const std::vector<float>& state, const std::vector<int64_t>& at,
+                              bool with_state, const TableContext& context) {
+  const int64_t dim = options_.dim, state_dim = with_state ? hot_->state_dim() : 0;
+  HotBuffer buffer(memory_.get());
+  int64_t* hot_keys = nullptr;
+  float *hot_values = nullptr, *hot_state = nullptr;
+  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(keys, at, 1), &hot_keys, context));
+  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(values, at, dim), &hot_values, context));
+  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(state, at, state_dim), &hot_state, context));
+  return hot_->InsertOrAssign(hot_keys, static_cast<int64_t>(at.size()), hot_values,
+                              with_state ? hot_state : nullptr, context);
 }
 
 Status TieredTable::HandOutEvicted(const std::vector<int64_t>& keys,
@@ -365,14 +372,7 @@ Status TieredTable::InsertOrAssign(const int64_t* keys, int64_t n, const float* 
   SOK_RETURN_IF_ERROR(memory_->ToHost(host_values.data(), values, n * dim * 4, context));
   SOK_RETURN_IF_ERROR(memory_->ToHost(host_state.data(), state, n * state_dim * 4, context));
   if (!hot_at.empty()) {
-    HotBuffer buffer(memory_.get());
-    int64_t* hot_keys = nullptr;
-    float *hot_values = nullptr, *hot_state = nullptr;
-    SOK_RETURN_IF_ERROR(buffer.Upload(Pick(key, hot_at, 1), &hot_keys, context));
-    SOK_RETURN_IF_ERROR(buffer.Upload(Pick(host_values, hot_at, dim), &hot_values, context));
-    SOK_RETURN_IF_ERROR(buffer.Upload(Pick(host_state, hot_at, state_dim), &hot_state, context));
-    SOK_RETURN_IF_ERROR(hot_->InsertOrAssign(hot_keys, static_cast<int64_t>(hot_at.size()),
-                                             hot_values, state ? hot_state : nullptr, context));
+    SOK_RETURN_IF_ERROR(AssignHot(key, host_values, host_state, hot_at, state != nullptr, context));
   }
   LendCapacity();
   const std::vector<float> cold_state = Pick(host_state, cold_at, state_dim);

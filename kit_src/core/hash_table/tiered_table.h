@@ -95,6 +95,11 @@ class TieredTable final : public DynamicTable {
   Status Demote(int64_t count, const TableContext& context);
   // Moves `keys` (distinct, on the host, none hot) that the host holds into the hot tier.
   Status Promote(const std::vector<int64_t>& keys, const TableContext& context);
+  // Writes rows `at` of host arrays (keys, values [., dim], state [., state_dim] when
+  // `with_state`) into the hot table.
+  Status AssignHot(const std::vector<int64_t>& keys, const std::vector<float>& values,
+                   const std::vector<float>& state, const std::vector<int64_t>& at,
+                   bool with_state, const TableContext& context);
   // The host table may hold what the hot tier leaves of max_capacity.
   void LendCapacity() { cold_->SetMaxCapacity(options_.max_capacity - hot_size()); }
   // Widens the host table's state to the hot table's.

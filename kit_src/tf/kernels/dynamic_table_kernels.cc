@@ -44,21 +44,34 @@ Status AllocateOutputs(tf::OpKernelContext* ctx, int first,
 
 }  // namespace
 
-// An op on a table's keys: the table (input 0) and its keys (input 1), checked, handed to
-// ComputeOnKeys with the table's execution context on the op's device.
+// An op on a table: the table (input 0), on the op's device, handed to ComputeOnTable.
 template <typename Device>
-class KeyedTableOp : public tf::OpKernel {
+class TableOp : public tf::OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) final {
     TableRef resource;
     OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &resource));
-    const tf::Tensor& keys = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckKeys(keys));
-    ComputeOnKeys(ctx, resource->table(), keys, functor::TableContextOf<Device>()(ctx));
+    ComputeOnTable(ctx, resource->table());
   }
 
  protected:
+  virtual void ComputeOnTable(tf::OpKernelContext* ctx, DynamicTable& table) = 0;
+};
+
+// An op on a table's keys: the table (input 0) and its keys (input 1), checked, handed to
+// ComputeOnKeys with the table's execution context on the op's device.
+template <typename Device>
+class KeyedTableOp : public TableOp<Device> {
+ public:
+  using TableOp<Device>::TableOp;
+
+ protected:
+  void ComputeOnTable(tf::OpKernelContext* ctx, DynamicTable& table) final {
+    const tf::Tensor& keys = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckKeys(keys));
+    ComputeOnKeys(ctx, table, keys, functor::TableContextOf<Device>()(ctx));
+  }
   virtual void ComputeOnKeys(tf::OpKernelContext* ctx, DynamicTable& table,
                              const tf::Tensor& keys, const TableContext& context) = 0;
 };
@@ -100,14 +113,14 @@ class DynamicTableCreateOp : public tf::OpKernel {
 };
 
 template <typename Device>
-class DynamicTableTierCountsOp : public tf::OpKernel {
+class DynamicTableTierCountsOp : public TableOp<Device> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(tf::OpKernelContext* ctx) override {
-    TableRef table;
-    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &table));
+  using TableOp<Device>::TableOp;
+
+ private:
+  void ComputeOnTable(tf::OpKernelContext* ctx, DynamicTable& table) override {
     TierCounts counts;
-    const bool tiered = table->table().Tiers(&counts);
+    const bool tiered = table.Tiers(&counts);
     tf::Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({7}), &out));
     auto values = out->flat<int64_t>();
@@ -118,16 +131,16 @@ class DynamicTableTierCountsOp : public tf::OpKernel {
 };
 
 template <typename Device>
-class DynamicTableSizeOp : public tf::OpKernel {
+class DynamicTableSizeOp : public TableOp<Device> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(tf::OpKernelContext* ctx) override {
-    TableRef table;
-    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &table));
+  using TableOp<Device>::TableOp;
+
+ private:
+  void ComputeOnTable(tf::OpKernelContext* ctx, DynamicTable& table) override {
     tf::Tensor* size = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({}), &size));
-    SOK_OP_REQUIRES_OK(ctx, table->table().Size(size->flat<int64_t>().data(),
-                                                functor::TableContextOf<Device>()(ctx)));
+    SOK_OP_REQUIRES_OK(ctx, table.Size(size->flat<int64_t>().data(),
+                                       functor::TableContextOf<Device>()(ctx)));
   }
 };
 
@@ -229,14 +242,13 @@ class DynamicTableEraseOp : public KeyedTableOp<Device> {
 // rows written after a time, without state). The GPU waits for the stream: the number of
 // rows sizes the outputs.
 template <typename Device>
-class DynamicTableExportOp : public tf::OpKernel {
+class DynamicTableExportOp : public TableOp<Device> {
  public:
   explicit DynamicTableExportOp(tf::OpKernelConstruction* ctx)
-      : OpKernel(ctx), written_only_(ctx->def().op() == "Sok>DynamicTableExportWritten") {}
-  void Compute(tf::OpKernelContext* ctx) override {
-    TableRef resource;
-    OP_REQUIRES_OK(ctx, GetDeviceTable<Device>(ctx, 0, &resource));
-    DynamicTable& table = resource->table();
+      : TableOp<Device>(ctx), written_only_(ctx->def().op() == "Sok>DynamicTableExportWritten") {}
+
+ private:
+  void ComputeOnTable(tf::OpKernelContext* ctx, DynamicTable& table) override {
     int64_t written_after_us = kExportAll;
     if (written_only_) {
       const tf::Tensor& since = ctx->input(1);
