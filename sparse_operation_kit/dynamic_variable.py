@@ -541,8 +541,8 @@ def assign(variable, keys, values):
 def tier_counts(variable):
     """Where a tiered table's rows are and how they moved since its creation (a dict), or
     None for a table of one tier: hot_keys and host_keys held in each tier, ids_looked_up
-    (ids of the training lookups), hot_hits (of them, ids whose row was in the hot tier
-    already; hot_hits / ids_looked_up is the hit rate), moved_up and moved_down (rows moved
+    (ids of the training lookups), hot_hits (of them, ids the hot tier served with no row
+    moving up; hot_hits / ids_looked_up is the hit rate), moved_up and moved_down (rows moved
     from host memory to the hot tier and back)."""
     if not isinstance(variable, DynamicVariable):
         raise TypeError(f"tier_counts takes a sok.DynamicVariable, got {type(variable).__name__}")

@@ -377,3 +377,25 @@ def test_keras_fit_trains_a_tiered_layer_table_as_a_one_tier_one():
     assert_same(tiered.embedding.table, plain.embedding.table, "CPU")
     np.testing.assert_array_equal(tiered.predict(x, batch_size=16, verbose=0),
                                   plain.predict(x, batch_size=16, verbose=0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_table_within_its_budget_stays_in_the_hot_tier(device):
+    # Until the hot tier fills, the hot table serves every call alone (as a one-tier table);
+    # the first lookup past the budget starts moving rows.
+    tiered, plain = make_pair(device, 8, "within_budget", budget_rows=400, state_floats=1)
+    optimizers = {id(t): sok.OptimizerWrapper(keras_optimizer("Adagrad", 0.1))
+                  for t in (tiered, plain)}
+    rng = np.random.default_rng(13)
+    first, more = batches(rng, "uniform", steps=3), batches(rng, "uniform", steps=20)
+    for table in (tiered, plain):  # 3 x 96 ids: within 400 rows
+        train(table, optimizers[id(table)], first, device)
+    counts = sok.tier_counts(tiered)
+    assert counts["host_keys"] == 0 and counts["moved_up"] == counts["moved_down"] == 0
+    assert counts["hot_keys"] == int(plain.size[0])
+    assert counts["hot_hits"] == counts["ids_looked_up"] == 3 * 96
+    assert_same(tiered, plain, device)
+    for table in (tiered, plain):  # 20 more: past the budget
+        train(table, optimizers[id(table)], more, device)
+    assert sok.tier_counts(tiered)["moved_down"] > 0
+    assert_same(tiered, plain, device)

@@ -83,7 +83,7 @@ struct SparseUpdate {
 struct TierCounts {
   int64_t hot_keys = 0, host_keys = 0;
   int64_t ids_looked_up = 0;  // ids of the find-or-inserts (training lookups)
-  int64_t hot_hits = 0;       // of them, ids whose key was in the hot tier already
+  int64_t hot_hits = 0;       // of them, ids the hot tier served with no row moving up
   int64_t moved_up = 0, moved_down = 0;  // rows moved host -> hot and hot -> host
 };
 
@@ -153,7 +153,7 @@ class DynamicTable {
                              const TableContext& context) = 0;
 
   // A tiered table's counts; false for a table of one tier.
-  virtual bool Tiers(TierCounts* counts) { return false; }
+  virtual bool Tiers(TierCounts* counts, const TableContext& context) { return false; }
 
  protected:
   HashTableOptions options_;  // state_dim and state_initial_value change as the state widens

@@ -250,8 +250,32 @@ Status TieredTable::HandOutEvicted(const std::vector<int64_t>& keys,
   return memory_->FromHost(out_values, values.data(), values.size() * 4, context);
 }
 
-bool TieredTable::Tiers(TierCounts* counts) {
+Status TieredTable::ExactHotSize(const TableContext& context) {
+  if (hot_size_exact_) return Status::Ok();
+  HotBuffer buffer(memory_.get());
+  int64_t* size = nullptr;
+  SOK_RETURN_IF_ERROR(buffer.Get(1, &size));
+  SOK_RETURN_IF_ERROR(hot_->Size(size, context));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(&hot_size_, size, sizeof(int64_t), context));
+  hot_size_exact_ = true;
+  return Status::Ok();
+}
+
+Status TieredTable::HotTierAlone(int64_t incoming, const TableContext& context, bool* alone) {
+  const auto fits = [&] {
+    return cold_size() == 0 && hot_size_ + incoming <= hot_row_budget() &&
+           hot_size_ + incoming <= options_.max_capacity;
+  };
+  *alone = fits();
+  if (*alone) return Status::Ok();  // by the bound: no wait
+  SOK_RETURN_IF_ERROR(ExactHotSize(context));
+  *alone = fits();
+  return Status::Ok();
+}
+
+bool TieredTable::Tiers(TierCounts* counts, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!ExactHotSize(context).ok()) return false;
   *counts = counts_;
   counts->hot_keys = hot_size();
   counts->host_keys = cold_size();
@@ -260,6 +284,7 @@ bool TieredTable::Tiers(TierCounts* counts) {
 
 Status TieredTable::Size(int64_t* size, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(ExactHotSize(context));
   const int64_t total = hot_size() + cold_size();
   return memory_->FromHost(size, &total, sizeof(total), context);
 }
@@ -287,6 +312,16 @@ Status TieredTable::Find(const TableKeys& keys, float* values, const TableContex
 Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float admit_probability,
                                  EvictedRows* evicted, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  bool alone = false;
+  SOK_RETURN_IF_ERROR(HotTierAlone(keys.stride == 1 ? keys.n : INT64_MAX / 4, context, &alone));
+  if (alone) {
+    SOK_RETURN_IF_ERROR(hot_->FindOrInsert(keys, values, admit_probability, evicted, context));
+    hot_size_ += keys.n;
+    hot_size_exact_ = false;
+    counts_.ids_looked_up += keys.n;
+    counts_.hot_hits += keys.n;
+    return Status::Ok();
+  }
   std::vector<int64_t> key;
   std::vector<uint8_t> absent;
   SOK_RETURN_IF_ERROR(Split(keys, &key, &absent, nullptr, context));
@@ -360,6 +395,14 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
 Status TieredTable::InsertOrAssign(const int64_t* keys, int64_t n, const float* values,
                                    const float* state, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  bool alone = false;
+  SOK_RETURN_IF_ERROR(HotTierAlone(n, context, &alone));
+  if (alone) {
+    SOK_RETURN_IF_ERROR(hot_->InsertOrAssign(keys, n, values, state, context));
+    hot_size_ += n;
+    hot_size_exact_ = false;
+    return Status::Ok();
+  }
   std::vector<int64_t> key;
   std::vector<uint8_t> absent;
   SOK_RETURN_IF_ERROR(Split(TableKeys{keys, n, 1, 0}, &key, &absent, nullptr, context));
@@ -398,6 +441,7 @@ Status TieredTable::Replace(const int64_t* keys, int64_t n, const float* values,
   // Everything restored lands on the host; rows rise to the hot tier as they are used.
   SOK_RETURN_IF_ERROR(hot_->Replace(nullptr, 0, nullptr, nullptr, state_dim, context));
   hot_size_ = 0;
+  hot_size_exact_ = true;
   cold_->SetMaxCapacity(options_.max_capacity);
   SOK_RETURN_IF_ERROR(cold_->Replace(host_keys.data(), n, host_values.data(),
                                      state ? host_state.data() : nullptr, state_dim,
@@ -467,6 +511,10 @@ Status TieredTable::MatchColdState(const SparseUpdate& update, const TableContex
 
 Status TieredTable::ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (cold_size() == 0) {  // every row is hot
+    SOK_RETURN_IF_ERROR(hot_->ApplySparseUpdate(update, context));
+    return MatchColdState(update, context);
+  }
   std::vector<int64_t> key;
   std::vector<uint8_t> absent;
   SOK_RETURN_IF_ERROR(Split(TableKeys{update.keys, update.n, 1, 0}, &key, &absent, nullptr,

@@ -71,11 +71,11 @@ class TieredTable final : public DynamicTable {
 
   bool in_device_memory() const override { return hot_->in_device_memory(); }
   SOK_DYNAMIC_TABLE_OPERATIONS;
-  bool Tiers(TierCounts* counts) override;
+  bool Tiers(TierCounts* counts, const TableContext& context) override;
 
   // Rows the hot tier holds at the current row width (value and state).
   int64_t hot_row_budget() const;
-  int64_t hot_size() const { return hot_size_; }
+  int64_t hot_size() const { return hot_size_; }  // exact after ExactHotSize
   int64_t cold_size() const { return cold_->size(); }
 
   // Bytes of a row of `dim` values of `value_type` and `state_dim` floats of state.
@@ -84,6 +84,12 @@ class TieredTable final : public DynamicTable {
  private:
   // Hot-tier scratch freed at scope end.
   class HotBuffer;
+  // Reads the hot tier's key count (one wait for the stream) when only a bound is known.
+  Status ExactHotSize(const TableContext& context);
+  // While the host tier is empty and `incoming` more keys fit the hot tier (and
+  // max_capacity), the hot table serves calls alone, as a one-tier table: nothing crosses to
+  // the host and nothing waits. False (with an exact hot size) otherwise.
+  Status HotTierAlone(int64_t incoming, const TableContext& context, bool* alone);
   // The selected keys of `keys` on the host, with absent[j] = 1 where the hot tier lacks
   // key[j] (a call's keys and flags; `position` j's index in the call).
   Status Split(const TableKeys& keys, std::vector<int64_t>* key, std::vector<uint8_t>* absent,
@@ -113,7 +119,10 @@ class TieredTable final : public DynamicTable {
   std::unique_ptr<CpuHashTable> cold_;
   std::unique_ptr<TierMemory> memory_;
   std::mutex mutex_;
+  // The hot tier's key count: exact, or (after calls that let the hot table insert) an
+  // upper bound that ExactHotSize reads back.
   int64_t hot_size_ = 0;
+  bool hot_size_exact_ = true;
   TierCounts counts_;  // the movement counts; the key counts are filled in by Tiers
 };
 

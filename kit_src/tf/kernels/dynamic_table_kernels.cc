@@ -120,7 +120,7 @@ class DynamicTableTierCountsOp : public TableOp<Device> {
  private:
   void ComputeOnTable(tf::OpKernelContext* ctx, DynamicTable& table) override {
     TierCounts counts;
-    const bool tiered = table.Tiers(&counts);
+    const bool tiered = table.Tiers(&counts, functor::TableContextOf<Device>()(ctx));
     tf::Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({7}), &out));
     auto values = out->flat<int64_t>();
