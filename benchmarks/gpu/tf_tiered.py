@@ -2,7 +2,7 @@
 budget holds.
 
 One sok.DynamicVariable(var_type="hybrid", hbm_budget_bytes=...) prefilled with `keys` keys
-(dim 128, uniform rows written by sok.assign: they start on the host), the keys of each
+(dim 128, uniform rows written by sok.assign), the keys of each
 batch drawn by docs/benchmarks.md's power-law sampler (alpha 1.05, the first keys hottest),
 100 batches drawn once and cycled, one id a sample, passed to the step as its argument.
 Measured per step: eval (lookup_sparse with training=False: find only), forward (the training
