@@ -318,6 +318,8 @@ sok.init(comm_tool="single")
 dynamic_variable._TIER_ON_HOST = True
 tiered = sys.argv[1] == "tiered"
 config = {"var_type": "hybrid", "hbm_budget_bytes": 64 * 4 * 70000} if tiered else {}
+if not tiered:
+    tf.device("CPU:0").__enter__()  # the host table in host memory, where a GPU exists too
 table = sok.DynamicVariable(64, name="grows", init_capacity=1024, max_capacity=1 << 30, **config)
 first = tf.constant(np.arange(60000, dtype=np.int64))
 table.sparse_read(first)
