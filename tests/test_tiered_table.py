@@ -359,24 +359,22 @@ def test_keras_fit_trains_a_tiered_layer_table_as_a_one_tier_one():
     x = rng.integers(0, 400, size=[256, 2])  # 400 keys, 40 rows of budget
     y = rng.normal(size=[256, 1]).astype(np.float32)
 
-    class Net(sok.layers.Model):
-        def __init__(self, table_config):
-            super().__init__()
-            self.embedding = sok.layers.Embedding(4, dynamic_table=True, name="fitted_tiers",
-                                                  table_config=table_config)
-            self.dense = tf.keras.layers.Dense(1, kernel_initializer="ones")
+    def build(table_config):
+        ids = tf.keras.Input([2], dtype="int64")
+        embedding = sok.layers.Embedding(4, dynamic_table=True, name="fitted_tiers",
+                                         table_config=table_config)
+        rows = tf.keras.layers.Flatten()(embedding(ids))
+        dense = tf.keras.layers.Dense(1, kernel_initializer="ones")
+        return sok.layers.Model(ids, dense(rows)), embedding
 
-        def call(self, ids, training=None):
-            return self.dense(tf.reshape(self.embedding(ids, training=training), [-1, 8]))
-
-    tiered = Net({"var_type": "hybrid", "hbm_budget_bytes": 40 * 4 * 3 * 4})
-    plain = Net({})
+    tiered, tiered_layer = build({"var_type": "hybrid", "hbm_budget_bytes": 40 * 4 * 3 * 4})
+    plain, plain_layer = build({})
     for model in (tiered, plain):
         model.compile(keras_optimizer("Adagrad", 0.1), "mse")
         model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
-    counts = sok.tier_counts(tiered.embedding.table)
+    counts = sok.tier_counts(tiered_layer.table)
     assert counts["moved_down"] > 0 and counts["host_keys"] > 0
-    assert_same(tiered.embedding.table, plain.embedding.table, "CPU")
+    assert_same(tiered_layer.table, plain_layer.table, "CPU")
     np.testing.assert_array_equal(tiered.predict(x, batch_size=16, verbose=0),
                                   plain.predict(x, batch_size=16, verbose=0))
 
