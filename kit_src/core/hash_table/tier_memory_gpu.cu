@@ -28,7 +28,6 @@ __global__ void PutRows(const int64_t* positions, const float* rows, int64_t cou
 class GpuTierMemory final : public TierMemory {
  public:
   explicit GpuTierMemory(std::shared_ptr<GpuMemory> memory) : memory_(std::move(memory)) {}
-  bool is_host() const override { return false; }
   Status Allocate(int64_t bytes, void** out) override {
     *out = memory_->Allocate(static_cast<size_t>(bytes));
     if (*out != nullptr) return Status::Ok();

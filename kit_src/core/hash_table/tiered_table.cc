@@ -10,7 +10,6 @@ namespace {
 
 class HostTierMemory final : public TierMemory {
  public:
-  bool is_host() const override { return true; }
   Status Allocate(int64_t bytes, void** out) override {
     *out = ::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 1)));
     return Status::Ok();

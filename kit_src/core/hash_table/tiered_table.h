@@ -32,7 +32,6 @@ namespace sok {
 class TierMemory {
  public:
   virtual ~TierMemory() = default;
-  virtual bool is_host() const = 0;
   virtual Status Allocate(int64_t bytes, void** out) = 0;
   virtual void Free(void* pointer) = 0;
   virtual Status ToHost(void* host, const void* hot, int64_t bytes,
