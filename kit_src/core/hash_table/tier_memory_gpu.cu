@@ -6,10 +6,10 @@
 #include <memory>
 #include <string>
 #include <utility>
-
 #include <vector>
 
 #include "kit_src/core/gpu_memory.h"
+#include "kit_src/core/hash_table/gpu_table_internal.cuh"
 #include "kit_src/core/hash_table/tiered_table.h"
 
 namespace sok {
@@ -25,9 +25,36 @@ __global__ void PutRows(const int64_t* positions, const float* rows, int64_t cou
   }
 }
 
+constexpr int kTallyThreads = 256;
+
+// counts[0] += the selected keys, counts[1] += those flagged.
+__global__ void TallyFlags(TableKeys keys, const uint8_t* flags, unsigned long long* counts) {
+  unsigned long long selected = 0, flagged = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < keys.n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t key;
+    if (!KeyAt(keys, i, &key)) continue;
+    ++selected;
+    flagged += flags[i] != 0;
+  }
+  using Reduce = cub::BlockReduce<unsigned long long, kTallyThreads>;
+  __shared__ typename Reduce::TempStorage temp;
+  selected = Reduce(temp).Sum(selected);
+  __syncthreads();
+  flagged = Reduce(temp).Sum(flagged);
+  if (threadIdx.x == 0) {
+    atomicAdd(&counts[0], selected);
+    atomicAdd(&counts[1], flagged);
+  }
+}
+
 class GpuTierMemory final : public TierMemory {
  public:
   explicit GpuTierMemory(std::shared_ptr<GpuMemory> memory) : memory_(std::move(memory)) {}
+  ~GpuTierMemory() override {
+    if (tally_ != nullptr) memory_->Free(tally_);
+    if (tally_host_ != nullptr) cudaFreeHost(tally_host_);
+  }
   Status Allocate(int64_t bytes, void** out) override {
     *out = memory_->Allocate(static_cast<size_t>(bytes));
     if (*out != nullptr) return Status::Ok();
@@ -65,6 +92,31 @@ class GpuTierMemory final : public TierMemory {
     if (at != nullptr) Free(at);
     return status;
   }
+  Status Tally(const TableKeys& keys, const uint8_t* flags, int64_t* selected, int64_t* flagged,
+               const TableContext& context) override {
+    *selected = *flagged = 0;
+    if (keys.n == 0) return Status::Ok();
+    const cudaStream_t stream = static_cast<cudaStream_t>(context.stream);
+    constexpr size_t kBytes = 2 * sizeof(unsigned long long);
+    if (tally_ == nullptr) {  // kept: a device pair and its pinned host copy
+      void *device = nullptr, *host = nullptr;
+      SOK_RETURN_IF_ERROR(Allocate(kBytes, &device));
+      if (cudaMallocHost(&host, kBytes) != cudaSuccess) {
+        Free(device);
+        return Status::ResourceExhausted("tiered table: no pinned host memory for a count");
+      }
+      tally_ = static_cast<unsigned long long*>(device);
+      tally_host_ = static_cast<unsigned long long*>(host);
+    }
+    cudaMemsetAsync(tally_, 0, kBytes, stream);
+    TallyFlags<<<std::min(GridBlocks(keys.n, kTallyThreads), 1024), kTallyThreads, 0, stream>>>(
+        keys, flags, tally_);
+    cudaMemcpyAsync(tally_host_, tally_, kBytes, cudaMemcpyDeviceToHost, stream);
+    SOK_RETURN_IF_ERROR(Synchronize(context));
+    *selected = static_cast<int64_t>(tally_host_[0]);
+    *flagged = static_cast<int64_t>(tally_host_[1]);
+    return Status::Ok();
+  }
 
  private:
   static Status Synchronize(const TableContext& context) {
@@ -83,6 +135,8 @@ class GpuTierMemory final : public TierMemory {
     return Status::Internal(std::string("tiered table copy: ") + cudaGetErrorString(error));
   }
   std::shared_ptr<GpuMemory> memory_;
+  unsigned long long* tally_ = nullptr;       // device
+  unsigned long long* tally_host_ = nullptr;  // pinned
 };
 
 }  // namespace

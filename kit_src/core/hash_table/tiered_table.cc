@@ -34,6 +34,16 @@ class HostTierMemory final : public TierMemory {
     }
     return Status::Ok();
   }
+  Status Tally(const TableKeys& keys, const uint8_t* flags, int64_t* selected, int64_t* flagged,
+               const TableContext&) override {
+    *selected = *flagged = 0;
+    for (int64_t i = 0; i < keys.n; ++i) {
+      if (keys.stride == 2 && keys.data[2 * i] != keys.table) continue;
+      ++*selected;
+      *flagged += flags[i] != 0;
+    }
+    return Status::Ok();
+  }
 };
 
 // The host table's calls run on the caller's threads.
@@ -155,6 +165,18 @@ int64_t TieredTable::RowBytes(int64_t dim, ValueType value_type, int64_t state_d
 
 int64_t TieredTable::hot_row_budget() const {
   return hot_bytes_ / RowBytes(options_.dim, options_.value_type, hot_->state_dim());
+}
+
+Status TieredTable::AllHot(const TableKeys& keys, bool* all_hot, int64_t* selected,
+                           const TableContext& context) {
+  HotBuffer buffer(memory_.get());
+  uint8_t* hot_flags = nullptr;
+  int64_t absent = 0;
+  SOK_RETURN_IF_ERROR(buffer.Get(keys.n, &hot_flags));
+  SOK_RETURN_IF_ERROR(hot_->Absent(keys, hot_flags, context));
+  SOK_RETURN_IF_ERROR(memory_->Tally(keys, hot_flags, selected, &absent, context));
+  *all_hot = absent == 0;
+  return Status::Ok();
 }
 
 Status TieredTable::Split(const TableKeys& keys, std::vector<int64_t>* key,
@@ -292,6 +314,10 @@ Status TieredTable::Find(const TableKeys& keys, float* values, const TableContex
   std::lock_guard<std::mutex> lock(mutex_);
   SOK_RETURN_IF_ERROR(hot_->Find(keys, values, context));
   if (cold_size() == 0 || keys.n == 0) return Status::Ok();
+  bool all_hot = false;
+  int64_t selected = 0;
+  SOK_RETURN_IF_ERROR(AllHot(keys, &all_hot, &selected, context));
+  if (all_hot) return Status::Ok();
   std::vector<int64_t> key, position, cold_keys, cold_at;
   std::vector<uint8_t> absent;
   SOK_RETURN_IF_ERROR(Split(keys, &key, &absent, &position, context));
@@ -320,6 +346,14 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
     counts_.ids_looked_up += keys.n;
     counts_.hot_hits += keys.n;
     return Status::Ok();
+  }
+  bool all_hot = false;
+  int64_t selected = 0;
+  SOK_RETURN_IF_ERROR(AllHot(keys, &all_hot, &selected, context));
+  if (all_hot) {  // a use of each key (nothing is admitted) gives the rows and their scores
+    counts_.ids_looked_up += selected;
+    counts_.hot_hits += selected;
+    return hot_->FindOrInsert(keys, values, 0.0f, nullptr, context);
   }
   std::vector<int64_t> key;
   std::vector<uint8_t> absent;
@@ -514,16 +548,19 @@ Status TieredTable::ApplySparseUpdate(const SparseUpdate& update, const TableCon
     SOK_RETURN_IF_ERROR(hot_->ApplySparseUpdate(update, context));
     return MatchColdState(update, context);
   }
-  std::vector<int64_t> key;
-  std::vector<uint8_t> absent;
-  SOK_RETURN_IF_ERROR(Split(TableKeys{update.keys, update.n, 1, 0}, &key, &absent, nullptr,
-                            context));
-  std::vector<int64_t> hot_at, cold_at;
-  for (int64_t j = 0; j < update.n; ++j) (absent[j] ? cold_at : hot_at).push_back(j);
-  if (cold_at.empty()) {  // as after a lookup: every row is hot
+  const TableKeys keys{update.keys, update.n, 1, 0};
+  bool all_hot = false;
+  int64_t selected = 0;
+  SOK_RETURN_IF_ERROR(AllHot(keys, &all_hot, &selected, context));
+  if (all_hot) {  // as after a lookup: every row is hot
     SOK_RETURN_IF_ERROR(hot_->ApplySparseUpdate(update, context));
     return MatchColdState(update, context);
   }
+  std::vector<int64_t> key;
+  std::vector<uint8_t> absent;
+  SOK_RETURN_IF_ERROR(Split(keys, &key, &absent, nullptr, context));
+  std::vector<int64_t> hot_at, cold_at;
+  for (int64_t j = 0; j < update.n; ++j) (absent[j] ? cold_at : hot_at).push_back(j);
   // Rows that moved down since their lookup are updated where they are now.
   const int64_t dim = options_.dim;
   std::vector<float> grads(update.n * dim), hyper(update.hyper_count);

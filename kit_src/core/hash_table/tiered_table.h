@@ -43,6 +43,11 @@ class TierMemory {
   virtual Status ScatterRows(float* out, const std::vector<int64_t>& positions,
                              const std::vector<float>& rows, int64_t dim,
                              const TableContext& context) = 0;
+  // How many keys of `keys` are selected (all but another table's, with stride 2) and how
+  // many of those `flags` (one a key, in hot memory) marks, read back with one wait: the
+  // one host decision a call whose rows are all hot needs.
+  virtual Status Tally(const TableKeys& keys, const uint8_t* flags, int64_t* selected,
+                       int64_t* flagged, const TableContext& context) = 0;
 };
 
 // Both tiers in host memory: what a CPU device runs, and how the tier logic is tested
@@ -89,6 +94,10 @@ class TieredTable final : public DynamicTable {
   // max_capacity), the hot table serves calls alone, as a one-tier table: nothing crosses to
   // the host and nothing waits. False (with an exact hot size) otherwise.
   Status HotTierAlone(int64_t incoming, const TableContext& context, bool* alone);
+  // Whether every selected key of `keys` is in the hot tier (the common case once a working
+  // set is hot): the hot table's flags, tallied where they are; `selected` counts the keys.
+  Status AllHot(const TableKeys& keys, bool* all_hot, int64_t* selected,
+                const TableContext& context);
   // The selected keys of `keys` on the host, with absent[j] = 1 where the hot tier lacks
   // key[j] (a call's keys and flags; `position` j's index in the call).
   Status Split(const TableKeys& keys, std::vector<int64_t>* key, std::vector<uint8_t>* absent,
