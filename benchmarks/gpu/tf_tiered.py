@@ -14,7 +14,8 @@ starts in host memory (its train time, hit rate and rows moved, reported on thei
 `hit_rate` is the share of the training lookups' ids whose rows were in the hot tier already
 (sok.tier_counts) while the timed train steps ran; `rows_moved_per_step` the rows copied up and
 down, `host_gbps` the bytes those rows (value and state) moved a second. Where the table fits
-the GPU whole, the same steps on the one-tier GPU table give `hbm_train_ms` and `slowdown`.
+the GPU whole, the same steps on the one-tier GPU table give `hbm_train_ms` /
+`hbm_train_call_ms` and `slowdown` / `slowdown_call`.
 dynamicemb's published H100 figures of the same shapes (`caching` on) stand beside each row.
 Writes tf_tiered.json to $OUT (default benchmarks/out; merged with the variants already there).
 """
@@ -184,14 +185,16 @@ def measure(name, keys, budget_gib, batch, optimizer_name, rng, loop, rounds, wi
     timings.update(timed_steps({k: v for k, v in steps.items() if k != "train_ms"}, batches,
                                loop, rounds))
     result.update(timings)
-    result["tier_counts"] = after
+    result["tier_counts"] = sok.tier_counts(table)
     del steps, table
     if with_hbm:
         hbm = prefilled(keys, f"{name}_hbm")
         hbm_steps = steps_of(hbm, sok.OptimizerWrapper(make_optimizer()))
-        result["hbm_train_ms"] = timed_steps({"train_ms": hbm_steps["train_ms"]}, batches,
-                                             loop, rounds)["train_ms"]
+        hbm_timings = timed_steps({"train_ms": hbm_steps["train_ms"]}, batches, loop, rounds)
+        result["hbm_train_ms"] = hbm_timings["train_ms"]
+        result["hbm_train_call_ms"] = hbm_timings["train_call_ms"]
         result["slowdown"] = result["train_ms"] / result["hbm_train_ms"]
+        result["slowdown_call"] = result["train_call_ms"] / result["hbm_train_call_ms"]
         del hbm_steps, hbm
     result["dynamicemb_h100"] = DYNAMICEMB_H100.get(name)
     return result

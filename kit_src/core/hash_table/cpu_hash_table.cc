@@ -97,19 +97,21 @@ void CpuHashTable::Rehash(int64_t num_slots, const ParallelFor& parallel_for) {
       const uint64_t meta = old_slots[old].meta.load(std::memory_order_relaxed);
       if (!(meta & kOccupied)) continue;
       const int64_t key = old_slots[old].key;
-      for (int64_t slot = Home(key);; slot = (slot + 1) & mask_) {
-        uint64_t empty = 0;
-        if (!slots_[slot].meta.compare_exchange_strong(empty, kClaimed,
-                                                       std::memory_order_acq_rel)) {
-          continue;
-        }
-        slots_[slot].key = key;
-        std::memcpy(Row(slot), old_values.data() + old * width, width * sizeof(float));
-        slots_[slot].meta.store(meta, std::memory_order_release);
-        break;
-      }
+      const int64_t slot = ClaimFreeSlot(key, Home(key));
+      std::memcpy(Row(slot), old_values.data() + old * width, width * sizeof(float));
+      slots_[slot].meta.store(meta, std::memory_order_release);
     }
   });
+}
+
+int64_t CpuHashTable::ClaimFreeSlot(int64_t key, int64_t home) {
+  for (int64_t slot = home;; slot = (slot + 1) & mask_) {
+    uint64_t empty = 0;
+    if (slots_[slot].meta.compare_exchange_strong(empty, kClaimed, std::memory_order_acq_rel)) {
+      slots_[slot].key = key;
+      return slot;
+    }
+  }
 }
 
 int64_t CpuHashTable::FindOrInsertSlot(int64_t key, uint32_t now) {
@@ -414,22 +416,65 @@ Status CpuHashTable::Erase(const int64_t* keys, int64_t n, int64_t* erased,
 }
 
 Status CpuHashTable::Take(const int64_t* keys, int64_t n, float* values, float* state,
-                          uint8_t* found, const TableContext&) {
+                          uint8_t* found, const TableContext& context) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  const int64_t dim = options_.dim, state_dim = options_.state_dim;
+  const int64_t dim = options_.dim, state_dim = state != nullptr ? options_.state_dim : 0;
+  const auto missing = [&](int64_t i) {
+    found[i] = 0;
+    std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
+    if (state_dim > 0) std::fill(state + i * state_dim, state + (i + 1) * state_dim, 0.0f);
+  };
+  // The rows are read in parallel, then erased in order (erasing moves other rows); a key
+  // repeated is found once, as if taken one at a time.
+  context.parallel_for(n, 2 * (dim + state_dim) + 100, [&](int64_t begin, int64_t end) {
+    ProbeAhead<false>(keys, nullptr, begin, end, [&](int64_t i, int64_t home) {
+      const int64_t slot = FindSlot(keys[i], home);
+      if (slot < 0) return missing(i);
+      found[i] = 1;
+      ReadValue(slot, values + i * dim);
+      if (state_dim > 0) std::memcpy(state + i * state_dim, State(slot), state_dim * sizeof(float));
+    });
+  });
   for (int64_t i = 0; i < n; ++i) {
+    if (!found[i]) continue;
     const int64_t slot = FindSlot(keys[i], Home(keys[i]));
-    found[i] = slot >= 0;
     if (slot < 0) {
-      std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
-      if (state != nullptr) std::fill(state + i * state_dim, state + (i + 1) * state_dim, 0.0f);
-      continue;
+      missing(i);
+    } else {
+      EraseSlot(slot);
     }
-    ReadValue(slot, values + i * dim);
-    if (state != nullptr) std::memcpy(state + i * state_dim, State(slot), state_dim * sizeof(float));
-    EraseSlot(slot);
   }
   return Status::Ok();
+}
+
+Status CpuHashTable::InsertNew(const int64_t* keys, int64_t n, const float* values,
+                               const float* state, const TableContext& context) {
+  {
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    const double load = static_cast<double>(size_ + n) / static_cast<double>(mask_ + 1);
+    const bool room = size_ + n <= options_.max_capacity && load <= kMaxSlotLoad;
+    if (room) {
+      const int64_t dim = options_.dim, state_dim = options_.state_dim;
+      const uint64_t clock = clock_.fetch_add(1) + 1;
+      const uint32_t now = StampNow();
+      context.parallel_for(n, 2 * (dim + state_dim) + 100, [&](int64_t begin, int64_t end) {
+        ProbeAhead<true>(keys, nullptr, begin, end, [&](int64_t i, int64_t home) {
+          const int64_t slot = ClaimFreeSlot(keys[i], home);
+          WriteValue(values + i * dim, slot);
+          if (state != nullptr) {
+            std::memcpy(State(slot), state + i * state_dim, state_dim * sizeof(float));
+          } else {
+            FillInitialState(State(slot));
+          }
+          slots_[slot].meta.store(kOccupied | now, std::memory_order_release);
+          Touch(slot, clock);
+        });
+      });
+      size_ += n;
+      return Status::Ok();
+    }
+  }
+  return InsertOrAssign(keys, n, values, state, context);  // growth or eviction first
 }
 
 Status CpuHashTable::GrowFor(int64_t incoming) {

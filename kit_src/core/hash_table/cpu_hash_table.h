@@ -46,6 +46,11 @@ class CpuHashTable final : public DynamicTable {
   // Grows the slots for `incoming` more keys now, so that inserting them later needs no
   // host memory (a failure is ResourceExhausted, the table unchanged).
   Status GrowFor(int64_t incoming);
+  // Inserts keys the table does not hold (distinct), with their rows and state (initial
+  // state where null), in one parallel pass: rows moving in from another tier. Where they
+  // need growth or eviction first, as InsertOrAssign.
+  Status InsertNew(const int64_t* keys, int64_t n, const float* values, const float* state,
+                   const TableContext& context);
   // Moves the bound on the key count (a tiered table lends part of it to its other tier);
   // keys already beyond it stay until the next insert makes room.
   void SetMaxCapacity(int64_t max_capacity) {
@@ -206,6 +211,10 @@ class CpuHashTable final : public DynamicTable {
       probe(index ? index[j] : j, slot_home);
     }
   }
+  // Claims the first free slot of `key`'s probe run from `home` and writes the key; the
+  // caller writes the row and publishes the metadata. For keys known to be absent (and
+  // distinct); exclusive lock held, room reserved, safe in parallel.
+  int64_t ClaimFreeSlot(int64_t key, int64_t home);
   // The key's slot, a new one with initial state and an unwritten value when absent (its
   // callers write the value). Exclusive lock; room reserved.
   int64_t FindOrInsertSlot(int64_t key, uint32_t now);

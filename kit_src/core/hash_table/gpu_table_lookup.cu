@@ -222,7 +222,8 @@ Status GpuHashTable::Lookup(const TableKeys& keys, bool insert, float* values, f
   Status status;
   if (insert) {
     status = Scratch(keys.n, &rows);
-    if (status.ok()) status = Reserve(keys, admit, clock, stream, evicted);
+    // Admitting nothing (as the tiered table's use of its hot keys), it needs no room.
+    if (status.ok() && admit > 0.0f) status = Reserve(keys, admit, clock, stream, evicted);
     if (status.ok()) status = FindRows(keys, true, admit, clock, StampNow(), rows, stream);
   }
   if (status.ok()) {

@@ -38,6 +38,7 @@ SOK_TABLE_MATH uint64_t HashKey(int64_t key) {
 // (key, call clock).
 SOK_TABLE_MATH bool AdmitKey(int64_t key, uint64_t clock, float probability) {
   if (probability >= 1.0f) return true;
+  if (probability <= 0.0f) return false;
   const uint64_t threshold =
       static_cast<uint64_t>(static_cast<double>(probability) * 18446744073709551615.0);
   return HashKey(key ^ static_cast<int64_t>(HashKey(clock))) <= threshold;

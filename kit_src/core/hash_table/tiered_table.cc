@@ -222,8 +222,8 @@ Status TieredTable::Demote(int64_t batch, const TableContext& context) {
   hot_size_ -= n;
   counts_.moved_down += n;
   LendCapacity();
-  return cold_->InsertOrAssign(host_keys.data(), n, host_values.data(),
-                               state_dim ? host_state.data() : nullptr, HostContext(context));
+  return cold_->InsertNew(host_keys.data(), n, host_values.data(),
+                          state_dim ? host_state.data() : nullptr, HostContext(context));
 }
 
 Status TieredTable::Promote(const std::vector<int64_t>& keys, const TableContext& context) {
