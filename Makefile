@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 
 .PHONY: setup setup-tf2.16 setup-tf2.21 build test test-tf2.15 test-tf2.16 test-tf2.21 \
-	test-tf2.21-keras3 smoke bench dlrm clean
+	test-tf2.21-keras3 test-tf2.21-tf-keras smoke bench dlrm clean
 
 setup:
 	bash scripts/setup_env.sh
@@ -16,9 +16,9 @@ setup-tf2.21:
 	SOK_TF=2.21 bash scripts/setup_env.sh
 
 # The whole suite, multi-worker tests (horovodrun -np 2 --gloo) included, under TensorFlow
-# 2.15.1 (Keras 2), then 2.21.0 with Keras 3 and with tf_keras (one venv, both Keras); then
-# the lines in between built and smoke-tested.
-test: test-tf2.15 test-tf2.21-keras3 test-tf2.21 smoke
+# 2.15.1 (Keras 2) and 2.21.0 with Keras 3; the Keras-facing tests under 2.21.0 with tf_keras
+# (one venv, both Keras); then the lines in between built and smoke-tested.
+test: test-tf2.15 test-tf2.21-keras3 test-tf2.21-tf-keras smoke
 
 test-tf2.15: setup
 	$(PY) -m pytest -q tests
@@ -32,11 +32,22 @@ test-tf2.21: setup-tf2.21
 test-tf2.21-keras3: setup-tf2.21
 	env -u TF_USE_LEGACY_KERAS .venv-tf2.21/bin/python -m pytest -q tests
 
+# The tests whose subject is Keras (optimizers, layers and models, checkpoints, the SOK v2
+# drop-in script, the API surface, the version check): what changes when tf_keras replaces
+# Keras 3 on the same TensorFlow. The rest runs under 2.15.1 with tf_keras and 2.21.0 with
+# Keras 3 (`make test-tf2.21` runs all of it with tf_keras).
+KERAS_TESTS := tests/test_api.py tests/test_optimizers.py tests/test_shared_optimizer.py \
+	tests/test_optimizer_surface.py tests/test_optimizer_rules.py tests/test_layers.py \
+	tests/test_checkpoint_files.py tests/test_dynamic_variable_api.py \
+	tests/test_sok_dropin_script.py tests/test_sok_surface.py tests/test_info.py
+test-tf2.21-tf-keras: setup-tf2.21
+	TF_USE_LEGACY_KERAS=1 .venv-tf2.21/bin/python -m pytest -q $(KERAS_TESTS)
+
 # TensorFlow 2.16 (what the GPU machines run) to 2.20 with tf_keras: the op library built
-# against each, and the API, lookup, dynamic-table, optimizer, layer and interaction tests run
+# against each, and the API, dynamic-table, optimizer-surface, layer and interaction tests run
 # (no Horovod there).
-SMOKE_TESTS := tests/test_api.py tests/test_lookup_sparse.py tests/test_dynamic.py \
-	tests/test_optimizers.py tests/test_layers.py tests/test_interaction.py
+SMOKE_TESTS := tests/test_api.py tests/test_dynamic.py tests/test_optimizer_surface.py \
+	tests/test_layers.py tests/test_interaction.py
 smoke:
 	for line in 2.16 2.17 2.18 2.19 2.20; do \
 	  SOK_TF=$$line SKIP_HOROVOD=1 bash scripts/setup_env.sh && \
