@@ -10,6 +10,8 @@
   through `sok.OptimizerWrapper(model.optimizer)`); static tables are ordinary trainable
   weights and train with any Keras optimizer in any model.
 """
+import importlib
+
 import numpy as np
 import tensorflow as tf
 
@@ -311,6 +313,14 @@ class Model(tf.keras.Model):
     it may also be called with a batch staged by `sok.stage_features` (Keras 3 takes only
     tensors as a plain model's inputs)."""
 
+    def __new__(cls, *args, **kwargs):
+        # Keras makes a Model subclass called with inputs and outputs functional by rewriting
+        # the class's bases, after which no subclass of it builds without them: a functional
+        # sok Model is a FunctionalModel instead, and this class keeps its bases.
+        if cls is Model and _functional_arguments(args, kwargs):
+            return tf.keras.Model.__new__(FunctionalModel, *args, **kwargs)
+        return super().__new__(cls, *args, **kwargs)
+
     # Keras 3 takes only tensors as a model's positional inputs unless this is set; a property,
     # not __init__, so that Keras 2 still serialises a functional sok Model as functional.
     @property
@@ -347,3 +357,21 @@ class Model(tf.keras.Model):
         OptimizerWrapper(self.optimizer).apply_gradients(
             [(g, v) for g, v in zip(grads, variables) if g is not None])
         return self.compute_metrics(x, y, y_pred, sample_weight)
+
+
+def _functional_arguments(args, kwargs):
+    """Whether a model is built from inputs and outputs (Keras' own test)."""
+    return (len(args) == 2 or (len(args) == 1 and "outputs" in kwargs) or
+            ("inputs" in kwargs and "outputs" in kwargs))
+
+
+# Keras' functional model class, beside its Model (keras.src.models / keras.src.engine /
+# tf_keras.src.engine).
+_Functional = importlib.import_module(
+    tf.keras.Model.__module__.rsplit(".", 1)[0] + ".functional").Functional
+
+
+@tf.keras.utils.register_keras_serializable(package=_PACKAGE)
+class FunctionalModel(Model, _Functional):
+    """What `sok.layers.Model(inputs, outputs)` builds: a functional Keras model with
+    `Model`'s training of dynamic tables."""

@@ -223,6 +223,32 @@ def test_functional_model_config_round_trip():
     assert clone(tf.constant([[1, 2, 3]], tf.int64)).shape == (1, 1)
 
 
+def test_functional_sok_model_leaves_the_class_subclassable_and_round_trips():
+    """Keras rewrites the bases of a Model subclass called with inputs and outputs; a
+    functional sok Model must not do that to sok.layers.Model itself."""
+    inputs = tf.keras.Input([3], dtype=tf.int64)
+    embedded = sok.layers.Embedding(4, input_dim=20, name="emb")(inputs)
+    outputs = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(embedded))
+    functional = sok.layers.Model(inputs, outputs)
+    assert isinstance(functional, sok.layers.Model)
+    ids = tf.constant([[1, 2, 3], [4, 5, 6]], tf.int64)
+
+    class Subclassed(sok.layers.Model):
+        def __init__(self):
+            super().__init__()
+            self.emb = sok.layers.Embedding(4, input_dim=20)
+
+        def call(self, x):
+            return tf.reduce_sum(self.emb(x), axis=[1, 2])
+
+    assert Subclassed()(ids).shape == (2,)
+    clone = sok.layers.Model.from_config(functional.get_config())
+    assert isinstance(clone, sok.layers.Model)
+    clone.set_weights(functional.get_weights())
+    np.testing.assert_allclose(clone(ids).numpy(), functional(ids).numpy(), rtol=1e-6)
+    assert Subclassed()(ids).shape == (2,)
+
+
 def packed(rng, vocabs, batch, max_len=3):
     """(one feature-major packed RaggedTensor, its features as SparseTensors)."""
     features = [ragged(rng, batch, vocab, max_len) for vocab in vocabs]
