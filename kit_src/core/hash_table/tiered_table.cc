@@ -167,27 +167,28 @@ int64_t TieredTable::hot_row_budget() const {
   return hot_bytes_ / RowBytes(options_.dim, options_.value_type, hot_->state_dim());
 }
 
-Status TieredTable::AllHot(const TableKeys& keys, bool* all_hot, int64_t* selected,
-                           const TableContext& context) {
-  HotBuffer buffer(memory_.get());
-  uint8_t* hot_flags = nullptr;
+Status TieredTable::AllHot(const TableKeys& keys, HotBuffer* buffer, uint8_t** hot_flags,
+                           bool* all_hot, int64_t* selected, const TableContext& context) {
   int64_t absent = 0;
-  SOK_RETURN_IF_ERROR(buffer.Get(keys.n, &hot_flags));
-  SOK_RETURN_IF_ERROR(hot_->Absent(keys, hot_flags, context));
-  SOK_RETURN_IF_ERROR(memory_->Tally(keys, hot_flags, selected, &absent, context));
+  SOK_RETURN_IF_ERROR(buffer->Get(keys.n, hot_flags));
+  SOK_RETURN_IF_ERROR(hot_->Absent(keys, *hot_flags, context));
+  SOK_RETURN_IF_ERROR(memory_->Tally(keys, *hot_flags, selected, &absent, context));
   *all_hot = absent == 0;
   return Status::Ok();
 }
 
-Status TieredTable::Split(const TableKeys& keys, std::vector<int64_t>* key,
-                          std::vector<uint8_t>* absent, std::vector<int64_t>* position,
-                          const TableContext& context) {
+Status TieredTable::Split(const TableKeys& keys, const uint8_t* hot_flags,
+                          std::vector<int64_t>* key, std::vector<uint8_t>* absent,
+                          std::vector<int64_t>* position, const TableContext& context) {
   std::vector<int64_t> raw(keys.n * keys.stride);
   std::vector<uint8_t> flags(keys.n);
   HotBuffer buffer(memory_.get());
-  uint8_t* hot_flags = nullptr;
-  SOK_RETURN_IF_ERROR(buffer.Get(keys.n, &hot_flags));
-  SOK_RETURN_IF_ERROR(hot_->Absent(keys, hot_flags, context));
+  if (hot_flags == nullptr) {
+    uint8_t* asked = nullptr;
+    SOK_RETURN_IF_ERROR(buffer.Get(keys.n, &asked));
+    SOK_RETURN_IF_ERROR(hot_->Absent(keys, asked, context));
+    hot_flags = asked;
+  }
   SOK_RETURN_IF_ERROR(memory_->ToHost(raw.data(), keys.data, raw.size() * sizeof(int64_t), context));
   SOK_RETURN_IF_ERROR(memory_->ToHost(flags.data(), hot_flags, keys.n, context));
   for (int64_t i = 0; i < keys.n; ++i) {
@@ -314,13 +315,15 @@ Status TieredTable::Find(const TableKeys& keys, float* values, const TableContex
   std::lock_guard<std::mutex> lock(mutex_);
   SOK_RETURN_IF_ERROR(hot_->Find(keys, values, context));
   if (cold_size() == 0 || keys.n == 0) return Status::Ok();
+  HotBuffer flags_buffer(memory_.get());
+  uint8_t* hot_flags = nullptr;
   bool all_hot = false;
   int64_t selected = 0;
-  SOK_RETURN_IF_ERROR(AllHot(keys, &all_hot, &selected, context));
+  SOK_RETURN_IF_ERROR(AllHot(keys, &flags_buffer, &hot_flags, &all_hot, &selected, context));
   if (all_hot) return Status::Ok();
   std::vector<int64_t> key, position, cold_keys, cold_at;
   std::vector<uint8_t> absent;
-  SOK_RETURN_IF_ERROR(Split(keys, &key, &absent, &position, context));
+  SOK_RETURN_IF_ERROR(Split(keys, hot_flags, &key, &absent, &position, context));
   for (size_t j = 0; j < key.size(); ++j) {
     if (!absent[j]) continue;
     cold_keys.push_back(key[j]);
@@ -347,9 +350,11 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
     counts_.hot_hits += keys.n;
     return Status::Ok();
   }
+  HotBuffer flags_buffer(memory_.get());
+  uint8_t* hot_flags = nullptr;
   bool all_hot = false;
   int64_t selected = 0;
-  SOK_RETURN_IF_ERROR(AllHot(keys, &all_hot, &selected, context));
+  SOK_RETURN_IF_ERROR(AllHot(keys, &flags_buffer, &hot_flags, &all_hot, &selected, context));
   if (all_hot) {  // a use of each key (nothing is admitted) gives the rows and their scores
     counts_.ids_looked_up += selected;
     counts_.hot_hits += selected;
@@ -357,7 +362,7 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
   }
   std::vector<int64_t> key;
   std::vector<uint8_t> absent;
-  SOK_RETURN_IF_ERROR(Split(keys, &key, &absent, nullptr, context));
+  SOK_RETURN_IF_ERROR(Split(keys, hot_flags, &key, &absent, nullptr, context));
   std::vector<int64_t> missing;
   int64_t hits = 0;
   for (size_t j = 0; j < key.size(); ++j) {
@@ -438,7 +443,7 @@ Status TieredTable::InsertOrAssign(const int64_t* keys, int64_t n, const float* 
   }
   std::vector<int64_t> key;
   std::vector<uint8_t> absent;
-  SOK_RETURN_IF_ERROR(Split(TableKeys{keys, n, 1, 0}, &key, &absent, nullptr, context));
+  SOK_RETURN_IF_ERROR(Split(TableKeys{keys, n, 1, 0}, nullptr, &key, &absent, nullptr, context));
   std::vector<int64_t> hot_at, cold_at;
   for (int64_t j = 0; j < n; ++j) (absent[j] ? cold_at : hot_at).push_back(j);
   if (cold_at.empty()) return hot_->InsertOrAssign(keys, n, values, state, context);
@@ -549,16 +554,18 @@ Status TieredTable::ApplySparseUpdate(const SparseUpdate& update, const TableCon
     return MatchColdState(update, context);
   }
   const TableKeys keys{update.keys, update.n, 1, 0};
+  HotBuffer flags_buffer(memory_.get());
+  uint8_t* hot_flags = nullptr;
   bool all_hot = false;
   int64_t selected = 0;
-  SOK_RETURN_IF_ERROR(AllHot(keys, &all_hot, &selected, context));
+  SOK_RETURN_IF_ERROR(AllHot(keys, &flags_buffer, &hot_flags, &all_hot, &selected, context));
   if (all_hot) {  // as after a lookup: every row is hot
     SOK_RETURN_IF_ERROR(hot_->ApplySparseUpdate(update, context));
     return MatchColdState(update, context);
   }
   std::vector<int64_t> key;
   std::vector<uint8_t> absent;
-  SOK_RETURN_IF_ERROR(Split(keys, &key, &absent, nullptr, context));
+  SOK_RETURN_IF_ERROR(Split(keys, hot_flags, &key, &absent, nullptr, context));
   std::vector<int64_t> hot_at, cold_at;
   for (int64_t j = 0; j < update.n; ++j) (absent[j] ? cold_at : hot_at).push_back(j);
   // Rows that moved down since their lookup are updated where they are now.
@@ -593,7 +600,7 @@ Status TieredTable::Take(const int64_t* keys, int64_t n, float* values, float* s
   const int64_t dim = options_.dim, state_dim = state != nullptr ? hot_->state_dim() : 0;
   std::vector<int64_t> key;
   std::vector<uint8_t> absent;
-  SOK_RETURN_IF_ERROR(Split(TableKeys{keys, n, 1, 0}, &key, &absent, nullptr, context));
+  SOK_RETURN_IF_ERROR(Split(TableKeys{keys, n, 1, 0}, nullptr, &key, &absent, nullptr, context));
   SOK_RETURN_IF_ERROR(hot_->Take(keys, n, values, state, found, context));
   std::vector<int64_t> cold_keys, cold_at;
   for (int64_t j = 0; j < n; ++j) {
@@ -632,7 +639,7 @@ Status TieredTable::Absent(const TableKeys& keys, uint8_t* absent, const TableCo
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<int64_t> key, position;
   std::vector<uint8_t> hot_absent;
-  SOK_RETURN_IF_ERROR(Split(keys, &key, &hot_absent, &position, context));
+  SOK_RETURN_IF_ERROR(Split(keys, nullptr, &key, &hot_absent, &position, context));
   std::vector<int64_t> cold_keys;
   for (size_t j = 0; j < key.size(); ++j) cold_keys.push_back(key[j]);
   std::vector<uint8_t> cold_absent(cold_keys.size());

@@ -95,13 +95,16 @@ class TieredTable final : public DynamicTable {
   // the host and nothing waits. False (with an exact hot size) otherwise.
   Status HotTierAlone(int64_t incoming, const TableContext& context, bool* alone);
   // Whether every selected key of `keys` is in the hot tier (the common case once a working
-  // set is hot): the hot table's flags, tallied where they are; `selected` counts the keys.
-  Status AllHot(const TableKeys& keys, bool* all_hot, int64_t* selected,
-                const TableContext& context);
+  // set is hot): the hot table's absent flags (kept in `buffer` for Split), tallied where
+  // they are; `selected` counts the keys.
+  Status AllHot(const TableKeys& keys, HotBuffer* buffer, uint8_t** hot_flags, bool* all_hot,
+                int64_t* selected, const TableContext& context);
   // The selected keys of `keys` on the host, with absent[j] = 1 where the hot tier lacks
-  // key[j] (a call's keys and flags; `position` j's index in the call).
-  Status Split(const TableKeys& keys, std::vector<int64_t>* key, std::vector<uint8_t>* absent,
-               std::vector<int64_t>* position, const TableContext& context);
+  // key[j] (a call's keys and flags; `position` j's index in the call). `hot_flags`: the hot
+  // table's absent flags when AllHot has them, else null (asked here).
+  Status Split(const TableKeys& keys, const uint8_t* hot_flags, std::vector<int64_t>* key,
+               std::vector<uint8_t>* absent, std::vector<int64_t>* position,
+               const TableContext& context);
   // How many hot rows to move down so that `incoming` more fit: the overflow and a sixteenth
   // of the budget more, none of the newest `keep` (fewer than the overflow: no room).
   int64_t DemoteCount(int64_t incoming, int64_t keep) const;
