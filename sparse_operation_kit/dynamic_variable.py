@@ -270,23 +270,15 @@ class DynamicVariable(PlacedTable, resource_variable_ops.BaseResourceVariable):
     def __hash__(self):
         return id(self)
 
-    @property
-    def _shared_name(self):  # the name checkpoints record for resource-variable-like objects
-        return self._name
+    # the name checkpoints record for resource-variable-like objects
+    _shared_name = property(lambda self: self._name)
 
     # --- SOK attributes ------------------------------------------------------------------------
-    @property
-    def key_type(self):
-        return self._key_type
-
-    @property
-    def filter_ratio(self):
-        return self._filter_ratio
-
-    @property
-    def hbm_budget_bytes(self):
-        """Bytes of GPU memory for the rows in use of a tiered table (0: not tiered)."""
-        return self._hbm_budget_bytes
+    key_type = property(lambda self: self._key_type)
+    filter_ratio = property(lambda self: self._filter_ratio)
+    hbm_budget_bytes = property(lambda self: self._hbm_budget_bytes,
+                                doc="Bytes of GPU memory for the rows in use of a tiered table "
+                                    "(0: not tiered).")
 
     @property
     def size(self):

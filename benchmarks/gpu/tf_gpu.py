@@ -50,6 +50,12 @@ def zipf_ids(rng, vocab, count):
     return (rng.zipf(1.2, size=count) - 1) % vocab
 
 
+def one_id_lookup(table, ids, training=False):
+    """Rows of `table` at `ids`, one id a sample, through sok.lookup_sparse."""
+    ragged = tf.RaggedTensor.from_uniform_row_length(ids, 1, validate=False)
+    return sok.lookup_sparse([table], [ragged], combiners=["sum"], training=training)[0]
+
+
 def timed_call(call, iters):
     """Milliseconds a call of `call` (no arguments) takes: `iters` calls back to back after
     one more, waiting for the last."""
@@ -84,6 +90,17 @@ def looped(step, loop):
         total = tf.constant(0.0)
         for _ in tf.range(loop):
             total += step(inputs)
+        return total
+    return run
+
+
+def looped_over(step, loop):
+    """A tf.function running step(ids[k]) for k < loop in a tf.range loop, summing its results."""
+    @tf.function
+    def run(ids):
+        total = tf.constant(0.0)
+        for k in tf.range(loop):
+            total += step(ids[k])
         return total
     return run
 

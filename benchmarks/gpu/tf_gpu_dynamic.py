@@ -45,7 +45,8 @@ import tensorflow as tf
 import sparse_operation_kit as sok
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tf_gpu import provenance, start_on_gpu, timed_call, train_step, zipf_ids  # noqa: E402
+from tf_gpu import (looped_over, one_id_lookup, provenance, start_on_gpu,  # noqa: E402
+                    timed_call, train_step, zipf_ids)
 
 KEYS, DIM = 8 << 20, 128
 DYNAMICEMB_G1A = {"eval_ms": 0.069, "fwd_ms": 0.196, "bwd_ms": 0.410, "train_ms": 0.606}
@@ -67,17 +68,6 @@ def adam(learning_rate):
 
 def log(*args):
     print(*args, flush=True)
-
-
-def looped_over(step, loop):
-    """A tf.function running step(ids[k]) for k < loop in a tf.range loop, summing its results."""
-    @tf.function
-    def run(ids):
-        total = tf.constant(0.0)
-        for k in tf.range(loop):
-            total += step(ids[k])
-        return total
-    return run
 
 
 def interleaved(steps, loop, keys_all, rows_all, rounds=5, steps_a_sample=400, warmup_steps=20):
@@ -159,15 +149,11 @@ def measure(table, static, present, batch, rng, draw=uniform_draw, optimizer=sgd
     sok_opt = sok.OptimizerWrapper(optimizer(0.01))
     static_opt = sok.OptimizerWrapper(optimizer(0.01))
 
-    def one_id(ids):
-        return tf.RaggedTensor.from_uniform_row_length(ids, 1, validate=False)
-
     def forward(keys, training):
-        return sok.lookup_sparse([table], [one_id(keys)], combiners=["sum"],
-                                 training=training)[0]
+        return one_id_lookup(table, keys, training)
 
     def static_forward(rows):
-        return sok.lookup_sparse([static], [one_id(rows)], combiners=["sum"])[0]
+        return one_id_lookup(static, rows)
 
     def train(tables, optimizer, fwd):
         return train_step(lambda ids: tf.reduce_sum(fwd(ids)), tables, optimizer)

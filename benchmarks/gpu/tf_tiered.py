@@ -31,7 +31,8 @@ import tensorflow as tf
 import sparse_operation_kit as sok
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tf_gpu import provenance, start_on_gpu, timed_call  # noqa: E402
+from tf_gpu import (looped_over, one_id_lookup, provenance, start_on_gpu,  # noqa: E402
+                    timed_call)
 
 DIM = 128
 GIB = 1 << 30
@@ -83,40 +84,24 @@ def prefilled(keys, name, **config):
 
 
 def steps_of(table, optimizer):
-    def one_id(keys):
-        return tf.RaggedTensor.from_uniform_row_length(keys, 1, validate=False)
-
-    def forward(keys, training):
-        return sok.lookup_sparse([table], [one_id(keys)], combiners=["sum"],
-                                 training=training)[0]
-
     def train(keys):
         with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(forward(keys, True))
+            loss = tf.reduce_sum(one_id_lookup(table, keys, True))
         optimizer.apply_gradients([(tape.gradient(loss, table), table)])
         return loss
 
-    return {"eval_ms": lambda keys: forward(keys, False)[0, 0],
-            "fwd_ms": lambda keys: forward(keys, True)[0, 0],
+    return {"eval_ms": lambda keys: one_id_lookup(table, keys)[0, 0],
+            "fwd_ms": lambda keys: one_id_lookup(table, keys, True)[0, 0],
             "train_ms": train}
 
 
 def timed_steps(steps, batches, loop, rounds):
     """Medians over `rounds` interleaved rounds: "<name>" a step of a `loop`-step tf.range
     loop, "<name>_call" one step a call."""
-    def looped(step):
-        @tf.function
-        def run(window):
-            total = tf.constant(0.0)
-            for k in tf.range(loop):
-                total += step(window[k])
-            return total
-        return run
-
     windows = [batches[w:w + loop] for w in range(0, int(batches.shape[0]) - loop + 1, loop)]
     calls = {}
     for name, step in steps.items():
-        run, one = looped(step), tf.function(step)
+        run, one = looped_over(step, loop), tf.function(step)
         turn = {"loop": 0, "call": 0}
 
         def loop_call(run=run, turn=turn):

@@ -727,6 +727,17 @@ int GridFor(int64_t items, int group) {
   return GridBlocks(items * group, kThreads);
 }
 
+// Runs launch(vector, grid, group): `items` rows of dim floats, a group of threads a row (as
+// group_of sizes it for the widest vector dim allows); nothing for no items.
+template <typename GroupOf, typename Launch>
+cudaError_t LaunchRowGroups(int64_t items, int64_t dim, GroupOf group_of, Launch launch) {
+  if (items == 0) return cudaSuccess;
+  return LaunchByVector(dim, [&](auto vec) {
+    const int group = group_of(dim, vec.value);
+    launch(vec, GridFor(items, group), group);
+  });
+}
+
 }  // namespace
 
 cudaError_t ResetLookupCheck(LookupCheck* check, cudaStream_t stream) {
@@ -774,10 +785,8 @@ cudaError_t ScatterPartition(const uint64_t* sorted, const int32_t* order, const
 cudaError_t GatherShardRowsGpu(const GpuShard* shards_device, int32_t num_tables, int64_t dim,
                                const int64_t* keys, int64_t n, float* out, LookupCheck* check,
                                cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  return LaunchByVector(dim, [&](auto vec) {
-    const int group = RowGroup(dim, vec.value);
-    GatherShardRowsKernel<vec.value><<<GridFor(n, group), kThreads, 0, stream>>>(
+  return LaunchRowGroups(n, dim, RowGroup, [&](auto vec, int grid, int group) {
+    GatherShardRowsKernel<vec.value><<<grid, kThreads, 0, stream>>>(
         shards_device, num_tables, dim, keys, n, out, group, check);
   });
 }
@@ -797,10 +806,8 @@ cudaError_t GatherShardRows16Gpu(const GpuShard* shards_device, int32_t num_tabl
 
 cudaError_t GatherSingleIdsGpu(const GpuSingleIdBatch& batch, bool ids64, int64_t dim,
                                LookupCheck* check, cudaStream_t stream) {
-  if (batch.total == 0) return cudaSuccess;
-  return LaunchByVector(dim, [&](auto vec) {
-    const int group = RowGroup(dim, vec.value);
-    GatherSingleIdsKernel<vec.value><<<GridFor(batch.total, group), kThreads, 0, stream>>>(
+  return LaunchRowGroups(batch.total, dim, RowGroup, [&](auto vec, int grid, int group) {
+    GatherSingleIdsKernel<vec.value><<<grid, kThreads, 0, stream>>>(
         batch, ids64, dim, group, check);
   });
 }
@@ -899,10 +906,8 @@ cudaError_t TableSortKeys(const int64_t* keys, int64_t n, int32_t* table_of, int
 cudaError_t GatherGradientRows(const int64_t* keys, const int32_t* order, int64_t n, int64_t dim,
                                const float* grad, int64_t* indices, float* values,
                                cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  return LaunchByVector(dim, [&](auto vec) {
-    const int group = RowGroup(dim, vec.value);
-    GatherGradientRowsKernel<vec.value><<<GridFor(n, group), kThreads, 0, stream>>>(
+  return LaunchRowGroups(n, dim, RowGroup, [&](auto vec, int grid, int group) {
+    GatherGradientRowsKernel<vec.value><<<grid, kThreads, 0, stream>>>(
         keys, order, n, dim, grad, indices, values, group);
   });
 }
@@ -924,10 +929,8 @@ cudaError_t CombineForwardGpu(const GpuPooledLookup* lookups_device, int32_t num
                               int64_t samples, const int64_t* use_first, const int32_t* position,
                               const GpuRowSource& source, int64_t num_rows, int64_t dim,
                               LookupCheck* check, cudaStream_t stream) {
-  if (samples == 0) return cudaSuccess;
-  return LaunchByVector(dim, [&](auto vec) {
-    const int group = RowGroup(dim, vec.value);
-    PoolKernel<vec.value><<<GridFor(samples, group), kThreads, 0, stream>>>(
+  return LaunchRowGroups(samples, dim, RowGroup, [&](auto vec, int grid, int group) {
+    PoolKernel<vec.value><<<grid, kThreads, 0, stream>>>(
         lookups_device, num_lookups, samples, use_first, position, source, num_rows, dim, group,
         check);
   });
@@ -940,11 +943,11 @@ cudaError_t PoolFromTablesGpu(const GpuPooledLookup* lookups_device, int32_t num
   if (samples > 0) {
     CheckRowSplitsKernel<<<GridBlocks(samples, kThreads), kThreads, 0, stream>>>(
         lookups_device, num_lookups, samples, check);
-    const cudaError_t status = LaunchByVector(dim, [&](auto vec) {
-      const int group = TableRowGroup(dim, vec.value);
-      PoolFromTablesKernel<vec.value><<<GridFor(samples, group), kThreads, 0, stream>>>(
-          lookups_device, num_lookups, samples, dim, group, check);
-    });
+    const cudaError_t status =
+        LaunchRowGroups(samples, dim, TableRowGroup, [&](auto vec, int grid, int group) {
+          PoolFromTablesKernel<vec.value><<<grid, kThreads, 0, stream>>>(
+              lookups_device, num_lookups, samples, dim, group, check);
+        });
     if (status != cudaSuccess) return status;
   }
   DescribeTableLookupError<<<1, 1, 0, stream>>>(lookups_device, check);
@@ -953,10 +956,8 @@ cudaError_t PoolFromTablesGpu(const GpuPooledLookup* lookups_device, int32_t num
 
 cudaError_t SpreadPooledGradGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
                                 int64_t samples, int64_t dim, cudaStream_t stream) {
-  if (samples == 0) return cudaSuccess;
-  return LaunchByVector(dim, [&](auto vec) {
-    const int group = TableRowGroup(dim, vec.value);
-    SpreadPooledGradKernel<vec.value><<<GridFor(samples, group), kThreads, 0, stream>>>(
+  return LaunchRowGroups(samples, dim, TableRowGroup, [&](auto vec, int grid, int group) {
+    SpreadPooledGradKernel<vec.value><<<grid, kThreads, 0, stream>>>(
         lookups_device, num_lookups, samples, dim, group);
   });
 }

@@ -164,13 +164,13 @@ Status GpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values
 }
 Status GpuHashTable::Export(int64_t written_after_us, bool with_state, const ExportOutputs& outputs,
                             const TableContext& context) {
+  const bool all = written_after_us == kExportAll || written_after_us < created_us_;
+  const uint32_t since = all ? 0 : StampAt(written_after_us);  // the creation time never changes
   const cudaStream_t stream = StreamOf(context);
   std::lock_guard<std::mutex> lock(mutex_);
   SOK_RETURN_IF_ERROR(init_status_);
   Exact e;
   SOK_RETURN_IF_ERROR(ReadCounters(&e, stream));
-  const bool all = written_after_us == kExportAll || written_after_us < created_us_;
-  const uint32_t since = all ? 0 : StampAt(written_after_us);
   uint8_t* flags = nullptr;
   int64_t* selected = nullptr;
   int* count = nullptr;

@@ -2,8 +2,6 @@
 // (kit_src/core/hash_table/gpu_hash_table.cuh) draws its arrays from TensorFlow's GPU
 // allocator and runs on TensorFlow's stream; pair keys are grouped by the CUDA twins in
 // kit_src/core/embedding/pair_keys_gpu.cuh.
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU  // before any Eigen header: the GPU device
 #include <memory>
 #include <vector>
 
@@ -12,10 +10,7 @@
 #include "kit_src/tf/kernels/dynamic_table_functor.h"
 #include "kit_src/tf/kernels/gpu_op_util.h"
 
-namespace sok {
-namespace functor {
-namespace tf = ::tensorflow;
-
+namespace sok::functor {
 namespace {
 
 // The table and the allocator it draws from, freed together (table first).
@@ -112,6 +107,4 @@ tf::Status ReadPairRows<GpuDevice>::operator()(tf::OpKernelContext* ctx,
   return tf::Status();
 }
 
-}  // namespace functor
-}  // namespace sok
-#endif  // GOOGLE_CUDA
+}  // namespace sok::functor

@@ -3,8 +3,6 @@
 // TensorFlow's stream. Bad input is found by the device kernels and reported once the stream
 // has passed (no host thread waits), except in Sok>PartitionKeys and Sok>SplitGradientByTable,
 // whose output sizes depend on the data: they synchronise once.
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU  // before any Eigen header: the GPU device
 #include <cub/cub.cuh>
 
 #include <algorithm>
@@ -18,8 +16,6 @@
 #include "kit_src/tf/kernels/gpu_op_util.h"
 
 namespace sok {
-
-namespace tf = ::tensorflow;
 
 namespace {
 
@@ -593,4 +589,3 @@ void CombineBackward<GpuDevice>::operator()(tf::OpKernelContext* ctx, DoneCallba
 
 }  // namespace functor
 }  // namespace sok
-#endif  // GOOGLE_CUDA

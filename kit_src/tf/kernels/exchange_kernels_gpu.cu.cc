@@ -2,8 +2,6 @@
 // all-to-all of a lookup's keys and rows between workers' GPUs through NCCL, on TensorFlow's
 // stream. Sok>AllToAll never synchronises; Sok>AllToAllCounts, whose output the peers decide,
 // is an AsyncOpKernel that finishes once the stream has passed the exchange.
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU  // before any Eigen header: the GPU device
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,8 +13,6 @@
 #include "tensorflow/core/framework/tensor_shape.h"
 
 namespace sok {
-
-namespace tf = ::tensorflow;
 
 namespace {
 
@@ -176,4 +172,3 @@ REGISTER_KERNEL_BUILDER(Name("Sok>AllToAll")
 
 }  // namespace sok
 
-#endif  // GOOGLE_CUDA

@@ -4,7 +4,7 @@
 #pragma once
 #if GOOGLE_CUDA
 #ifndef EIGEN_USE_GPU
-#error "define EIGEN_USE_GPU before any include"
+#error "compile GPU OpKernels with EIGEN_USE_GPU defined (CMakeLists.txt does for CUDA sources)"
 #endif
 
 #include <cuda_runtime.h>
@@ -20,6 +20,8 @@
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace sok {
+
+namespace tf = ::tensorflow;  // for every GPU OpKernel source
 
 inline cudaStream_t GpuStream(::tensorflow::OpKernelContext* ctx) {
   return ctx->eigen_gpu_device().stream();

@@ -1,14 +1,9 @@
 // GPU functors of the dot interaction (interaction_functor.h): the CUDA core on TF's stream.
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU  // before any Eigen header: the GPU device
 #include "kit_src/core/interaction/dot_interaction.cuh"
 #include "kit_src/tf/kernels/gpu_op_util.h"
 #include "kit_src/tf/kernels/interaction_functor.h"
 
-namespace sok {
-namespace functor {
-
-namespace tf = ::tensorflow;
+namespace sok::functor {
 
 namespace {
 
@@ -61,6 +56,4 @@ template struct DotInteractionFwd<GpuDevice, Eigen::half>;
 template struct DotInteractionBwd<GpuDevice, float>;
 template struct DotInteractionBwd<GpuDevice, Eigen::half>;
 
-}  // namespace functor
-}  // namespace sok
-#endif  // GOOGLE_CUDA
+}  // namespace sok::functor

@@ -1,8 +1,6 @@
 // GPU functors of the packed-batch ops (keyed_features_functor.h): kit_src/core/embedding/
 // keyed_features_gpu.cu on TensorFlow's stream. For Sok>UnpackFeatures the F + 1 feature
 // offsets size the outputs, so Bounds waits for them (one small copy to pinned memory).
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU  // before any Eigen header: the GPU device
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -16,10 +14,7 @@
 #include "kit_src/tf/kernels/gpu_op_util.h"
 #include "kit_src/tf/kernels/keyed_features_functor.h"
 
-namespace sok {
-namespace functor {
-namespace tf = ::tensorflow;
-
+namespace sok::functor {
 // Bytes of a packed batch staged in pinned memory before their copy to the GPU starts.
 constexpr int64_t kStagedGroupBytes = int64_t{4} << 20;
 
@@ -210,6 +205,4 @@ tf::Status ExpandStagedFeatures<GpuDevice>::operator()(
   return CudaToTf(cudaGetLastError(), ctx->op_kernel().name().c_str());
 }
 
-}  // namespace functor
-}  // namespace sok
-#endif  // GOOGLE_CUDA
+}  // namespace sok::functor

@@ -1,18 +1,13 @@
 // GPU functors of Sok>PoolFromTables, Sok>SpreadPooledGrad and Sok>PooledGradShares (pool_from_tables_functor.h):
 // kit_src/core/embedding/lookup_gpu.cu on TensorFlow's stream. Nothing waits for the device:
 // bad input is left in the check record for Sok>CheckGatheredIds.
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU  // before any Eigen header: the GPU device
 #include <memory>
 #include <vector>
 
 #include "kit_src/tf/kernels/gpu_op_util.h"
 #include "kit_src/tf/kernels/pool_from_tables_functor.h"
 
-namespace sok {
-namespace functor {
-namespace tf = ::tensorflow;
-
+namespace sok::functor {
 namespace {
 
 // The lookups as the device kernels take them, laid end to end by sample.
@@ -109,6 +104,4 @@ tf::Status PooledGradShares<GpuDevice>::operator()(
   });
 }
 
-}  // namespace functor
-}  // namespace sok
-#endif  // GOOGLE_CUDA
+}  // namespace sok::functor

@@ -118,19 +118,43 @@ struct PooledLayout {
     return tf::Status();
   }
 
+  // As Describe, the id counts read from the N ids at inputs first_ids.. (row splits and
+  // weights follow them).
+  tf::Status DescribeIds(tf::OpKernelContext* ctx, int first_ids, std::vector<int64_t>* id_counts,
+                         std::vector<PooledLookup<float>>* lookups) const {
+    id_counts->resize(n);
+    for (int64_t l = 0; l < n; ++l) (*id_counts)[l] = ctx->input(first_ids + l).NumElements();
+    return Describe(ctx, first_ids + static_cast<int>(n), *id_counts, lookups);
+  }
+
+  // Output (gradient) o's shape: [batch, dim] a lookup, or [batch, N, dim] stacked.
+  tf::TensorShape OutputShape(const std::vector<PooledLookup<float>>& lookups, int o) const {
+    return stacked ? tf::TensorShape({lookups[0].batch, n, dim})
+                   : tf::TensorShape({lookups[o].batch, dim});
+  }
   // Where lookup l's rows of output (gradient) `index` start: its own tensor, or its column
   // of the stacked one.
   int OutputIndex(int64_t l) const { return stacked ? 0 : static_cast<int>(l); }
   int64_t OutputOffset(int64_t l) const { return stacked ? l * dim : 0; }
 };
 
+// An op over the lookups PooledLayout describes, its attrs read once.
+class PooledLayoutOp : public tf::OpKernel {
+ public:
+  explicit PooledLayoutOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, layout_.Read(ctx));
+  }
+
+ protected:
+  PooledLayout layout_;
+};
+
 }  // namespace
 
 template <typename Device>
-class PoolFromTablesOp : public tf::OpKernel {
+class PoolFromTablesOp : public PooledLayoutOp {
  public:
-  explicit PoolFromTablesOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, layout_.Read(ctx));
+  explicit PoolFromTablesOp(tf::OpKernelConstruction* ctx) : PooledLayoutOp(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
     OP_REQUIRES(ctx, static_cast<int64_t>(table_names_.size()) == layout_.n,
                 tf::errors::InvalidArgument("table_names needs one entry per lookup"));
@@ -167,9 +191,7 @@ class PoolFromTablesOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, layout_.Describe(ctx, 2 * n, id_counts, &lookups));
     std::vector<tf::Tensor*> outputs(layout_.num_outputs);
     for (int o = 0; o < layout_.num_outputs; ++o) {
-      const tf::TensorShape shape = layout_.stacked
-                                        ? tf::TensorShape({lookups[0].batch, n, dim})
-                                        : tf::TensorShape({lookups[o].batch, dim});
+      const tf::TensorShape shape = layout_.OutputShape(lookups, o);
       OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(ctx, o, shape, &outputs[o]));
     }
     for (int64_t l = 0; l < n; ++l) {
@@ -184,29 +206,23 @@ class PoolFromTablesOp : public tf::OpKernel {
   }
 
  private:
-  PooledLayout layout_;
   std::vector<std::string> table_names_;
 };
 
 template <typename Device>
-class SpreadPooledGradOp : public tf::OpKernel {
+class SpreadPooledGradOp : public PooledLayoutOp {
  public:
-  explicit SpreadPooledGradOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, layout_.Read(ctx));
-  }
+  using PooledLayoutOp::PooledLayoutOp;
 
   void Compute(tf::OpKernelContext* ctx) override {
-    const int64_t n = layout_.n, dim = layout_.dim;
-    const int first_ids = static_cast<int>(layout_.num_outputs);
-    std::vector<int64_t> id_counts(n);
-    for (int64_t l = 0; l < n; ++l) id_counts[l] = ctx->input(first_ids + l).NumElements();
+    std::vector<int64_t> id_counts;  // the output gradients come first, then the ids
     std::vector<PooledLookup<float>> lookups;
-    OP_REQUIRES_OK(ctx, layout_.Describe(ctx, first_ids + n, id_counts, &lookups));
+    OP_REQUIRES_OK(ctx, layout_.DescribeIds(ctx, static_cast<int>(layout_.num_outputs), &id_counts,
+                                            &lookups));
+    const int64_t n = layout_.n, dim = layout_.dim;
     for (int o = 0; o < layout_.num_outputs; ++o) {
       const tf::Tensor& grad = ctx->input(o);
-      const tf::TensorShape expected = layout_.stacked
-                                           ? tf::TensorShape({lookups[0].batch, n, dim})
-                                           : tf::TensorShape({lookups[o].batch, dim});
+      const tf::TensorShape expected = layout_.OutputShape(lookups, o);
       OP_REQUIRES(ctx, grad.shape() == expected,
                   tf::errors::InvalidArgument("output gradient ", o, " must have shape ",
                                               expected.DebugString(), ", got ",
@@ -224,26 +240,20 @@ class SpreadPooledGradOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, functor::SpreadPooledGrad<Device>()(ctx, lookups, id_counts, id_grads,
                                                             dim));
   }
-
- private:
-  PooledLayout layout_;
 };
 
 // Sok>PooledGradShares: each id's output-gradient row and scale, for Sok>StaticApply to read
 // the pooled gradient itself.
 template <typename Device>
-class PooledGradSharesOp : public tf::OpKernel {
+class PooledGradSharesOp : public PooledLayoutOp {
  public:
-  explicit PooledGradSharesOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, layout_.Read(ctx));
-  }
+  using PooledLayoutOp::PooledLayoutOp;
 
   void Compute(tf::OpKernelContext* ctx) override {
     const int64_t n = layout_.n;
-    std::vector<int64_t> id_counts(n), row_first(n), row_step(n);
-    for (int64_t l = 0; l < n; ++l) id_counts[l] = ctx->input(l).NumElements();
+    std::vector<int64_t> id_counts, row_first(n), row_step(n);
     std::vector<PooledLookup<float>> lookups;
-    OP_REQUIRES_OK(ctx, layout_.Describe(ctx, static_cast<int>(n), id_counts, &lookups));
+    OP_REQUIRES_OK(ctx, layout_.DescribeIds(ctx, 0, &id_counts, &lookups));
     std::vector<int64_t*> use_rows(n);
     std::vector<float*> use_scales(n);
     for (int64_t l = 0; l < n; ++l) {
@@ -260,9 +270,6 @@ class PooledGradSharesOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, functor::PooledGradShares<Device>()(ctx, lookups, id_counts, row_first,
                                                             row_step, use_rows, use_scales));
   }
-
- private:
-  PooledLayout layout_;
 };
 
 SOK_REGISTER_KERNELS("Sok>PooledGradShares", PooledGradSharesOp);

@@ -3,8 +3,6 @@
 // variables as the rule's state sections. An id outside the table is found on the device, nothing is written, and the op
 // fails once the stream has passed the check (no host thread waits); with validate=false
 // (ids lookup_sparse checked) the op neither checks nor waits.
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU  // before any Eigen header: the GPU device
 #include <memory>
 #include <string>
 #include <utility>
@@ -16,10 +14,7 @@
 #include "kit_src/tf/kernels/gpu_op_util.h"
 #include "kit_src/tf/kernels/static_apply_functor.h"
 
-namespace sok {
-namespace functor {
-namespace tf = ::tensorflow;
-
+namespace sok::functor {
 template <>
 void StaticApply<GpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticApplyArgs& args,
                                         std::function<void(tf::Status)> finish) {
@@ -81,6 +76,4 @@ tf::Status StaticApply<GpuDevice>::Copy(tf::OpKernelContext* ctx, void* dst, con
                   "copy on write");
 }
 
-}  // namespace functor
-}  // namespace sok
-#endif  // GOOGLE_CUDA
+}  // namespace sok::functor
