@@ -5,7 +5,7 @@
 #   SOK_TF=2.16:           .venv-tf2.16, tensorflow-cpu 2.16.2 + tf_keras (Keras 2)
 #   SOK_TF=2.21:           .venv-tf2.21, tensorflow-cpu 2.21.0 with Keras 3, and tf_keras (Keras 2)
 #   SOK_TF=2.17 .. 2.20:   .venv-tf2.17 .. .venv-tf2.20, that line's last tensorflow-cpu and
-#                          tf_keras, without Horovod (the lines CI builds and smoke-tests)
+#                          tf_keras (the lines CI builds and smoke-tests)
 #   SKIP_HOROVOD=1:        any line without Horovod (single-worker tests only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,15 +19,15 @@ case "$SOK_TF" in
   2.21) VENV=.venv-tf2.21; REQUIREMENTS=requirements-tf2.21.txt
         HVD_CXXFLAGS="-include string -include cstdint -include stdexcept" ;;
   2.17|2.18|2.19|2.20)
-        VENV=.venv-tf$SOK_TF; REQUIREMENTS=requirements-tf-smoke.txt; HVD_CXXFLAGS=""
+        VENV=.venv-tf$SOK_TF; REQUIREMENTS=requirements-tf-smoke.txt
+        HVD_CXXFLAGS="-include string -include cstdint -include stdexcept"
         case "$SOK_TF" in
           2.17) SOK_TF_VERSION=2.17.1; SOK_TF_KERAS_VERSION=2.17.0 ;;
           2.18) SOK_TF_VERSION=2.18.1; SOK_TF_KERAS_VERSION=2.18.0 ;;
           2.19) SOK_TF_VERSION=2.19.1; SOK_TF_KERAS_VERSION=2.19.0 ;;
           2.20) SOK_TF_VERSION=2.20.0; SOK_TF_KERAS_VERSION=2.20.1 ;;
         esac
-        export SOK_TF_VERSION SOK_TF_KERAS_VERSION
-        SKIP_HOROVOD=1 ;;
+        export SOK_TF_VERSION SOK_TF_KERAS_VERSION ;;
   *) echo "SOK_TF must be one of 2.15 to 2.21, got '$SOK_TF'" >&2; exit 2 ;;
 esac
 export TF_USE_LEGACY_KERAS=1  # TF 2.16: tf.keras is Keras 2 (tf_keras); ignored by 2.15
@@ -49,9 +49,9 @@ fi
 if [ -z "${SKIP_HOROVOD:-}" ] && ! "$PY" -c "import horovod.tensorflow" 2>/dev/null; then
   echo "[setup] building Horovod 0.28.1 with Gloo against TF $SOK_TF (about 3-5 minutes on 2 cores)"
   HVD_SOURCE=horovod==0.28.1
-  if [ "$SOK_TF" = 2.21 ]; then
+  if [ "$SOK_TF" != 2.15 ] && [ "$SOK_TF" != 2.16 ]; then
     # Horovod's XLA ops (a GPU feature, HOROVOD_ENABLE_XLA_OPS) include XLA headers that moved
-    # or that TensorFlow 2.21's wheel lacks: its release is built without them, from its
+    # or that newer TensorFlow wheels lack: its release is built without them, from its
     # source on PyPI.
     HVD_DIR=$(mktemp -d)
     "$PY" -m pip download -q --no-deps --no-binary :all: -d "$HVD_DIR" horovod==0.28.1

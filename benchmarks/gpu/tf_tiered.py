@@ -151,10 +151,14 @@ def first_cycle(table, train, batches, row_bytes):
     return result
 
 
-def measure(name, keys, budget_gib, batch, optimizer_name, rng, loop, rounds, with_hbm):
+def measure(name, keys, budget_gib, batch, optimizer_name, rng, loop, rounds, with_hbm,
+            keys_dir):
     make_optimizer, state_floats = OPTIMIZERS[optimizer_name]
     budget = int(budget_gib * GIB)
-    batches = tf.constant(key_of(power_law(rng, keys, 100 * batch).reshape(100, batch)))
+    drawn = key_of(power_law(rng, keys, 100 * batch).reshape(100, batch))
+    if keys_dir:  # the same batches for HierarchicalKV (t6_hkv_hybrid.cu)
+        drawn.tofile(os.path.join(keys_dir, f"{name}_keys.bin"))
+    batches = tf.constant(drawn)
     result = {"keys": keys, "hbm_budget_bytes": budget, "batch": batch,
               "optimizer": optimizer_name, "batches_cycled": 100,
               "distinct_keys_per_batch": float(np.mean([len(np.unique(b)) for b in
@@ -194,8 +198,14 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--with-hbm", default="T6e,T6a",
                         help="variants also measured on the one-tier GPU table")
+    parser.add_argument("--keys-dir", default="",
+                        help="write each variant's batches there (<name>_keys.bin, int64)")
+    parser.add_argument("--merge-hkv", default="",
+                        help="only merge t6_hkv_hybrid's <name>_hkv.json files from this folder")
     args = parser.parse_args()
     out_dir = provenance.out_dir()
+    if args.merge_hkv:
+        return merge_hkv(args.merge_hkv, out_dir)
     results = {"device": start_on_gpu(), "scale": args.scale, "dim": DIM}
     rng = np.random.default_rng(11)
     with tf.device("GPU:0"):
@@ -203,13 +213,35 @@ def main():
             keys, budget_gib, batch, optimizer_name = VARIANTS[name]
             result = measure(name, int(keys * args.scale), budget_gib * args.scale, batch,
                              optimizer_name, rng, args.loop, args.rounds,
-                             name in args.with_hbm.split(","))
+                             name in args.with_hbm.split(","), args.keys_dir)
             log(name, json.dumps(result))
             results[name] = result
             save(results, out_dir)  # after each variant: a long run keeps what it measured
 
 
-def save(results, out_dir):
+def merge_hkv(folder, out_dir):
+    """Adds HierarchicalKV's hybrid-mode figures on the same keys (t6_hkv_hybrid.cu) to
+    each variant measured, with this table's speed over it ("vs_hkv_hybrid": HierarchicalKV's
+    time over this table's, a step of the loop form)."""
+    with open(os.path.join(out_dir, "tf_tiered.json")) as handle:
+        results = json.load(handle)
+    for name in VARIANTS:
+        path = os.path.join(folder, f"{name}_hkv.json")
+        if name not in results or not os.path.exists(path):
+            continue
+        with open(path) as handle:
+            hkv = json.load(handle)
+        results[name]["hkv_hybrid"] = hkv
+        results[name]["vs_hkv_hybrid"] = {
+            step: round(hkv[f"{step}_ms"] / results[name][f"{step}_ms"], 3)
+            for step in ("train", "eval")}
+        log(name, "HierarchicalKV hybrid", json.dumps(results[name]["vs_hkv_hybrid"]))
+    made_by = results.get("provenance", {}).get("command", "")
+    save(results, out_dir, made_by + "; HierarchicalKV: benchmarks/gpu/t6_hkv_hybrid.cu "
+         "(bash benchmarks/gpu/t6_hkv_on_device.sh)")
+
+
+def save(results, out_dir, made_by=None):
     path = os.path.join(out_dir, "tf_tiered.json")
     merged = dict(results)
     if os.path.exists(path):
@@ -217,7 +249,7 @@ def save(results, out_dir):
             merged = json.load(handle)
         merged.update(results)
     with open(path, "w") as handle:
-        json.dump(provenance.stamp(merged, merged["device"]), handle, indent=1)
+        json.dump(provenance.stamp(merged, merged["device"], made_by), handle, indent=1)
 
 
 if __name__ == "__main__":
