@@ -43,14 +43,19 @@ KERAS_TESTS := tests/test_api.py tests/test_optimizers.py tests/test_shared_opti
 test-tf2.21-tf-keras: setup-tf2.21
 	TF_USE_LEGACY_KERAS=1 .venv-tf2.21/bin/python -m pytest -q $(KERAS_TESTS)
 
-# TensorFlow 2.16 (what the GPU machines run) to 2.20 with tf_keras: the op library built
-# against each, and the API, dynamic-table, optimizer-surface, layer and interaction tests run
-# (no Horovod there).
+# TensorFlow 2.16 (what the GPU machines run) to 2.20 with tf_keras: the op library and
+# Horovod built against each, and the API, dynamic-table, optimizer-surface, layer and
+# interaction tests run, with 2 Horovod workers against one on static and dynamic tables, a
+# localized dump and load, and a mixed plan.
 SMOKE_TESTS := tests/test_api.py tests/test_dynamic.py tests/test_optimizer_surface.py \
-	tests/test_layers.py tests/test_interaction.py
+	tests/test_layers.py tests/test_interaction.py \
+	'tests/test_multiworker.py::test_static_tables_match_single_worker_reference[True-adagrad]' \
+	'tests/test_multiworker.py::test_dynamic_tables_match_single_worker_reference[True-adagrad]' \
+	tests/test_multiworker.py::test_unnamed_localized_dynamic_tables_dump_and_load_on_two_workers \
+	tests/test_multiworker.py::test_plan_with_dp_localized_and_distributed_groups_matches_single_worker
 smoke:
 	for line in 2.16 2.17 2.18 2.19 2.20; do \
-	  SOK_TF=$$line SKIP_HOROVOD=1 bash scripts/setup_env.sh && \
+	  SOK_TF=$$line bash scripts/setup_env.sh && \
 	  TF_USE_LEGACY_KERAS=1 .venv-tf$$line/bin/python -m pytest -q $(SMOKE_TESTS) || exit 1; \
 	done
 
