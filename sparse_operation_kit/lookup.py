@@ -54,23 +54,25 @@ def _on_gpu(lookups):
 
 
 def _lookup_group(lookups, dim, dynamic, training, low_frequency_filter, compress,
-                  dtype=tf.float32):
+                  dtype=tf.float32, ids_checked=False):
     """One group's outputs: the fused chain, or, on one worker when every sample is known at
     trace time to hold one id (a RaggedTensor with uniform_row_length 1, as
     tf.RaggedTensor.from_tensor(ids[:, None]) gives), the rows straight from the tables;
     on the CPU, ids of unknown lengths get that choice at run time (either_id_path;
     on a GPU the check would wait for the device every step); dynamic tables on one worker
     read their rows directly (no low-frequency filter: that draws in the owner's read of
-    the fused chain). 16-bit static tables always take the fused chain."""
+    the fused chain). 16-bit static tables always take the fused chain. ids_checked: the
+    static tables' ids were checked on the host already (a staged batch's), so the one-id
+    and pooled-from-tables paths do not wait for the device's check."""
     if dtype != tf.float32:
         return fused_chain(lookups, dim, training=training, compress=compress, dtype=dtype)
     if _single_id_candidates(lookups, dynamic):
         if all(lookup.one_id for lookup in lookups):
-            return single_id_path(lookups, dim)
+            return single_id_path(lookups, dim, ids_checked)
         if not _on_gpu(lookups):
             return either_id_path(lookups, dim)
     if _pools_from_tables(lookups, dynamic):
-        return pool_from_tables_path(lookups, dim)
+        return pool_from_tables_path(lookups, dim, ids_checked=ids_checked)
     if dynamic and communication.num_workers() == 1 and not low_frequency_filter:
         return dynamic_direct_path(lookups, dim, training)
     return fused_chain(lookups, dim, dynamic, training, low_frequency_filter, compress)
@@ -180,15 +182,22 @@ def all2all_dense_embedding(param, indices):
       param: a table (`sok.Variable`, `sok.DynamicVariable`, `tf.Variable`), or a list of them.
       indices: int32 / int64 ids of any shape, or a `tf.RaggedTensor` of ids; with a list of
         tables, a list of them, one per table. The lookups of a list share one fused op chain
-        per group of tables of one dimension and kind, as in `lookup_sparse`.
+        per group of tables of one dimension and kind, as in `lookup_sparse`. With a list of
+        tables, also one feature-major RaggedTensor [tables * batch, None] holding every
+        table's batch (as `lookup_sparse` takes it), or that batch staged by
+        `sok.stage_features` in the input pipeline (its ids then cross to the GPU in one copy
+        from pinned memory and are checked on the host, so no step waits for the device).
 
     Returns:
       indices.shape + [dim] (a RaggedTensor of ids gives a RaggedTensor [..., None, dim] with
-      its row partitions), or a list of them. Gradients reach the tables as
-      `tf.IndexedSlices`, repeated ids summed by the update.
+      its row partitions), or a list of them; for a packed or staged batch, one RaggedTensor
+      [batch, None, dim] a table. Gradients reach the tables as `tf.IndexedSlices`, repeated
+      ids summed by the update.
     """
-    communication._require_init()
     single = not isinstance(param, (list, tuple))
+    if not single and isinstance(indices, (tf.RaggedTensor, staging.StagedFeatures)):
+        return _dense_embedding_packed(list(param), indices)
+    communication._require_init()
     params = [param] if single else list(param)
     if single:
         indices = [indices]
@@ -207,15 +216,43 @@ def all2all_dense_embedding(param, indices):
                                 "or int64")
             flat = tf.reshape(flat, [-1])
             lookups.append(Lookup(table, flat, _one_id_row_splits(flat), None, "sum", True))
-        rows = [None] * len(lookups)
-        for (dim, dynamic, dtype), members in _group_tables(lookups).items():
-            results = _lookup_group([lookups[i] for i in members], dim, dynamic, training=True,
-                                    low_frequency_filter=False, compress=False, dtype=dtype)
-            for i, result in zip(members, results):
-                rows[i] = result
+        rows = _rows_of_ids(lookups)
         outputs = [_shaped_like(ids, r, int(table.shape[1]))
                    for ids, r, table in zip(indices, rows, params)]
     return outputs[0] if single else outputs
+
+
+def _dense_embedding_packed(params, packed):
+    """all2all_dense_embedding of a feature-major packed batch (a RaggedTensor
+    [features * batch, None] or that batch staged by `sok.stage_features`): one RaggedTensor
+    [batch, None, dim] a feature, its rows in the order of its ids, as TorchRec's sequence
+    embeddings give one jagged tensor a feature. A staged batch's ids were checked on the
+    host, so no step waits for the device to check them."""
+    for i, param in enumerate(params):
+        check_table(param, i)
+    staged = isinstance(packed, staging.StagedFeatures)
+    if staged:
+        features = unstage_features(packed, params, None)
+    else:
+        features = unpack_features(packed, len(params), params, "indices")
+    communication._require_init()
+    with tf.name_scope("sok_all2all_dense_embedding"):
+        lookups = [Lookup(table, ids.values, _one_id_row_splits(ids.values), None, "sum", True)
+                   for table, ids in zip(params, features)]
+        rows = _rows_of_ids(lookups, ids_checked=staged)
+        return [ids.with_flat_values(r) for ids, r in zip(features, rows)]
+
+
+def _rows_of_ids(lookups, ids_checked=False):
+    """Each one-id-a-sample lookup's rows ([ids, dim]), one op chain per group of tables."""
+    rows = [None] * len(lookups)
+    for (dim, dynamic, dtype), members in _group_tables(lookups).items():
+        results = _lookup_group([lookups[i] for i in members], dim, dynamic, training=True,
+                                low_frequency_filter=False, compress=False, dtype=dtype,
+                                ids_checked=ids_checked)
+        for i, result in zip(members, results):
+            rows[i] = result
+    return rows
 
 
 def _one_id_row_splits(flat):

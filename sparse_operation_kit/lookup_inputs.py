@@ -179,8 +179,10 @@ def unpack_features(packed, num_features, tables, what, row_splits=None):
     if packed.ragged_rank != 1 or packed.shape.rank != 2:
         raise ValueError(f"{what} of a packed batch must be a 2-D RaggedTensor "
                          f"[features * batch, None], got shape {packed.shape}")
-    if what == "sp_ids":
-        _check_id_dtype(packed.dtype, 0)
+    if what != "sp_weights":
+        if packed.dtype not in staging.ID_DTYPES:
+            raise TypeError(f"{what} of a packed batch have dtype {packed.dtype.name}; ids "
+                            "must be int32 or int64")
     elif packed.dtype not in WEIGHT_DTYPES:
         raise TypeError(f"{what} has dtype {packed.dtype.name}; weights must be float32, "
                         "float16, bfloat16 or float64")

@@ -113,13 +113,16 @@ def _combine(lookups, combine_op, position, **source):
         validate=any(lookup.weights is not None for lookup in lookups), **source)
 
 
-def single_id_path(lookups, dim):
+def single_id_path(lookups, dim, ids_checked=False):
     """Sok>GatherSingleIds: each output is its table's rows at the ids; gradients are the
-    outputs' gradients as IndexedSlices over the ids, as for tf.gather."""
+    outputs' gradients as IndexedSlices over the ids, as for tf.gather. With ids checked on
+    the host (a staged batch's, or any from an input pipeline: ids_checked_on_host), the
+    device's own check is deferred, as in pool_from_tables_path."""
     tables = [lookup.table for lookup in lookups]
     for table in {id(t): t for t in tables}.values():
         resource_variable_ops.variable_accessed(table)
-    checked = ids_checked_on_host(lookups)
+    checked = None if ids_checked else ids_checked_on_host(lookups)
+    ids_checked = ids_checked or checked is not None
     ids = [tf.cast(i, tf.int64)  # int64: as fused_chain
            for i in (checked or [lookup.ids for lookup in lookups])]
     names = [t.name for t in tables]
@@ -131,7 +134,7 @@ def single_id_path(lookups, dim):
     # it); on the GPU the gather itself does not wait for that verdict, nor the step where the
     # ids were checked on the host.
     raw_ops.sok_check_gathered_ids(check, table_names=names,
-                                   deferred=checked is not None or id_checks.mode() == "deferred")
+                                   deferred=ids_checked or id_checks.mode() == "deferred")
     return outputs
 
 

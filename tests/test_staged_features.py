@@ -173,6 +173,25 @@ def squares_step(tables, optimizer, combiner):
     return step
 
 
+def train_from_iterator(step, dataset, steps):
+    """`steps` steps over `dataset`'s batches read inside tf.functions: one step a call twice,
+    then the rest in one call's loop (as Keras' steps_per_execution)."""
+    iterator = iter(dataset)
+
+    @tf.function
+    def one_step():
+        return step(next(iterator))
+
+    @tf.function
+    def loop_of_steps():
+        for _ in tf.range(steps - 2):
+            step(next(iterator))
+
+    one_step()
+    one_step()
+    loop_of_steps()
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_staged_batches_from_a_pipeline_train_as_the_packed_form(optimizer):
     """Batches staged by a tf.data map and read inside the step (one step a call and a loop of
@@ -197,20 +216,7 @@ def test_staged_batches_from_a_pipeline_train_as_the_packed_form(optimizer):
     for packed in batches:
         by_argument(packed)
     staged_tables, staged_step = make()
-    iterator = iter(dataset)
-
-    @tf.function
-    def one_step():
-        return staged_step(next(iterator))
-
-    @tf.function
-    def loop_of_steps():
-        for _ in tf.range(steps - 2):
-            staged_step(next(iterator))
-
-    one_step()
-    one_step()
-    loop_of_steps()
+    train_from_iterator(staged_step, dataset, steps)
     for a, b in zip(staged_tables, reference):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
 
@@ -387,3 +393,134 @@ def test_staged_plan_with_a_false_id_range_is_caught_by_the_device():
         with pytest.raises(tf.errors.InvalidArgumentError,
                            match=r"id 12 of table 'staged_b:0' is out of range \[0, 10\)"):
             step(good).numpy()
+
+
+# ------------------------------------------------------------ sequence lookups of packed batches
+
+def sequence_tables(device, inits, dynamic_rows=None):
+    """Static tables from inits, on `device`, and (with dynamic_rows: {key: row}) a dynamic one
+    of the same dimension holding those rows."""
+    with tf.device(device):
+        tables = [sok.Variable(init, name=f"seq_{t}") for t, init in enumerate(inits)]
+        if dynamic_rows is not None:
+            dynamic = sok.DynamicVariable(dimension=inits[0].shape[1], initializer="zeros")
+            keys = np.array(sorted(dynamic_rows), np.int64)
+            sok.assign(dynamic, keys, np.stack([dynamic_rows[k] for k in keys]))
+            tables.append(dynamic)
+    return tables
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", ["packed", "staged"])
+def test_sequence_lookup_of_a_packed_batch_matches_embedding_lookup(device, form):
+    """all2all_dense_embedding of a packed or staged batch: one RaggedTensor [batch, None, dim]
+    a table, equal to tf.nn.embedding_lookup of that feature's ids (a dynamic table's to the
+    rows it holds), with the features' row lengths; static tables' gradients equal
+    tf.nn.embedding_lookup's, repeated ids summed."""
+    rng = np.random.default_rng(21)
+    vocabs, dim, batch = [30, 9, 50], 5, 12
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
+    held = {int(k): rng.normal(size=dim).astype(np.float32) for k in rng.integers(0, 1 << 40, 20)}
+    tables = sequence_tables(device, inits, held)
+    refs = [tf.Variable(i) for i in inits]
+    packed, per_ids = packed_ids(rng, vocabs, batch, max_len=5)
+    keys = np.array(list(held), np.int64)
+    dynamic_ids = tf.RaggedTensor.from_row_lengths(
+        rng.choice(keys, size=int(per_ids[0].row_lengths().numpy().sum())),
+        per_ids[0].row_lengths())
+    packed = tf.concat([packed, dynamic_ids], 0)
+    per_ids.append(dynamic_ids)
+    batch_in = sok.stage_features(packed, 4) if form == "staged" else packed
+    cotangents = [tf.constant(rng.normal(size=[int(i.values.shape[0]), dim]).astype(np.float32))
+                  for i in per_ids]
+
+    @tf.function
+    def step():
+        with tf.GradientTape(persistent=True) as tape:
+            outs = sok.all2all_dense_embedding(tables, batch_in)
+            loss = tf.add_n([tf.reduce_sum(o.flat_values * c) for o, c in zip(outs, cotangents)])
+            ref_outs = [tf.nn.embedding_lookup(r, i.values) for r, i in zip(refs, per_ids)]
+            ref_loss = tf.add_n([tf.reduce_sum(o * c) for o, c in zip(ref_outs, cotangents)])
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, tables[:3])]
+        ref_grads = [tf.convert_to_tensor(g) for g in tape.gradient(ref_loss, refs)]
+        return outs, ref_outs, grads, ref_grads
+
+    outs, ref_outs, grads, ref_grads = step()
+    assert len(outs) == 4
+    for out, ids, ref in zip(outs[:3], per_ids, ref_outs):
+        assert isinstance(out, tf.RaggedTensor) and out.shape.as_list() == [batch, None, dim]
+        np.testing.assert_array_equal(out.row_lengths().numpy(), ids.row_lengths().numpy())
+        np.testing.assert_array_equal(out.flat_values.numpy(), ref.numpy())
+    np.testing.assert_array_equal(outs[3].flat_values.numpy(),
+                                  np.stack([held[int(k)] for k in dynamic_ids.values.numpy()]))
+    for grad, ref_grad in zip(grads, ref_grads):
+        np.testing.assert_allclose(grad.numpy(), ref_grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def sequence_step(tables, optimizer):
+    """A train step on the sum of squares of a packed or staged batch's sequence lookup."""
+    wrapped = sok.OptimizerWrapper(optimizer)
+
+    def step(ids):
+        with tf.GradientTape() as tape:
+            outs = sok.all2all_dense_embedding(tables, ids)
+            loss = tf.add_n([tf.reduce_sum(tf.square(
+                o.flat_values if isinstance(o, tf.RaggedTensor) else o)) for o in outs])
+        wrapped.apply_gradients(zip(tape.gradient(loss, tables), tables))
+        return loss
+    return step
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
+def test_staged_sequence_batches_from_a_pipeline_train_as_the_list_form(device, optimizer):
+    """Staged batches read inside the step (one a call, then a loop of steps a call) train a
+    sequence lookup exactly as the same ids passed one dense tensor a table."""
+    rng = np.random.default_rng(22)
+    vocabs, dim, batch, steps = [40, 25, 60], 4, 16, 6
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
+    ids = [[rng.integers(0, v, size=batch) for v in vocabs] for _ in range(steps)]
+    with tf.device("CPU:0"):
+        per_batch = tf.RaggedTensor.from_uniform_row_length(
+            tf.RaggedTensor.from_uniform_row_length(np.concatenate(
+                [np.concatenate(b) for b in ids]), 1), batch * len(vocabs))
+    dataset = (tf.data.Dataset.from_tensor_slices(per_batch)
+               .map(lambda b: sok.stage_features(b, len(vocabs))).prefetch(2))
+
+    reference = sequence_tables(device, inits)
+    list_step = tf.function(sequence_step(reference, keras_optimizer(optimizer, 0.05)))
+    for batch_ids in ids:
+        list_step([tf.constant(i) for i in batch_ids])
+    tables = sequence_tables(device, inits)
+    staged_step = sequence_step(tables, keras_optimizer(optimizer, 0.05))
+    train_from_iterator(staged_step, dataset, steps)
+    for a, b in zip(tables, reference):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_staged_sequence_id_out_of_range_fails_its_step_and_updates_nothing(device):
+    init = np.arange(40, dtype=np.float32).reshape(10, 4)
+    tables = sequence_tables(device, [init, init])
+    step = tf.function(sequence_step(tables, keras_optimizer("SGD", 0.1)))
+    bad = sok.stage_features(tf.ragged.constant([[1], [2, 3], [4], [10]], tf.int64), 2)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"id 10 of table 'seq_1:0' is out of range \[0, 10\)"):
+        step(bad)
+    for table in tables:
+        np.testing.assert_array_equal(table.numpy(), init)
+    step(sok.stage_features(tf.ragged.constant([[1], [2, 3], [4], [9]], tf.int64), 2))
+    assert not np.array_equal(tables[1].numpy(), init)
+
+
+def test_sequence_lookup_of_a_packed_batch_bad_input():
+    tables = [sok.Variable(np.ones([5, 2], np.float32)) for _ in range(2)]
+    three = tf.ragged.constant([[1], [2], [3]], dtype=tf.int64)
+    with pytest.raises(ValueError, match="holds 3 rows, which do not split into 2 features"):
+        sok.all2all_dense_embedding(tables, three)
+    with pytest.raises(ValueError, match="the staged batch holds 3 features but 2 tables"):
+        sok.all2all_dense_embedding(tables, sok.stage_features(three, 3))
+    with pytest.raises(TypeError, match="indices of a packed batch have dtype float32"):
+        sok.all2all_dense_embedding(tables, tf.ragged.constant([[1.0], [2.0]]))
+    with pytest.raises(ValueError, match="2-D RaggedTensor"):
+        sok.all2all_dense_embedding(tables, tf.ragged.constant([[[1]], [[2]]], dtype=tf.int64))

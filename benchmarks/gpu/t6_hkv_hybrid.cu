@@ -31,6 +31,10 @@ constexpr float kLearningRate = 0.01f;
 using Hkv = nv::merlin::HashTable<uint64_t, float, uint64_t, nv::merlin::EvictStrategy::kLru>;
 
 // tf_tiered.py's key_of: index times an odd constant, spread over the int64 range.
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 __global__ void PrefillKeys(uint64_t* keys, float* values, int64_t n, int64_t first) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * kDim;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -168,8 +172,10 @@ int main(int argc, char** argv) {
   options.max_capacity = keys;
   options.dim = kDim;
   options.max_hbm_for_vectors = hbm_bytes;
+  const auto init_start = std::chrono::steady_clock::now();
   Hkv table;
   table.init(options);
+  std::fprintf(stderr, "table initialised in %.1f s\n", SecondsSince(init_start));
   const int64_t chunk = 1 << 20;
   uint64_t* fill_keys = nullptr;
   float* fill_values = nullptr;
@@ -180,6 +186,12 @@ int main(int argc, char** argv) {
     const int64_t n = std::min(chunk, keys - first);
     PrefillKeys<<<8192, 256, 0, stream>>>(fill_keys, fill_values, n, first);
     table.insert_or_assign(n, fill_keys, fill_values, nullptr, stream);
+    if ((first / chunk) % 8 == 7 || first + n == keys) {  // progress: the prefill is long
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      std::fprintf(stderr, "prefilled %ld of %ld keys in %.1f s\n",
+                   static_cast<long>(first + n), static_cast<long>(keys),
+                   SecondsSince(prefill_start));
+    }
   }
   CHECK_CUDA(cudaStreamSynchronize(stream));
   const std::chrono::duration<double> prefill_s =
