@@ -68,7 +68,7 @@ def _lookup_group(lookups, dim, dynamic, training, low_frequency_filter, compres
         return fused_chain(lookups, dim, training=training, compress=compress, dtype=dtype)
     if _single_id_candidates(lookups, dynamic):
         if all(lookup.one_id for lookup in lookups):
-            return single_id_path(lookups, dim, ids_checked)
+            return single_id_path(lookups, dim, ids_checked=ids_checked)
         if not _on_gpu(lookups):
             return either_id_path(lookups, dim)
     if _pools_from_tables(lookups, dynamic):

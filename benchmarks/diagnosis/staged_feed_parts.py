@@ -3,7 +3,8 @@ batch's crossing to the GPU, and the whole forward, in tf_vs_tbe.py's loop form 
 a call) and one step a call, for several settings of the staged map.
 
     python benchmarks/diagnosis/staged_feed_parts.py IDS_DIR [WORKLOAD ...]   (T1 T2 default)
-IDS_DIR as tbe_on_device.sh writes it. Prints ms a step. WAITS_ONLY=1: only the A/B of waits.
+IDS_DIR as tbe_on_device.sh writes it; any workload of tbe_workloads.py (G2: sequence
+lookups). Prints ms a step. WAITS_ONLY=1: only the A/B of waits.
 """
 import os
 import sys
@@ -32,9 +33,7 @@ def parts(spec, tables, dataset):
                                                        num_features=features, T=tf.int64)
         return tf.cast(values[0][0], tf.float32)
 
-    def forward(staged):
-        return tf.reduce_sum(sok.lookup_sparse(tables, staged, combiners=spec["combiner"]))
-
+    forward = tf_vs_tbe.packed_forward(spec, tables)
     train = tf_vs_tbe.trained(forward, tables, sok.OptimizerWrapper(tf_vs_tbe.legacy("sgd")))
     result = {}
     for what, step in (("pipeline", pipeline), ("crossing", crossing), ("fwd", forward),
@@ -60,18 +59,17 @@ def waits(spec, tables, dataset):
     (`free`); with the device's id check waited for in the forward (`check_waited`); with the
     host waiting for each step's loss (`synced`); with each one's peak of GPU memory."""
     import sparse_operation_kit.lookup as lookup
-    pooled = lookup.pool_from_tables_path
-
-    def forward(staged):
-        return tf.reduce_sum(sok.lookup_sparse(tables, staged, combiners=spec["combiner"]))
+    paths = {name: getattr(lookup, name) for name in ("pool_from_tables_path", "single_id_path")}
     optimizer = sok.OptimizerWrapper(tf_vs_tbe.legacy("sgd"))
-    train = tf_vs_tbe.trained(forward, tables, optimizer)
+    train = tf_vs_tbe.trained(tf_vs_tbe.packed_forward(spec, tables), tables, optimizer)
     (free, _), _, _ = tf_vs_tbe.iterator_feeds(train, dataset)
     (waited, _), _, _ = tf_vs_tbe.iterator_feeds(train, dataset)
-    lookup.pool_from_tables_path = lambda *args, **kwargs: pooled(*args, **dict(kwargs,
-                                                                            ids_checked=False))
+    for name, path in paths.items():
+        setattr(lookup, name, lambda *args, path=path, **kwargs: path(
+            *args, **dict(kwargs, ids_checked=False)))
     waited(0)  # traced with the device check waited for
-    lookup.pool_from_tables_path = pooled
+    for name, path in paths.items():
+        setattr(lookup, name, path)
     free(0)
     def synced(k):  # two steps a call, the first waited for
         free(k).numpy()

@@ -130,14 +130,20 @@ def sok_forward(spec, tables):
     return forward
 
 
-def packed_steps(spec, tables, name):
-    """Forward and train steps of the packed form: one RaggedTensor in; pooled, one
+def packed_forward(spec, tables):
+    """The packed form's forward: one RaggedTensor (or its staged batch) in; pooled, one
     [batch, tables, dim] out, sequence (G2), one RaggedTensor [batch, None, dim] a table."""
     def forward(packed):
         if not spec["pooled"]:
             outs = sok.all2all_dense_embedding(tables, packed)
             return tf.add_n([tf.reduce_sum(o.flat_values) for o in outs])
         return tf.reduce_sum(sok.lookup_sparse(tables, packed, combiners=spec["combiner"]))
+    return forward
+
+
+def packed_steps(spec, tables, name):
+    """Forward and train steps of the packed form."""
+    forward = packed_forward(spec, tables)
     steps = {"fwd": forward}
     for optimizer in optimizers_of(name):
         steps[f"train_{optimizer}"] = trained(forward, tables,
