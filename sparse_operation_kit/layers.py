@@ -49,6 +49,20 @@ def _keras_3_weight(table, name):
     return TableWeight(table, name=name)
 
 
+class _NoXla:
+    """sok's ops have no XLA kernels: Keras 3 compiles `fit`'s step with XLA on a GPU
+    (`jit_compile="auto"`) unless a layer of the model says it cannot, as this one does.
+    A property, since Keras 3's Layer.__init__ sets the attribute True."""
+
+    @property
+    def supports_jit(self):
+        return False
+
+    @supports_jit.setter
+    def supports_jit(self, _):
+        pass
+
+
 class _ShapeFreeBuild:
     """For layers whose tables do not depend on the input's shape: a loaded layer makes them
     at once, so its weights can be loaded."""
@@ -61,7 +75,7 @@ class _ShapeFreeBuild:
             self.build(None)
 
 
-class _TableLayer(_ShapeFreeBuild, tf.keras.layers.Layer):
+class _TableLayer(_NoXla, _ShapeFreeBuild, tf.keras.layers.Layer):
     """Holds one sok table; exposes a dynamic one as `sok_dynamic_table` for `sok.layers.Model`.
 
     A dynamic table is no Keras weight (it has no dense value; `sok.layers.Model` trains it),
@@ -253,7 +267,7 @@ class All2AllDenseEmbedding(_SokV1Layer):
 
 
 @tf.keras.utils.register_keras_serializable(package=_PACKAGE)
-class PackedEmbedding(_ShapeFreeBuild, tf.keras.layers.Layer):
+class PackedEmbedding(_NoXla, _ShapeFreeBuild, tf.keras.layers.Layer):
     """A group of static tables of one dimension looked up from one packed batch.
 
     `input_dims[f]` rows for feature f, each table `output_dim` wide, pooled with `combiner`
@@ -307,7 +321,7 @@ class PackedEmbedding(_ShapeFreeBuild, tf.keras.layers.Layer):
 
 
 @tf.keras.utils.register_keras_serializable(package=_PACKAGE)
-class Model(tf.keras.Model):
+class Model(_NoXla, tf.keras.Model):
     """A Keras model whose `fit` trains dynamic sok tables too, through
     `sok.OptimizerWrapper(self.optimizer)`; everything else as `tf.keras.Model`. Under Keras 3
     it may also be called with a batch staged by `sok.stage_features` (Keras 3 takes only

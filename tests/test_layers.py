@@ -118,6 +118,25 @@ def test_fit_equals_keras_embedding_model():
                                rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.skipif(not sok.layers.KERAS_3, reason="Keras 2 compiles with XLA only when asked")
+def test_models_with_sok_layers_are_never_xla_compiled():
+    """Keras 3 compiles fit's step with XLA on a GPU unless a layer cannot be: sok's ops have
+    no XLA kernels, so a model holding a sok layer (or a sok Model) refuses jit_compile."""
+    def model_of(layer, inputs):
+        return tf.keras.Model(inputs, tf.keras.layers.Dense(1)(
+            tf.keras.layers.Flatten()(layer(inputs))))
+
+    ids, dense = tf.keras.Input([2], dtype=tf.int64), tf.keras.Input([2])
+    models = {"static": model_of(sok.layers.Embedding(4, input_dim=40), ids),
+              "dynamic": model_of(sok.layers.Embedding(4, dynamic_table=True), ids),
+              "sok_model": sok.layers.Model(dense, tf.keras.layers.Dense(1)(dense)),
+              "dense_only": tf.keras.Model(dense, tf.keras.layers.Dense(1)(dense))}
+    for model in models.values():
+        model.compile("sgd", "mse", jit_compile=True)
+    assert {name: bool(model.jit_compile) for name, model in models.items()} == {
+        "static": False, "dynamic": False, "sok_model": False, "dense_only": True}
+
+
 def test_fit_trains_dynamic_tables_like_a_tape_loop():
     rng = np.random.default_rng(2)
     x = rng.integers(-(1 << 40), 1 << 40, size=[48, 2])

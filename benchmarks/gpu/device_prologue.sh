@@ -30,3 +30,34 @@ build_plugin() {
   SOK_BUILD_CUDA=1 SOK_CUDA_ARCHS=${SOK_CUDA_ARCHS:-90} python3 scripts/build_plugin.py > "$1" 2>&1 \
     || { tail -40 "$1"; exit 1; }
 }
+
+# DLRM on generated Criteo-format data (tutorials/DLRM_Benchmark): dlrm_data DIR writes 1M
+# training and 100k test records with the notebook's vocabularies once, split as main.py reads
+# them, and the generating model's AUC (the ceiling) to DIR.ceiling.
+dlrm_data() {
+  local data=$1 tutorial=tutorials/DLRM_Benchmark slots
+  slots=$(python3 -c "import sys; sys.path.insert(0, '$tutorial'); from criteo_format import VOCABULARIES; print(VOCABULARIES['notebook'])")
+  if [ ! -d "$data/train" ]; then
+    python3 $tutorial/gen_data.py "$data/raw" --train_samples 1000000 --test_samples 100000 > "$data.ceiling" 2>&1
+    for split in train test; do
+      python3 $tutorial/split_bin.py "$data/raw/$split.bin" "$data/$split" --slot_size_array="$slots" \
+        --dense_type int32 --label_type int32 --category_type int32 --dense_log True > /dev/null
+    done
+  fi
+}
+# The flags of the AUC runs: the README's CPU demo (batch 4,096, Adam 0.002, one epoch).
+DLRM_AUC_FLAGS="--global_batch_size 4096 --optimizer adam --lr 0.002 --warmup_steps 20 --custom_interact --epochs 1 --log_interval 100"
+# dlrm_job LOG LABEL [VAR=value...] COMMAND...: the job's FINAL line (or its errors) under LABEL.
+# run_h N FLAGS...: main.py on N Horovod workers (Gloo for the launcher; tables on the GPUs).
+dlrm_job() {
+  local log=$1 label=$2; shift 2
+  echo "== $label" >> "$log"
+  timeout 240 env "$@" 2>&1 | grep -v "Unable to register\|C-API\|cpu_feature_guard\|rebuild TensorFlow" \
+    | grep "FINAL\|Error\|error" | tail -3 | tee -a "$log"
+}
+if ! type horovodrun > /dev/null 2>&1; then  # Horovod installed with pip --target: no script
+  horovodrun() { python3 -c 'import sys; from horovod.runner.launch import run_commandline; sys.exit(run_commandline())' "$@"; }
+fi
+run_h() { local np=$1; shift; horovodrun -np $np -H localhost:$np --gloo python3 tutorials/DLRM_Benchmark/main.py "$@"; }
+export -f run_h
+! declare -F horovodrun > /dev/null || export -f horovodrun

@@ -50,26 +50,11 @@ if [[ $STAGES == *bench* ]]; then
 fi
 
 if [[ $STAGES == *dlrm* ]]; then
-  D=tutorials/DLRM_Benchmark
   DATA=/tmp/dlrm_data
-  SLOTS=$(python3 -c "import sys; sys.path.insert(0, '$D'); from criteo_format import VOCABULARIES; print(VOCABULARIES['notebook'])")
-  if [ ! -d $DATA/train ]; then
-    python3 $D/gen_data.py $DATA/raw --train_samples 1000000 --test_samples 100000 > $DATA.ceiling 2>&1
-    for split in train test; do
-      python3 $D/split_bin.py $DATA/raw/$split.bin $DATA/$split --slot_size_array="$SLOTS" \
-        --dense_type int32 --label_type int32 --category_type int32 --dense_log True > /dev/null
-    done
-  fi
+  dlrm_data $DATA
   grep ceiling $DATA.ceiling | tee "$OUT/tf_multi_gpu_dlrm.log"
-  AUC_FLAGS="--data_dir $DATA --global_batch_size 4096 --optimizer adam --lr 0.002 --warmup_steps 20 --custom_interact --epochs 1 --log_interval 100"
-  dlrm() {  # dlrm LABEL [VAR=value...] COMMAND...
-    local label=$1; shift
-    echo "== $label" >> "$OUT/tf_multi_gpu_dlrm.log"
-    timeout 240 env "$@" 2>&1 | grep -v "$NOISE" | grep "FINAL\|Error\|error" | tail -3 \
-      | tee -a "$OUT/tf_multi_gpu_dlrm.log"
-  }
-  run_h() { local np=$1; shift; bash -c "$(declare -f horovodrun); horovodrun -np $np -H localhost:$np --gloo python3 $D/main.py $*"; }
-  export -f run_h horovodrun; export D
+  AUC_FLAGS="--data_dir $DATA $DLRM_AUC_FLAGS"
+  dlrm() { dlrm_job "$OUT/tf_multi_gpu_dlrm.log" "$@"; }
   dlrm "AUC, generated data, 2 GPUs (TF32 matmuls)" bash -c "run_h 2 $AUC_FLAGS"
   dlrm "AUC, generated data, the same job on the CPUs" CUDA_VISIBLE_DEVICES= bash -c "run_h 2 $AUC_FLAGS"
   SYN="--use_synthetic_dataset --synthetic_steps 60 --optimizer adam --lr 0.001 --custom_interact --log_interval 20 --synthetic_vocab criteo_tb"

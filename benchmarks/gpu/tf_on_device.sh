@@ -9,9 +9,12 @@
 #   capi   the C ABI GPU tests (tests/gpu, needs PyTorch)
 #   bench  the TF-on-GPU benchmarks (BENCH=static: tf_gpu.py; BENCH=dynamic: tf_gpu_dynamic.py;
 #          both by default; BENCH=tiered: tf_tiered.py with $TIERED_ARGS), then benchmarks/run.py's comparison with the baselines
+#   dlrm   tutorials/DLRM_Benchmark/main.py on generated Criteo-format data, one worker: on
+#          the GPU, on the GPU with --xla --amp, and the same job on the CPUs (the AUC to reach);
+#          needs Horovod
 # Needs: python3 with a GPU build of TensorFlow (2.15, or 2.16 with tf_keras and
-# TF_USE_LEGACY_KERAS=1, or with Keras 3: KERAS3_WHEELS in device_prologue.sh), numpy < 2 and
-# pytest; nvcc >= 12, cmake and a C++17 compiler on PATH;
+# TF_USE_LEGACY_KERAS=1, or with Keras 3: KERAS3_WHEELS in device_prologue.sh; or 2.21 with
+# Keras 3 or tf_keras: tf2.21_device_setup.sh) and pytest; nvcc >= 12, cmake and a C++17 compiler on PATH;
 # SOK_CUDA_ARCHS (default 90) names the compute capabilities to build.
 # Logs and JSON land in $OUT (default benchmarks/out).
 set -uo pipefail
@@ -66,5 +69,15 @@ if [[ $STAGES == *bench* ]]; then
     grep "^T\|Error" "$OUT/tf_tiered_bench.log" | cut -c1-1500
   fi
   python3 benchmarks/run.py --results "$OUT"
+fi
+if [[ $STAGES == *dlrm* ]]; then
+  DATA=/tmp/dlrm_data
+  dlrm_data $DATA
+  grep ceiling $DATA.ceiling | tee "$OUT/tf_gpu_dlrm.log"
+  AUC_FLAGS="--data_dir $DATA $DLRM_AUC_FLAGS"
+  dlrm() { dlrm_job "$OUT/tf_gpu_dlrm.log" "$@"; }
+  dlrm "AUC, generated data, 1 GPU (TF32 matmuls)" bash -c "run_h 1 $AUC_FLAGS"
+  dlrm "AUC, generated data, 1 GPU, --xla --amp" bash -c "run_h 1 $AUC_FLAGS --xla --amp"
+  dlrm "AUC, generated data, the same job on the CPUs" CUDA_VISIBLE_DEVICES= bash -c "run_h 1 $AUC_FLAGS"
 fi
 exit 0
