@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
-# Runs ON THE GPU MACHINE from the repository root, with .ferry/t9 present and .ferry/t0 .. t8
-# copied to /tmp/ferry2.21 (tf2.21_prepare.sh says how). Installs TensorFlow 2.21.0 (GPU build,
+# Usage, ON THE GPU MACHINE from the repository root: tf2.21_device_setup.sh PARTS [--horovod]
+# PARTS: one folder holding the files of every part tf2.21_prepare.sh made. Installs TensorFlow
+# 2.21.0 (GPU build,
 # Keras 3 and tf_keras) into /tmp/site2.21 beside the image's NumPy 2, gives the image's CUDA 13
 # libraries the CUDA 12 names TensorFlow loads (cuBLAS, cuBLASLt, cuFFT, cuSOLVER, cuSPARSE,
 # cuDNN 9: the real libraries, no stubs, so convolutions and XLA run), and writes
 # /tmp/env2.21.sh to source before each command. With --horovod it builds Horovod 0.28.1 with
-# NCCL against it (its XLA ops left out, as scripts/setup_env.sh does for 2.17 and later).
+# NCCL against it (its XLA ops left out, as scripts/setup_env.sh does for 2.17 and later;
+# its GPU ops read TF 2.21's stream handle).
 set -euo pipefail
 R=$PWD
+PARTS=$(cd "${1:?usage: tf2.21_device_setup.sh PARTS [--horovod]}" && pwd)
 SITE=/tmp/site2.21
-FERRY=/tmp/ferry2.21
-mkdir -p $FERRY && cp .ferry/t9/tfw.9 $FERRY/
-TFW=$(awk '{print $2}' .ferry/t9/tf.md5)
-(cd $FERRY && cat tfw.0 tfw.1 tfw.2 tfw.3 tfw.4 tfw.5 tfw.6 tfw.7 tfw.8 tfw.9 > "$TFW" \
-  && md5sum -c "$R/.ferry/t9/tf.md5")
+TFW=$(awk '{print $2}' "$PARTS/tf.md5")
+(cd "$PARTS" && cat tfw.0 tfw.1 tfw.2 tfw.3 tfw.4 tfw.5 tfw.6 tfw.7 tfw.8 tfw.9 > /tmp/"$TFW" \
+  && cd /tmp && md5sum -c "$PARTS/tf.md5")
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $SITE \
-  "$FERRY/$TFW" .ferry/t9/*.whl
+  /tmp/"$TFW" "$PARTS"/*.whl
 
 # CUDA 13 libraries under the CUDA 12 names TensorFlow 2.21 opens (their C APIs are the same).
 # cuDNN 9 keeps its name and comes from PyTorch's wheels.
@@ -60,9 +61,15 @@ assert g
 print('cuDNN', tf.sysconfig.get_build_info().get('cudnn_version'), 'conv', float(tf.reduce_sum(tf.nn.conv2d(tf.ones([1, 8, 8, 4]), tf.ones([3, 3, 4, 2]), 1, 'SAME'))))
 print('XLA', float(tf.function(lambda x: tf.reduce_sum(x * x), jit_compile=True)(tf.ones([1024]))))"
 
-if [ "${1:-}" = "--horovod" ]; then
-  cd /tmp && rm -rf horovod-0.28.1 && tar xzf "$R/.ferry/t9/horovod-0.28.1.tar.gz" && cd horovod-0.28.1
+if [ "${2:-}" = "--horovod" ]; then
+  cd /tmp && rm -rf horovod-0.28.1 && tar xzf "$PARTS/horovod-0.28.1.tar.gz" && cd horovod-0.28.1
   sed -i '/xla_mpi_ops.cc/d' horovod/tensorflow/CMakeLists.txt
+  # TensorFlow 2.21 no longer exports stream_executor::gpu::AsGpuStreamValue, which Horovod's
+  # GPU ops declare and call: a template in its place reads the stream's handle (instantiated
+  # where Stream is complete).
+  sed -i 's|^GpuStreamHandle AsGpuStreamValue(Stream\* stream);|template <typename S> GpuStreamHandle AsGpuStreamValue(S* stream) { return static_cast<GpuStreamHandle>(stream->platform_specific_handle().stream); }|' \
+    horovod/tensorflow/mpi_ops.cc
+  grep -q "template <typename S> GpuStreamHandle" horovod/tensorflow/mpi_ops.cc
   export CXXFLAGS="-include string -include cstdint -include stdexcept" CMAKE_POLICY_VERSION_MINIMUM=3.5
   HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_MPI=1 \
   HOROVOD_WITH_GLOO=1 HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_INCLUDE=$NCCL_DIR/include \
