@@ -18,6 +18,7 @@ import tensorflow as tf
 from sparse_operation_kit import _versions, communication
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 from sparse_operation_kit.lookup import all2all_dense_embedding, lookup_sparse
+from sparse_operation_kit.no_xla import NoXla
 from sparse_operation_kit.optimizer import OptimizerWrapper
 from sparse_operation_kit.variables import Variable
 
@@ -49,20 +50,6 @@ def _keras_3_weight(table, name):
     return TableWeight(table, name=name)
 
 
-class _NoXla:
-    """sok's ops have no XLA kernels: Keras 3 compiles `fit`'s step with XLA on a GPU
-    (`jit_compile="auto"`) unless a layer of the model says it cannot, as this one does.
-    A property, since Keras 3's Layer.__init__ sets the attribute True."""
-
-    @property
-    def supports_jit(self):
-        return False
-
-    @supports_jit.setter
-    def supports_jit(self, _):
-        pass
-
-
 class _ShapeFreeBuild:
     """For layers whose tables do not depend on the input's shape: a loaded layer makes them
     at once, so its weights can be loaded."""
@@ -75,7 +62,7 @@ class _ShapeFreeBuild:
             self.build(None)
 
 
-class _TableLayer(_NoXla, _ShapeFreeBuild, tf.keras.layers.Layer):
+class _TableLayer(NoXla, _ShapeFreeBuild, tf.keras.layers.Layer):
     """Holds one sok table; exposes a dynamic one as `sok_dynamic_table` for `sok.layers.Model`.
 
     A dynamic table is no Keras weight (it has no dense value; `sok.layers.Model` trains it),
@@ -267,7 +254,7 @@ class All2AllDenseEmbedding(_SokV1Layer):
 
 
 @tf.keras.utils.register_keras_serializable(package=_PACKAGE)
-class PackedEmbedding(_NoXla, _ShapeFreeBuild, tf.keras.layers.Layer):
+class PackedEmbedding(NoXla, _ShapeFreeBuild, tf.keras.layers.Layer):
     """A group of static tables of one dimension looked up from one packed batch.
 
     `input_dims[f]` rows for feature f, each table `output_dim` wide, pooled with `combiner`
@@ -321,7 +308,7 @@ class PackedEmbedding(_NoXla, _ShapeFreeBuild, tf.keras.layers.Layer):
 
 
 @tf.keras.utils.register_keras_serializable(package=_PACKAGE)
-class Model(_NoXla, tf.keras.Model):
+class Model(NoXla, tf.keras.Model):
     """A Keras model whose `fit` trains dynamic sok tables too, through
     `sok.OptimizerWrapper(self.optimizer)`; everything else as `tf.keras.Model`. Under Keras 3
     it may also be called with a batch staged by `sok.stage_features` (Keras 3 takes only

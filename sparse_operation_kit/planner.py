@@ -22,6 +22,7 @@ import tensorflow as tf
 from sparse_operation_kit import communication
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 from sparse_operation_kit.lookup import all2all_dense_embedding, lookup_sparse
+from sparse_operation_kit.no_xla import NoXla
 from sparse_operation_kit.variables import Variable
 
 STRATEGIES = ("dp", "mp")
@@ -258,7 +259,7 @@ class EmbeddingPlanner:
         return EmbeddingCollection(self._lookups, read_plan(plan_file))
 
 
-class EmbeddingCollection(tf.keras.layers.Layer):
+class EmbeddingCollection(NoXla, tf.keras.layers.Layer):
     """Takes {bottom_name: ids} and returns {top_name: embeddings}, all tables in one fused
     lookup. Ids: ragged / sparse [batch, None] for sum / mean; dense [batch, hotness] for
     concat ([batch, hotness * ev_size]). Data-parallel tables' gradients are summed over

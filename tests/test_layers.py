@@ -119,9 +119,10 @@ def test_fit_equals_keras_embedding_model():
 
 
 @pytest.mark.skipif(not sok.layers.KERAS_3, reason="Keras 2 compiles with XLA only when asked")
-def test_models_with_sok_layers_are_never_xla_compiled():
-    """Keras 3 compiles fit's step with XLA on a GPU unless a layer cannot be: sok's ops have
-    no XLA kernels, so a model holding a sok layer (or a sok Model) refuses jit_compile."""
+@pytest.mark.parametrize("jit_compile", ["auto", True])
+def test_models_with_sok_layers_are_never_xla_compiled(jit_compile, monkeypatch):
+    """Keras 3 compiles fit's step with XLA on a GPU ("auto") unless a layer cannot be: sok's
+    ops have no XLA kernels, so a model holding a sok layer (or a sok Model) is not compiled."""
     def model_of(layer, inputs):
         return tf.keras.Model(inputs, tf.keras.layers.Dense(1)(
             tf.keras.layers.Flatten()(layer(inputs))))
@@ -131,8 +132,12 @@ def test_models_with_sok_layers_are_never_xla_compiled():
               "dynamic": model_of(sok.layers.Embedding(4, dynamic_table=True), ids),
               "sok_model": sok.layers.Model(dense, tf.keras.layers.Dense(1)(dense)),
               "dense_only": tf.keras.Model(dense, tf.keras.layers.Dense(1)(dense))}
+    if jit_compile == "auto":  # Keras chooses XLA where it sees a GPU: show it one
+        devices = tf.config.list_physical_devices()
+        monkeypatch.setattr(tf.config, "list_physical_devices", lambda *kind: devices + [
+            tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")])
     for model in models.values():
-        model.compile("sgd", "mse", jit_compile=True)
+        model.compile("sgd", "mse", jit_compile=jit_compile)
     assert {name: bool(model.jit_compile) for name, model in models.items()} == {
         "static": False, "dynamic": False, "sok_model": False, "dense_only": True}
 

@@ -99,6 +99,7 @@ def test_collection_matches_tf_reference(tmp_path):
     sok.write_plan(plan, path)
     collection = planner.create_embedding_collection(path)
     assert collection.placements[2].kind == Kind.DATA_PARALLEL
+    assert collection.supports_jit is False  # Keras 3 never compiles its model with XLA
     rng = np.random.default_rng(0)
     ids = {name: tf.RaggedTensor.from_row_lengths(
         tf.constant(rng.integers(0, vocab, size=9), tf.int64), [3, 0, 4, 2])

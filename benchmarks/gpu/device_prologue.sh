@@ -3,7 +3,7 @@
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export OUT=${OUT:-benchmarks/out} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD:$PYTHONPATH
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 # KERAS3_WHEELS, a folder of Keras 3's wheels and its dependencies' for the machine's Python
 # (pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp

@@ -13,7 +13,7 @@ R=$PWD
 PARTS=$(cd "${1:?usage: tf2.21_device_setup.sh PARTS [--horovod]}" && pwd)
 SITE=/tmp/site2.21
 TFW=$(awk '{print $2}' "$PARTS/tf.md5")
-(cd "$PARTS" && cat tfw.0 tfw.1 tfw.2 tfw.3 tfw.4 tfw.5 tfw.6 tfw.7 tfw.8 tfw.9 > /tmp/"$TFW" \
+(cd "$PARTS" && cat tfw.? > /tmp/"$TFW" \
   && cd /tmp && md5sum -c "$PARTS/tf.md5")
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $SITE \
   /tmp/"$TFW" "$PARTS"/*.whl
@@ -22,8 +22,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $
 # cuDNN 9 keeps its name and comes from PyTorch's wheels.
 LINKS=/tmp/cuda12_names
 mkdir -p $LINKS
-find_lib() { find /usr/local/cuda/lib64/ /opt/torch/.venv/lib/python3.12/site-packages/nvidia/ \
-  -name "$1" 2>/dev/null | head -1; }
+find_lib() { { find /usr/local/cuda/lib64/ /opt/torch/.venv/lib/python3.12/site-packages/nvidia/ \
+  -name "$1" 2>/dev/null || true; } | head -1; }
 for pair in libcublas.so.13:libcublas.so.12 libcublasLt.so.13:libcublasLt.so.12 \
     libcufft.so.12:libcufft.so.11 libcusolver.so.12:libcusolver.so.11 \
     libcusparse.so.12:libcusparse.so.12 libcudnn.so.9:libcudnn.so.9; do
@@ -32,7 +32,9 @@ for pair in libcublas.so.13:libcublas.so.12 libcublasLt.so.13:libcublasLt.so.12 
   ln -sf "$found" "$LINKS/${pair##*:}"
 done
 CUDNN_DIR=$(dirname "$(find_lib libcudnn.so.9)")
-NCCL_DIR=$(dirname "$(dirname "$(find_lib libnccl.so.2)")")
+NCCL_LIB=$(find_lib libnccl.so.2)
+[ -n "$NCCL_LIB" ] || { echo "no libnccl.so.2 on this machine" >&2; exit 1; }
+NCCL_DIR=$(dirname "$(dirname "$NCCL_LIB")")  # Horovod's build wants lib/libnccl.so beside it
 [ -e $NCCL_DIR/lib/libnccl.so ] || ln -s $NCCL_DIR/lib/libnccl.so.2 $NCCL_DIR/lib/libnccl.so
 
 # Keras 3 imports PyTorch and JAX where installed: hidden, so a TensorFlow process loads one
@@ -45,12 +47,13 @@ printf 'import sys\nfrom horovod.runner.launch import run_commandline\nif __name
 
 cat > /tmp/env2.21.sh <<EOF
 export PYTHONPATH=$SITE:/tmp/hidden2.21\${PYTHONPATH:+:\$PYTHONPATH}
-export LD_LIBRARY_PATH=$SITE/nvidia/cuda_runtime/lib:$LINKS:/usr/local/cuda/lib64:$CUDNN_DIR:$NCCL_DIR/lib
+export LD_LIBRARY_PATH=$SITE/nvidia/cuda_runtime/lib:$LINKS:/usr/local/cuda/lib64:$CUDNN_DIR:$NCCL_DIR/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
 export XLA_FLAGS=--xla_gpu_cuda_data_dir=$SITE/nvidia/cuda_nvcc NCCL_DIR=$NCCL_DIR
 export TF_CPP_MIN_LOG_LEVEL=\${TF_CPP_MIN_LOG_LEVEL:-2} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 unset TF_USE_LEGACY_KERAS
 horovodrun() { python3 $SITE/hvdrun.py "\$@"; }
+export -f horovodrun
 EOF
 source /tmp/env2.21.sh
 python3 -c "

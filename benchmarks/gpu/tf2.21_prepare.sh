@@ -4,11 +4,10 @@
 # machine's Python), Keras 3.15.1, tf_keras 2.21.0, the two CUDA 12 wheels of
 # tensorflow[and-cuda] that a CUDA 13 image has no counterpart for (the CUDA runtime, and the
 # compiler whose ptxas XLA runs), the small dependencies such an image lacks and Horovod's
-# source, and splits them into DEST/part0 .. DEST/part9, each under 64 MB (the most one
-# transfer to the GPU machine holds here). The image's CUDA 13 cuBLAS, cuDNN 9, cuFFT,
-# cuSOLVER and cuSPARSE serve under their CUDA 12 names (tf2.21_device_setup.sh links them), so
-# those wheels do not travel. On the GPU machine: copy every part's files into one folder,
-# then run tf2.21_device_setup.sh with that folder.
+# source, and splits them into DEST/part0 .. DEST/part9, each under 64 MB. The image's CUDA 13
+# cuBLAS, cuDNN 9, cuFFT, cuSOLVER and cuSPARSE serve under their CUDA 12 names
+# (tf2.21_device_setup.sh links them), so those wheels do not travel. On the GPU machine: copy
+# every part's files into one folder, then run tf2.21_device_setup.sh with that folder.
 set -euo pipefail
 DEST=${1:?usage: tf2.21_prepare.sh DEST}
 CACHE=${WHEEL_CACHE:-/tmp/tf2.21_wheels}
@@ -24,9 +23,9 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 python3 -m pip download -q --no-deps --no-binary=:all: -d "$CACHE" horovod==0.28.1
 rm -rf "$DEST"/part? && mkdir -p "$DEST"
 split -b 63000000 -d -a 1 "$CACHE/$TFW" "$DEST/tfw."
-for i in 0 1 2 3 4 5 6 7 8 9; do mkdir -p "$DEST/part$i"; mv "$DEST/tfw.$i" "$DEST/part$i/"; done
+for chunk in "$DEST"/tfw.?; do i=${chunk##*.}; mkdir -p "$DEST/part$i"; mv "$chunk" "$DEST/part$i/"; done
 # The small wheels and Horovod's source ride with the last (small) chunk.
-cp "$CACHE"/*.whl "$CACHE"/horovod-0.28.1.tar.gz "$DEST/part9/" && rm -f "$DEST/part9/$TFW"
-(cd "$CACHE" && md5sum "$TFW") > "$DEST/part9/tf.md5"
+cp "$CACHE"/*.whl "$CACHE"/horovod-0.28.1.tar.gz "$DEST/part$i/" && rm -f "$DEST/part$i/$TFW"
+(cd "$CACHE" && md5sum "$TFW") > "$DEST/part$i/tf.md5"
 du -sb "$DEST"/part? | awk '{ if ($1 >= 64000000) bad = 1; printf "%s %d MB  ", $2, $1 / 1e6 }
   END { print ""; exit bad }' || { echo "a part is over 64 MB" >&2; exit 1; }

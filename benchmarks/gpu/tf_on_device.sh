@@ -14,7 +14,7 @@
 #          needs Horovod
 # Needs: python3 with a GPU build of TensorFlow (2.15, or 2.16 with tf_keras and
 # TF_USE_LEGACY_KERAS=1, or with Keras 3: KERAS3_WHEELS in device_prologue.sh; or 2.21 with
-# Keras 3 or tf_keras: tf2.21_device_setup.sh) and pytest; nvcc >= 12, cmake and a C++17 compiler on PATH;
+# Keras 3 or tf_keras: tf2.21_device_setup.sh), NumPy < 2 below 2.18, and pytest; nvcc >= 12, cmake and a C++17 compiler on PATH;
 # SOK_CUDA_ARCHS (default 90) names the compute capabilities to build.
 # Logs and JSON land in $OUT (default benchmarks/out).
 set -uo pipefail
