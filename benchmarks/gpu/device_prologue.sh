@@ -45,8 +45,16 @@ dlrm_data() {
     done
   fi
 }
-# The flags of the AUC runs: the README's CPU demo (batch 4,096, Adam 0.002, one epoch).
-DLRM_AUC_FLAGS="--global_batch_size 4096 --optimizer adam --lr 0.002 --warmup_steps 20 --custom_interact --epochs 1 --log_interval 100"
+# dlrm_begin LOG: the data in /tmp/dlrm_data, its ceiling as LOG's first line, AUC_FLAGS (the
+# README's CPU demo: batch 4,096, Adam 0.002, one epoch, on that data), and `dlrm LABEL ...`,
+# dlrm_job into LOG.
+dlrm_begin() {
+  DLRM_LOG=$1
+  dlrm_data /tmp/dlrm_data
+  grep ceiling /tmp/dlrm_data.ceiling | tee "$DLRM_LOG"
+  AUC_FLAGS="--data_dir /tmp/dlrm_data --global_batch_size 4096 --optimizer adam --lr 0.002 --warmup_steps 20 --custom_interact --epochs 1 --log_interval 100"
+}
+dlrm() { dlrm_job "$DLRM_LOG" "$@"; }
 # dlrm_job LOG LABEL [VAR=value...] COMMAND...: the job's FINAL line (or its errors) under LABEL.
 # run_h N FLAGS...: main.py on N Horovod workers (Gloo for the launcher; tables on the GPUs).
 dlrm_job() {

@@ -50,11 +50,7 @@ if [[ $STAGES == *bench* ]]; then
 fi
 
 if [[ $STAGES == *dlrm* ]]; then
-  DATA=/tmp/dlrm_data
-  dlrm_data $DATA
-  grep ceiling $DATA.ceiling | tee "$OUT/tf_multi_gpu_dlrm.log"
-  AUC_FLAGS="--data_dir $DATA $DLRM_AUC_FLAGS"
-  dlrm() { dlrm_job "$OUT/tf_multi_gpu_dlrm.log" "$@"; }
+  dlrm_begin "$OUT/tf_multi_gpu_dlrm.log"
   dlrm "AUC, generated data, 2 GPUs (TF32 matmuls)" bash -c "run_h 2 $AUC_FLAGS"
   dlrm "AUC, generated data, the same job on the CPUs" CUDA_VISIBLE_DEVICES= bash -c "run_h 2 $AUC_FLAGS"
   SYN="--use_synthetic_dataset --synthetic_steps 60 --optimizer adam --lr 0.001 --custom_interact --log_interval 20 --synthetic_vocab criteo_tb"

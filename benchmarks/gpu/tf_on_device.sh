@@ -71,11 +71,7 @@ if [[ $STAGES == *bench* ]]; then
   python3 benchmarks/run.py --results "$OUT"
 fi
 if [[ $STAGES == *dlrm* ]]; then
-  DATA=/tmp/dlrm_data
-  dlrm_data $DATA
-  grep ceiling $DATA.ceiling | tee "$OUT/tf_gpu_dlrm.log"
-  AUC_FLAGS="--data_dir $DATA $DLRM_AUC_FLAGS"
-  dlrm() { dlrm_job "$OUT/tf_gpu_dlrm.log" "$@"; }
+  dlrm_begin "$OUT/tf_gpu_dlrm.log"
   dlrm "AUC, generated data, 1 GPU (TF32 matmuls)" bash -c "run_h 1 $AUC_FLAGS"
   dlrm "AUC, generated data, 1 GPU, --xla --amp" bash -c "run_h 1 $AUC_FLAGS --xla --amp"
   dlrm "AUC, generated data, the same job on the CPUs" CUDA_VISIBLE_DEVICES= bash -c "run_h 1 $AUC_FLAGS"
