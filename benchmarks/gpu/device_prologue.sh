@@ -60,7 +60,7 @@ dlrm() { dlrm_job "$DLRM_LOG" "$@"; }
 dlrm_job() {
   local log=$1 label=$2; shift 2
   echo "== $label" >> "$log"
-  timeout 240 env "$@" 2>&1 | grep -v "Unable to register\|C-API\|cpu_feature_guard\|rebuild TensorFlow" \
+  timeout 240 env "$@" 2>&1 | grep -v "Unable to register\|C-API\|cpu_feature_guard\|rebuild TensorFlow\|oneDNN custom\|call to cuInit" \
     | grep "FINAL\|Error\|error" | tail -3 | tee -a "$log"
 }
 if ! type horovodrun > /dev/null 2>&1; then  # Horovod installed with pip --target: no script

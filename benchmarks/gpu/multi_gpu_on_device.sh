@@ -11,7 +11,8 @@
 #          and on the CPUs (the same data, for the AUC), synthetic data for samples/s against
 #          Keras tables on one GPU
 # Needs: python3 with a GPU build of TensorFlow (2.15, or 2.16 with tf_keras and
-# TF_USE_LEGACY_KERAS=1), numpy < 2 and pytest; nvcc >= 12, cmake and a C++17 compiler on PATH;
+# TF_USE_LEGACY_KERAS=1, or 2.21 as tf2.21_device_setup.sh --horovod installs it), NumPy < 2
+# below 2.18, and pytest; nvcc >= 12, cmake and a C++17 compiler on PATH;
 # SOK_CUDA_ARCHS (default 90) names the compute capabilities to build.
 # Also Horovod built with NCCL and TensorFlow (`horovodrun` on PATH), NCCL's libnccl.so.2 on
 # LD_LIBRARY_PATH, and for the bench stage PyTorch (its all-to-all is the competitor).
