@@ -40,8 +40,10 @@ KERAS_TESTS := tests/test_api.py tests/test_optimizers.py tests/test_shared_opti
 	tests/test_optimizer_surface.py tests/test_optimizer_rules.py tests/test_layers.py \
 	tests/test_checkpoint_files.py tests/test_dynamic_variable_api.py \
 	tests/test_sok_dropin_script.py tests/test_sok_surface.py tests/test_info.py
-test-tf2.21-tf-keras: setup-tf2.21
-	TF_USE_LEGACY_KERAS=1 .venv-tf2.21/bin/python -m pytest -q $(KERAS_TESTS)
+# A SOK v2 script's results are compared with TensorFlow 2.16.2's (what the GPU machines run).
+test-tf2.21-tf-keras: setup-tf2.21 setup-tf2.16
+	TF_USE_LEGACY_KERAS=1 SOK_REFERENCE_PYTHON=.venv-tf2.16/bin/python \
+	  .venv-tf2.21/bin/python -m pytest -q $(KERAS_TESTS)
 
 # TensorFlow 2.16 (what the GPU machines run) to 2.20 with tf_keras: the op library and
 # Horovod built against each, and the API, dynamic-table, optimizer-surface, layer and
