@@ -1,7 +1,8 @@
 """`pip install .` builds the op library with CMake against the installed TensorFlow.
 
-TensorFlow (2.15, or 2.16 with tf_keras; `tensorflow` or `tensorflow-cpu`) must be installed first and the build run without isolation
-(`pip install --no-build-isolation .`), so the library matches the TensorFlow it loads into.
+TensorFlow (2.15 to 2.21; `tensorflow` or `tensorflow-cpu`) must be installed first and the build
+run without isolation (`pip install --no-build-isolation .`), so the library matches the
+TensorFlow it loads into.
 """
 import os
 import re
@@ -39,7 +40,8 @@ setup(
     package_data={"sparse_operation_kit": ["lib/*/*.so", "lib/*/build_info.json"]},
     python_requires=">=3.9",
     # No TensorFlow requirement: the build needs the user's own TensorFlow (tensorflow or
-    # tensorflow-cpu, 2.15 or 2.16) installed first, and a pin here would replace a GPU one.
-    install_requires=["numpy<2"],
+    # tensorflow-cpu, 2.15 to 2.21) installed first, and a pin here would replace a GPU one.
+    # NumPy's bound is TensorFlow's own (< 2 below 2.18).
+    install_requires=["numpy"],
     cmdclass={"build_py": BuildWithCMake},
 )

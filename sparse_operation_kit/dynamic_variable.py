@@ -568,8 +568,8 @@ def sparse_read_and_evict(variable, ids):
 
 
 def sparse_read_and_erase(variable, ids):
-    """Reads the rows of `ids` held on this worker and removes them from the table (what
-    sparse_read_and_evict did before it took SOK's contract)."""
+    """Reads the rows of `ids` held on this worker and removes them from the table
+    (`sparse_read_and_evict`, as SOK's, keeps them and returns the rows evicted for room)."""
     if not isinstance(variable, DynamicVariable):
         raise TypeError(f"sparse_read_and_erase takes a sok.DynamicVariable, got "
                         f"{type(variable).__name__}")
