@@ -2,8 +2,8 @@
 on_device.sh): its SOK-style script runs under this package on the CPU, compare.py finds two
 runs of it the same, and finds a changed table or loss different. With SOK_REFERENCE_PYTHON
 naming the Python of another TensorFlow line from 2.16 on, with tf_keras (`make test` names
-2.16.2's), the script runs unchanged
-under both lines and gives the same losses, tables and optimizer state."""
+2.16.2's), the script runs unchanged under both lines and gives the same losses, tables and
+optimizer state."""
 import json
 import os
 import subprocess
@@ -70,6 +70,7 @@ def test_two_runs_compare_the_same_and_a_change_is_found(tmp_path):
 @keras_2_only  # SOK v2 scripts use Keras 2's legacy optimizers (tf_keras from 2.16 on)
 @pytest.mark.skipif(not REFERENCE_PYTHON, reason="SOK_REFERENCE_PYTHON names no other line")
 def test_the_script_gives_the_same_results_under_another_tensorflow_line(tmp_path):
+    # compare.py reads the two runs as "sok" and "ours": here the reference line is "sok".
     run_script(tmp_path, "sok", python=REFERENCE_PYTHON, sections=CROSS_LINE_SECTIONS,
                TF_USE_LEGACY_KERAS="1")  # a TensorFlow from 2.16 on, with tf_keras
     run_script(tmp_path, "ours", sections=CROSS_LINE_SECTIONS)
