@@ -14,7 +14,8 @@ from sparse_operation_kit.dynamic_variable import DynamicVariable
 from sparse_operation_kit.lookup_inputs import (Lookup, check_table, unpack_features,
                                                 unstage_features, validate_lookups)
 from sparse_operation_kit.lookup_paths import (dynamic_direct_path, either_id_path, fused_chain,
-                                               pool_from_tables_path, single_id_path)
+                                               pool_from_tables_path, row_positions,
+                                               single_id_path)
 
 def _output_dtype(table):
     """A static table's lookups come out in its dtype (pooled in float32, rounded once), as
@@ -256,11 +257,8 @@ def _rows_of_ids(lookups, ids_checked=False):
 
 
 def _one_id_row_splits(flat):
-    """Row splits 0, 1, ..., n of n ids, one a sample (static length where n is known)."""
-    count = tf.compat.dimension_value(flat.shape[0])
-    if count is None:
-        count = tf.size(flat, out_type=tf.int64)
-    return tf.range(tf.cast(count, tf.int64) + 1, dtype=tf.int64)
+    """Row splits 0, 1, ..., n of n ids, one a sample (nothing waits for the device)."""
+    return row_positions(flat, extra=1)
 
 
 def _shaped_like(ids, rows, dim):

@@ -178,8 +178,19 @@ def dynamic_direct_path(lookups, dim, training):
     if all(lookup.one_id and lookup.weights is None for lookup in lookups):
         return rows
     all_rows = _concat(rows)
-    position = tf.cast(tf.range(tf.shape(all_rows, out_type=tf.int64)[0]), tf.uint32)
+    position = row_positions(all_rows, dtype=tf.uint32)
     return _combine(lookups, raw_ops.sok_combine_forward, position, rows=all_rows)
+
+
+def row_positions(tensor, extra=0, dtype=tf.int64):
+    """0, 1, ..., rows + extra - 1 over `tensor`'s rows, sized from its shape on the host: a
+    constant where the size is static, else int32 size arithmetic, which TensorFlow keeps in
+    host memory on a GPU, so the range does not wait for the device (int64 arithmetic would
+    run on the GPU and be read back)."""
+    rows = tf.compat.dimension_value(tensor.shape[0])
+    if rows is not None:
+        return tf.cast(tf.range(rows + extra, dtype=tf.int64), dtype)
+    return tf.cast(tf.range(tf.shape(tensor)[0] + extra), dtype)
 
 
 def _one_id_at_run_time(lookups):

@@ -85,6 +85,23 @@ def test_staged_batch_of_several_megabytes(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("features, batch", [(2, 600_000), (40, 3_000)])
+def test_staged_batch_of_many_samples_or_many_features(device, features, batch):
+    """Row splits summed from length bytes across hundreds of tiles of one feature (a GPU scans
+    every tile of every feature at once), and over more features than one launch widens, beside
+    a feature whose splits cross as they are (a sample of 300 ids): NumPy's slicing."""
+    rng = np.random.default_rng(13)
+    lengths = rng.integers(0, 3, size=features * batch)
+    lengths[batch + 5] = 300
+    values = rng.integers(0, 1 << 20, size=lengths.sum())
+    splits = np.concatenate([[0], np.cumsum(lengths)])
+    made_values, made_splits = unstaged(values, splits, features, device=device)
+    for f, (want_values, want_splits) in enumerate(expected_features(values, splits, features)):
+        np.testing.assert_array_equal(made_values[f], want_values)
+        np.testing.assert_array_equal(made_splits[f], want_splits)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_staged_batches_read_back_in_turn_behind_busy_work(device):
     """Batches of growing and shrinking size read back one after another in one function,
     each behind a long computation on the device: each equals its own batch. (On a GPU the

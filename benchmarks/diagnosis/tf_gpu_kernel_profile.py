@@ -1,6 +1,6 @@
 """Where a train step's GPU time goes (diagnosis, not a benchmark of record): one workload's
 step (T1 with ragged, one-id or SparseTensor ids, T1 / T2 packed or staged, T3 or G1b / G1c of tf_gpu.py /
-tf_gpu_dynamic.py, static G1b too) is timed as 10 steps in one tf.function, then
+tf_gpu_dynamic.py, static G1b too, or tf_vs_tbe.py's staged G1b / G2: g2_staged, g2_staged_fwd) is timed as 10 steps in one tf.function, then
 PROFILE_STEPS more steps run between
 cuProfilerStart / cuProfilerStop so that `ncu --profile-from-start off --metrics
 gpu__time_duration.sum --csv` lists the kernels of those steps only. `summarize` turns that
@@ -41,6 +41,32 @@ def profiler(start):
 GPU_BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu")
 
 
+TBE_WORKLOADS = ("G1B", "G2")
+IDS_DIR = os.environ.get("IDS_DIR", "/tmp/tbe_ids")
+
+
+def tbe_workload_step(name, optimizer):
+    """`<workload>_staged[_fwd]` (G1b, G2): tf_vs_tbe.py's packed form fed by its staged
+    pipeline, on the ids tbe_workloads.py wrote to $IDS_DIR (written there if missing); the
+    train step, or with _fwd the forward alone."""
+    import tensorflow as tf
+    import tbe_workloads
+    import tf_vs_tbe
+    key = next(k for k in tbe_workloads.WORKLOADS if k.upper() == name.split("_")[0].upper())
+    if not os.path.exists(os.path.join(IDS_DIR, f"{key}.npz")):
+        os.makedirs(IDS_DIR, exist_ok=True)
+        tbe_workloads.write(IDS_DIR, key)
+    spec, batches = tbe_workloads.WORKLOADS[key], tbe_workloads.load(IDS_DIR, key)
+    tables = tf_vs_tbe.make_tables(spec, False, seed=1)
+    iterator = iter(tf_vs_tbe.packed_dataset_of(spec, batches, staged=True))
+    forward = tf_vs_tbe.packed_forward(spec, tables)
+    step = forward if name.endswith("_fwd") else tf_vs_tbe.trained(forward, tables, optimizer)
+
+    def packed_step(_unused=None):
+        return step(next(iterator))
+    return packed_step
+
+
 def workload(name):
     """A train step (a no-argument function returning the loss) of the named workload."""
     import tensorflow as tf
@@ -60,6 +86,8 @@ def workload(name):
     if name.endswith("_adam"):  # the same workload trained with Adam
         optimizer = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adam(0.01))
         name = name[:-len("_adam")]
+    if name.split("_")[0].upper() in TBE_WORKLOADS and "_staged" in name:
+        return tbe_workload_step(name, optimizer)
     if name in ("t1", "t1_one_id", "t1_sparse"):
         vocabs = [min(v, 4_000_000) for v in CRITEO_TB]
         tables = [sok.Variable(tf.random.stateless_uniform([v, DIM], [1, i], -0.05, 0.05))
@@ -266,7 +294,9 @@ def print_timeline(name, space, wall_ms, min_gap_us=8.0):
         launches[short] += 1 / PROFILE_STEPS
     print("GPU time a step by kernel (us, launches):",
           ", ".join(f"{k} {us:.0f} ({launches[k]:.0f})" for k, us in by_kernel.most_common(15)))
-    print_one_gpu_step(planes["/device:GPU:0"], host)
+    once = [k for k, n in launches.items() if round(n) == 1]
+    print_one_gpu_step(planes["/device:GPU:0"], host,
+                       max(once, key=by_kernel.get) if once else "PoolFromTablesKernel")
     copies = [e for e in gpu if e[2].startswith("MemcpyH2D")]
     kernels = [e for e in gpu if not e[2].startswith("Memcpy")]
     alongside = sum(max(0.0, min(c_end, k_end) - max(c_start, k_start))

@@ -1,6 +1,7 @@
 #include "kit_src/core/embedding/keyed_features_gpu.cuh"
 
 #include <algorithm>
+#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include "kit_src/core/embedding/keyed_features.h"
@@ -55,44 +56,97 @@ __global__ void ExpandValuesKernel(CompactFeatureTargets targets, int64_t elemen
 
 constexpr int kScanThreads = 256;
 constexpr int kScanItems = 8;
+constexpr int64_t kScanTile = kScanThreads * kScanItems;
 
-// blockIdx.x: the feature; its row splits as the running sum of its length bytes, or copied.
-// Summed lengths are kept within the feature's values (a staged batch handed in from outside
-// could claim more), so no later kernel reads past them.
+__device__ bool SplitsAsLengths(const CompactFeatureTarget& target) {
+  return target.split_coding == static_cast<int32_t>(SplitCoding::kLengths8);
+}
+
+// One tile of a feature's length bytes, kScanItems a thread, zero past the batch.
+__device__ void LoadLengthTile(const CompactFeatureTarget& target, int64_t batch, int64_t tile,
+                               int64_t (&items)[kScanItems]) {
+  const uint8_t* lengths = reinterpret_cast<const uint8_t*>(target.staged_splits);
+  const int64_t first = tile * kScanTile + threadIdx.x * kScanItems;
+#pragma unroll
+  for (int k = 0; k < kScanItems; ++k) items[k] = first + k < batch ? lengths[first + k] : 0;
+}
+
+// blockIdx.y: the feature, blockIdx.x: a tile of its length bytes; the tile's sum.
 __global__ void __launch_bounds__(kScanThreads)
-    ExpandSplitsKernel(CompactFeatureTargets targets, int64_t batch) {
-  const CompactFeatureTarget& target = targets.feature[blockIdx.x];
-  const int64_t count = target.count;
-  if (target.split_coding != static_cast<int32_t>(SplitCoding::kLengths8)) {
+    TileSumsKernel(CompactFeatureTargets targets, int64_t batch, int64_t tiles,
+                   int64_t* tile_sums) {
+  const CompactFeatureTarget& target = targets.feature[blockIdx.y];
+  if (!SplitsAsLengths(target)) return;
+  using Reduce = cub::BlockReduce<int64_t, kScanThreads>;
+  __shared__ typename Reduce::TempStorage reduce;
+  int64_t items[kScanItems];
+  LoadLengthTile(target, batch, blockIdx.x, items);
+  int64_t sum = 0;
+#pragma unroll
+  for (int k = 0; k < kScanItems; ++k) sum += items[k];
+  sum = Reduce(reduce).Sum(sum);
+  if (threadIdx.x == 0) tile_sums[blockIdx.y * tiles + blockIdx.x] = sum;
+}
+
+// blockIdx.x: the feature; its tile sums become each tile's offset (an exclusive sum).
+__global__ void __launch_bounds__(kScanThreads)
+    TileOffsetsKernel(CompactFeatureTargets targets, int64_t tiles, int64_t* tile_sums) {
+  if (!SplitsAsLengths(targets.feature[blockIdx.x])) return;
+  using Scan = cub::BlockScan<int64_t, kScanThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  int64_t* sums = tile_sums + blockIdx.x * tiles;
+  int64_t running = 0;
+  for (int64_t chunk = 0; chunk < tiles; chunk += kScanThreads) {
+    const int64_t t = chunk + threadIdx.x;
+    int64_t value = t < tiles ? sums[t] : 0, chunk_total = 0;
+    Scan(scan).ExclusiveSum(value, value, chunk_total);
+    if (t < tiles) sums[t] = running + value;
+    running += chunk_total;
+    __syncthreads();  // the scan's shared memory is reused by the next chunk
+  }
+}
+
+// blockIdx.y: the feature, blockIdx.x: a tile; its row splits as its tile's offset plus the
+// running sum of the tile's length bytes, or copied. Summed lengths are kept within the
+// feature's values (a staged batch handed in from outside could claim more), so no later
+// kernel reads past them.
+__global__ void __launch_bounds__(kScanThreads)
+    WriteSplitsKernel(CompactFeatureTargets targets, int64_t batch, int64_t tiles,
+                      const int64_t* tile_offsets) {
+  const CompactFeatureTarget& target = targets.feature[blockIdx.y];
+  if (!SplitsAsLengths(target)) {
     const int64_t* from = reinterpret_cast<const int64_t*>(target.staged_splits);
-    for (int64_t i = threadIdx.x; i <= batch; i += blockDim.x) target.splits[i] = from[i];
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i <= batch;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      target.splits[i] = from[i];
+    }
     return;
   }
   using Scan = cub::BlockScan<int64_t, kScanThreads>;
   __shared__ typename Scan::TempStorage scan;
-  const uint8_t* lengths = reinterpret_cast<const uint8_t*>(target.staged_splits);
-  if (threadIdx.x == 0) target.splits[0] = 0;
-  int64_t running = 0;
-  for (int64_t tile = 0; tile < batch; tile += kScanThreads * kScanItems) {
-    int64_t items[kScanItems];
-    const int64_t first = tile + threadIdx.x * kScanItems;
+  int64_t items[kScanItems];
+  LoadLengthTile(target, batch, blockIdx.x, items);
+  Scan(scan).InclusiveSum(items, items);
+  const int64_t offset = tile_offsets[blockIdx.y * tiles + blockIdx.x];
+  const int64_t first = blockIdx.x * kScanTile + threadIdx.x * kScanItems;
 #pragma unroll
-    for (int k = 0; k < kScanItems; ++k) items[k] = first + k < batch ? lengths[first + k] : 0;
-    int64_t tile_total = 0;
-    Scan(scan).InclusiveSum(items, items, tile_total);
-#pragma unroll
-    for (int k = 0; k < kScanItems; ++k) {
-      if (first + k < batch) target.splits[first + k + 1] = min(running + items[k], count);
-    }
-    running += tile_total;
-    __syncthreads();  // the scan's shared memory is reused by the next tile
+  for (int k = 0; k < kScanItems; ++k) {
+    if (first + k < batch) target.splits[first + k + 1] = min(offset + items[k], target.count);
   }
+  if (blockIdx.x == 0 && threadIdx.x == 0) target.splits[0] = 0;
+}
+
+int64_t ScanTiles(int64_t batch) {
+  return std::max<int64_t>(1, (batch + kScanTile - 1) / kScanTile);
 }
 
 }  // namespace
 
+int64_t ExpandCompactScratch(int64_t batch) { return kFeaturesPerLaunch * ScanTiles(batch); }
+
 cudaError_t ExpandCompactFeaturesGpu(const CompactFeatureTargets& targets, int64_t batch,
-                                     int64_t element_bytes, cudaStream_t stream) {
+                                     int64_t element_bytes, int64_t* scratch,
+                                     cudaStream_t stream) {
   if (targets.count == 0) return cudaSuccess;
   int64_t most = 0;
   for (int i = 0; i < targets.count; ++i) most = std::max(most, targets.feature[i].count);
@@ -102,7 +156,13 @@ cudaError_t ExpandCompactFeaturesGpu(const CompactFeatureTargets& targets, int64
     ExpandValuesKernel<<<dim3(blocks, targets.count), threads, 0, stream>>>(targets,
                                                                             element_bytes);
   }
-  ExpandSplitsKernel<<<targets.count, kScanThreads, 0, stream>>>(targets, batch);
+  // Row splits: every tile of every feature at once (a block a feature would walk a
+  // million-sample batch's tiles one after another).
+  const int64_t tiles = ScanTiles(batch);
+  const dim3 grid(static_cast<unsigned>(tiles), targets.count);
+  TileSumsKernel<<<grid, kScanThreads, 0, stream>>>(targets, batch, tiles, scratch);
+  TileOffsetsKernel<<<targets.count, kScanThreads, 0, stream>>>(targets, tiles, scratch);
+  WriteSplitsKernel<<<grid, kScanThreads, 0, stream>>>(targets, batch, tiles, scratch);
   return cudaGetLastError();
 }
 

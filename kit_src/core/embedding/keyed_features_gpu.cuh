@@ -33,9 +33,13 @@ struct CompactFeatureTargets {
   int count = 0;
 };
 
-// ExpandCompactFeature (keyed_features.h) of every target: two launches.
+// ExpandCompactFeature (keyed_features.h) of every target: four launches, the row splits'
+// scan spread over tiles of every feature. `scratch`: ExpandCompactScratch(batch) int64s on
+// the device.
+int64_t ExpandCompactScratch(int64_t batch);
 cudaError_t ExpandCompactFeaturesGpu(const CompactFeatureTargets& targets, int64_t batch,
-                                     int64_t element_bytes, cudaStream_t stream);
+                                     int64_t element_bytes, int64_t* scratch,
+                                     cudaStream_t stream);
 
 template <typename Tsplits>
 cudaError_t FeatureBoundsGpu(const Tsplits* row_splits, int64_t batch, int64_t num_features,

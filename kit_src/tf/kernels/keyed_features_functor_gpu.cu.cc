@@ -121,11 +121,16 @@ static tf::Status UploadCompactGroup(tf::OpKernelContext* ctx, GpuCallMemory* me
 static tf::Status ExpandTargets(tf::OpKernelContext* ctx,
                                 const std::vector<CompactFeatureTarget>& targets, int64_t batch,
                                 int64_t element) {
+  tf::Tensor scratch;
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(
+      tf::DT_INT64, tf::TensorShape({ExpandCompactScratch(batch)}), &scratch));
   for (size_t first = 0; first < targets.size(); first += kFeaturesPerLaunch) {
     CompactFeatureTargets launch;
     launch.count = static_cast<int>(std::min<size_t>(kFeaturesPerLaunch, targets.size() - first));
     std::copy(targets.begin() + first, targets.begin() + first + launch.count, launch.feature);
-    TF_RETURN_IF_ERROR(CudaToTf(ExpandCompactFeaturesGpu(launch, batch, element, GpuStream(ctx)),
+    TF_RETURN_IF_ERROR(CudaToTf(ExpandCompactFeaturesGpu(launch, batch, element,
+                                                         scratch.flat<int64_t>().data(),
+                                                         GpuStream(ctx)),
                                 "packed batch widen"));
   }
   return tf::Status();
