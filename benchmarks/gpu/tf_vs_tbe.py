@@ -314,12 +314,14 @@ def main():
     if os.path.exists(kept):
         with open(kept) as handle:
             earlier = json.load(handle)
-        payload.update({name: earlier[name] for name in workloads.WORKLOADS
-                        if name in earlier and name not in names})
+        for name in workloads.WORKLOADS:  # each workload names the GPU of its job
+            if name in earlier and name not in names:
+                payload[name] = dict(earlier[name])
+                payload[name].setdefault("device", earlier.get("device"))
     for name in names:
         with tf.device("GPU:0" if gpus else "CPU:0"):
             ours = measure(name)
-        payload[name] = {"sok": ours, "tbe": tbe.get(name, {})}
+        payload[name] = {"device": payload["device"], "sok": ours, "tbe": tbe.get(name, {})}
         payload[name].update(compare(ours, tbe.get(name, {})))
         stamped = provenance.stamp(payload, payload["device"])
         for path in (kept, os.path.join(provenance.out_dir(), "tf_vs_tbe.json")):
