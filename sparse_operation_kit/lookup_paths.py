@@ -183,14 +183,19 @@ def dynamic_direct_path(lookups, dim, training):
 
 
 def row_positions(tensor, extra=0, dtype=tf.int64):
-    """0, 1, ..., rows + extra - 1 over `tensor`'s rows, sized from its shape on the host: a
-    constant where the size is static, else int32 size arithmetic, which TensorFlow keeps in
-    host memory on a GPU, so the range does not wait for the device (int64 arithmetic would
-    run on the GPU and be read back)."""
+    """0, 1, ..., rows + extra - 1 over `tensor`'s rows, made on the tensor's device from its
+    shape: a constant where the size is static, else the shape (host memory on a GPU too) and
+    its arithmetic on the CPU, so the device's Range reads its limit without waiting for the
+    device (int64 arithmetic placed on a GPU would be read back; an int32 range is made on the
+    host and copied over)."""
     rows = tf.compat.dimension_value(tensor.shape[0])
-    if rows is not None:
-        return tf.cast(tf.range(rows + extra, dtype=tf.int64), dtype)
-    return tf.cast(tf.range(tf.shape(tensor)[0] + extra), dtype)
+    if rows is None:
+        shape = tf.shape(tensor, out_type=tf.int64)
+        with tf.device("CPU:0"):
+            rows = shape[0]
+    with tf.device("CPU:0"):
+        limit = tf.convert_to_tensor(rows + extra, tf.int64)
+    return tf.cast(tf.range(limit, dtype=tf.int64), dtype)
 
 
 def _one_id_at_run_time(lookups):
