@@ -184,10 +184,10 @@ def dynamic_direct_path(lookups, dim, training):
 
 def row_positions(tensor, extra=0, dtype=tf.int64):
     """0, 1, ..., rows + extra - 1 over `tensor`'s rows, made on the tensor's device from its
-    shape: a constant where the size is static, else the shape (host memory on a GPU too) and
-    its arithmetic on the CPU, so the device's Range reads its limit without waiting for the
-    device (int64 arithmetic placed on a GPU would be read back; an int32 range is made on the
-    host and copied over)."""
+    shape: a constant where the size is static, else the shape (host memory on a GPU too).
+    The Range's start, limit and delta are made on the CPU, so a GPU's Range reads them
+    without waiting for the device (int64 arithmetic or constants placed on a GPU would be
+    read back; an int32 range is made on the host and copied over)."""
     rows = tf.compat.dimension_value(tensor.shape[0])
     if rows is None:
         shape = tf.shape(tensor, out_type=tf.int64)
@@ -195,7 +195,8 @@ def row_positions(tensor, extra=0, dtype=tf.int64):
             rows = shape[0]
     with tf.device("CPU:0"):
         limit = tf.convert_to_tensor(rows + extra, tf.int64)
-    return tf.cast(tf.range(limit, dtype=tf.int64), dtype)
+        start, delta = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
+    return tf.cast(tf.range(start, limit, delta), dtype)
 
 
 def _one_id_at_run_time(lookups):
