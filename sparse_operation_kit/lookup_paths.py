@@ -189,12 +189,9 @@ def row_positions(tensor, extra=0, dtype=tf.int64):
     without waiting for the device (int64 arithmetic or constants placed on a GPU would be
     read back; an int32 range is made on the host and copied over)."""
     rows = tf.compat.dimension_value(tensor.shape[0])
-    if rows is None:
-        shape = tf.shape(tensor, out_type=tf.int64)
-        with tf.device("CPU:0"):
-            rows = shape[0]
+    shape = tf.shape(tensor, out_type=tf.int64) if rows is None else None
     with tf.device("CPU:0"):
-        limit = tf.convert_to_tensor(rows + extra, tf.int64)
+        limit = tf.convert_to_tensor((shape[0] if rows is None else rows) + extra, tf.int64)
         start, delta = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
     return tf.cast(tf.range(start, limit, delta), dtype)
 
