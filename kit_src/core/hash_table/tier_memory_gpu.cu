@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -22,6 +23,19 @@ __global__ void PutRows(const int64_t* positions, const float* rows, int64_t cou
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t j = i / dim;
     out[positions[j] * dim + i - j * dim] = rows[i];
+  }
+}
+
+// Appends each selected, flagged key (and its index in the call) at a place an atomic claims.
+__global__ void CompactFlagged(TableKeys keys, const uint8_t* flags, int64_t* out,
+                               int64_t* positions, unsigned long long* count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < keys.n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t key;
+    if (!KeyAt(keys, i, &key) || !flags[i]) continue;
+    const unsigned long long at = atomicAdd(count, 1ull);
+    out[at] = key;
+    if (positions != nullptr) positions[at] = i;
   }
 }
 
@@ -71,16 +85,23 @@ class GpuTierMemory final : public TierMemory {
   Status Copy(void* to, const void* from, int64_t bytes, const TableContext& context) override {
     return CopyAndWait(to, from, bytes, cudaMemcpyDeviceToDevice, context);
   }
-  Status ScatterRows(float* out, const std::vector<int64_t>& positions,
-                     const std::vector<float>& rows, int64_t dim,
-                     const TableContext& context) override {
-    const int64_t count = static_cast<int64_t>(positions.size());
+  Status AllocateHost(int64_t bytes, void** out) override {
+    if (cudaMallocHost(out, static_cast<size_t>(std::max<int64_t>(bytes, 1))) == cudaSuccess) {
+      return Status::Ok();
+    }
+    *out = nullptr;
+    return Status::ResourceExhausted("tiered table: out of pinned host memory allocating " +
+                                     std::to_string(bytes) + " bytes");
+  }
+  void FreeHost(void* pointer) override { cudaFreeHost(pointer); }
+  Status ScatterRows(float* out, const int64_t* positions, const float* rows, int64_t count,
+                     int64_t dim, const TableContext& context) override {
     if (count == 0) return Status::Ok();
     void *at = nullptr, *from = nullptr;
     Status status = Allocate(count * sizeof(int64_t), &at);
-    if (status.ok()) status = Allocate(rows.size() * sizeof(float), &from);
-    if (status.ok()) status = FromHost(at, positions.data(), count * sizeof(int64_t), context);
-    if (status.ok()) status = FromHost(from, rows.data(), rows.size() * sizeof(float), context);
+    if (status.ok()) status = Allocate(count * dim * sizeof(float), &from);
+    if (status.ok()) status = FromHost(at, positions, count * sizeof(int64_t), context);
+    if (status.ok()) status = FromHost(from, rows, count * dim * sizeof(float), context);
     if (status.ok()) {
       const int64_t total = count * dim;
       const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 4096));
@@ -97,28 +118,107 @@ class GpuTierMemory final : public TierMemory {
     *selected = *flagged = 0;
     if (keys.n == 0) return Status::Ok();
     const cudaStream_t stream = static_cast<cudaStream_t>(context.stream);
-    constexpr size_t kBytes = 2 * sizeof(unsigned long long);
-    if (tally_ == nullptr) {  // kept: a device pair and its pinned host copy
-      void *device = nullptr, *host = nullptr;
-      SOK_RETURN_IF_ERROR(Allocate(kBytes, &device));
-      if (cudaMallocHost(&host, kBytes) != cudaSuccess) {
-        Free(device);
-        return Status::ResourceExhausted("tiered table: no pinned host memory for a count");
-      }
-      tally_ = static_cast<unsigned long long*>(device);
-      tally_host_ = static_cast<unsigned long long*>(host);
-    }
-    cudaMemsetAsync(tally_, 0, kBytes, stream);
+    SOK_RETURN_IF_ERROR(EnsureCounts());
+    cudaMemsetAsync(tally_, 0, kCountBytes, stream);
     TallyFlags<<<std::min(GridBlocks(keys.n, kTallyThreads), 1024), kTallyThreads, 0, stream>>>(
         keys, flags, tally_);
-    cudaMemcpyAsync(tally_host_, tally_, kBytes, cudaMemcpyDeviceToHost, stream);
+    cudaMemcpyAsync(tally_host_, tally_, kCountBytes, cudaMemcpyDeviceToHost, stream);
     SOK_RETURN_IF_ERROR(Synchronize(context));
     *selected = static_cast<int64_t>(tally_host_[0]);
     *flagged = static_cast<int64_t>(tally_host_[1]);
     return Status::Ok();
   }
+  Status Flagged(const TableKeys& keys, const uint8_t* flags, bool distinct,
+                 std::vector<int64_t>* out, std::vector<int64_t>* positions,
+                 const TableContext& context) override {
+    out->clear();
+    if (positions != nullptr) positions->clear();
+    if (keys.n == 0) return Status::Ok();
+    const cudaStream_t stream = static_cast<cudaStream_t>(context.stream);
+    SOK_RETURN_IF_ERROR(EnsureCounts());
+    Scratch scratch(this);
+    int64_t *found = nullptr, *at = nullptr;
+    SOK_RETURN_IF_ERROR(scratch.Get(keys.n, &found));
+    if (positions != nullptr) SOK_RETURN_IF_ERROR(scratch.Get(keys.n, &at));
+    cudaMemsetAsync(tally_, 0, kCountBytes, stream);
+    CompactFlagged<<<std::min(GridBlocks(keys.n, 256), 4096), 256, 0, stream>>>(keys, flags, found,
+                                                                                at, tally_);
+    int64_t count = 0;
+    SOK_RETURN_IF_ERROR(ReadCount(&count, context));
+    if (distinct && count > 1) {  // sorted, then each key once
+      int64_t *sorted = nullptr, *unique = nullptr;
+      void* temp = nullptr;
+      size_t sort_bytes = 0, unique_bytes = 0;
+      const int items = static_cast<int>(count);
+      cub::DeviceRadixSort::SortKeys(nullptr, sort_bytes, found, sorted, items, 0, 64, stream);
+      cub::DeviceSelect::Unique(nullptr, unique_bytes, sorted, unique, tally_, items, stream);
+      SOK_RETURN_IF_ERROR(scratch.Get(count, &sorted));
+      SOK_RETURN_IF_ERROR(scratch.Get(count, &unique));
+      SOK_RETURN_IF_ERROR(scratch.Get(std::max(sort_bytes, unique_bytes), &temp));
+      cub::DeviceRadixSort::SortKeys(temp, sort_bytes, found, sorted, items, 0, 64, stream);
+      cub::DeviceSelect::Unique(temp, unique_bytes, sorted, unique, tally_, items, stream);
+      SOK_RETURN_IF_ERROR(ReadCount(&count, context));
+      found = unique;
+    }
+    out->resize(count);
+    SOK_RETURN_IF_ERROR(ToHost(out->data(), found, count * sizeof(int64_t), context));
+    if (positions == nullptr) return Status::Ok();
+    positions->resize(count);
+    return ToHost(positions->data(), at, count * sizeof(int64_t), context);
+  }
 
  private:
+  static constexpr size_t kCountBytes = 2 * sizeof(unsigned long long);
+  // Device scratch for one call, freed when it ends (after the call's last wait).
+  class Scratch {
+   public:
+    explicit Scratch(GpuTierMemory* memory) : memory_(memory) {}
+    ~Scratch() {
+      for (void* pointer : owned_) memory_->Free(pointer);
+    }
+    template <typename T>
+    Status Get(int64_t count, T** out) {
+      void* pointer = nullptr;
+      const int64_t bytes = std::max<int64_t>(count, 1) * static_cast<int64_t>(SizeOf<T>());
+      SOK_RETURN_IF_ERROR(memory_->Allocate(bytes, &pointer));
+      owned_.push_back(pointer);
+      *out = static_cast<T*>(pointer);
+      return Status::Ok();
+    }
+
+   private:
+    template <typename T>
+    static constexpr size_t SizeOf() {
+      if constexpr (std::is_void_v<T>) {
+        return 1;
+      } else {
+        return sizeof(T);
+      }
+    }
+    GpuTierMemory* memory_;
+    std::vector<void*> owned_;
+  };
+  // The kept device counts and their pinned host copy.
+  Status EnsureCounts() {
+    if (tally_ != nullptr) return Status::Ok();
+    void *device = nullptr, *host = nullptr;
+    SOK_RETURN_IF_ERROR(Allocate(kCountBytes, &device));
+    if (cudaMallocHost(&host, kCountBytes) != cudaSuccess) {
+      Free(device);
+      return Status::ResourceExhausted("tiered table: no pinned host memory for a count");
+    }
+    tally_ = static_cast<unsigned long long*>(device);
+    tally_host_ = static_cast<unsigned long long*>(host);
+    return Status::Ok();
+  }
+  // The first device count, read back with one wait.
+  Status ReadCount(int64_t* count, const TableContext& context) {
+    cudaMemcpyAsync(tally_host_, tally_, sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                    static_cast<cudaStream_t>(context.stream));
+    SOK_RETURN_IF_ERROR(Synchronize(context));
+    *count = static_cast<int64_t>(tally_host_[0]);
+    return Status::Ok();
+  }
   static Status Synchronize(const TableContext& context) {
     cudaError_t error = cudaGetLastError();
     if (error == cudaSuccess) error = cudaStreamSynchronize(static_cast<cudaStream_t>(context.stream));

@@ -8,6 +8,13 @@
 namespace sok {
 namespace {
 
+// Whether key i of `keys` is the call's (stride 2: of its table), and which.
+bool SelectedKey(const TableKeys& keys, int64_t i, int64_t* key) {
+  if (keys.stride == 2 && keys.data[2 * i] != keys.table) return false;
+  *key = keys.data[i * keys.stride + keys.stride - 1];
+  return true;
+}
+
 class HostTierMemory final : public TierMemory {
  public:
   Status Allocate(int64_t bytes, void** out) override {
@@ -27,20 +34,38 @@ class HostTierMemory final : public TierMemory {
     if (bytes > 0) std::memcpy(to, from, bytes);
     return Status::Ok();
   }
-  Status ScatterRows(float* out, const std::vector<int64_t>& positions,
-                     const std::vector<float>& rows, int64_t dim, const TableContext&) override {
-    for (size_t j = 0; j < positions.size(); ++j) {
-      std::copy_n(rows.begin() + j * dim, dim, out + positions[j] * dim);
-    }
+  Status AllocateHost(int64_t bytes, void** out) override { return Allocate(bytes, out); }
+  void FreeHost(void* pointer) override { Free(pointer); }
+  Status ScatterRows(float* out, const int64_t* positions, const float* rows, int64_t count,
+                     int64_t dim, const TableContext&) override {
+    for (int64_t j = 0; j < count; ++j) std::copy_n(rows + j * dim, dim, out + positions[j] * dim);
     return Status::Ok();
   }
   Status Tally(const TableKeys& keys, const uint8_t* flags, int64_t* selected, int64_t* flagged,
                const TableContext&) override {
     *selected = *flagged = 0;
+    int64_t key;
     for (int64_t i = 0; i < keys.n; ++i) {
-      if (keys.stride == 2 && keys.data[2 * i] != keys.table) continue;
+      if (!SelectedKey(keys, i, &key)) continue;
       ++*selected;
       *flagged += flags[i] != 0;
+    }
+    return Status::Ok();
+  }
+  Status Flagged(const TableKeys& keys, const uint8_t* flags, bool distinct,
+                 std::vector<int64_t>* out, std::vector<int64_t>* positions,
+                 const TableContext&) override {
+    out->clear();
+    if (positions != nullptr) positions->clear();
+    int64_t key;
+    for (int64_t i = 0; i < keys.n; ++i) {
+      if (!SelectedKey(keys, i, &key) || !flags[i]) continue;
+      out->push_back(key);
+      if (positions != nullptr) positions->push_back(i);
+    }
+    if (distinct) {
+      std::sort(out->begin(), out->end());
+      out->erase(std::unique(out->begin(), out->end()), out->end());
     }
     return Status::Ok();
   }
@@ -69,6 +94,19 @@ struct HostRows {
     };
   }
 };
+
+// Moves the entries j with keep[j] of `count` rows of `width` to the front, in order;
+// returns how many there are.
+template <typename T>
+int64_t KeepRows(T* rows, const uint8_t* keep, int64_t count, int64_t width) {
+  int64_t kept = 0;
+  for (int64_t j = 0; j < count; ++j) {
+    if (!keep[j]) continue;
+    if (kept != j) std::copy_n(rows + j * width, width, rows + kept * width);
+    ++kept;
+  }
+  return kept;
+}
 
 template <typename T>
 std::vector<T> Pick(const std::vector<T>& from, const std::vector<int64_t>& index, int64_t width) {
@@ -137,11 +175,11 @@ class TieredTable::HotBuffer {
       return Status::Ok();
     };
   }
-  // A hot copy of a host array.
+  // A hot copy of `count` elements of a host array.
   template <typename T>
-  Status Upload(const std::vector<T>& host, T** out, const TableContext& context) {
-    SOK_RETURN_IF_ERROR(Get(static_cast<int64_t>(host.size()), out));
-    return memory_->FromHost(*out, host.data(), host.size() * sizeof(T), context);
+  Status Upload(const T* host, int64_t count, T** out, const TableContext& context) {
+    SOK_RETURN_IF_ERROR(Get(count, out));
+    return memory_->FromHost(*out, host, count * sizeof(T), context);
   }
 
  private:
@@ -158,6 +196,27 @@ TieredTable::TieredTable(const HashTableOptions& options, int64_t hot_bytes,
       cold_(std::move(cold)),
       memory_(std::move(memory)) {}
 
+TieredTable::~TieredTable() {
+  for (void* pointer : staging_) {
+    if (pointer != nullptr) memory_->FreeHost(pointer);
+  }
+}
+
+template <typename T>
+Status TieredTable::Stage(Staging which, int64_t count, T** out) {
+  const int64_t bytes = std::max<int64_t>(count, 1) * static_cast<int64_t>(sizeof(T));
+  if (bytes > staging_bytes_[which]) {
+    const int64_t grown = std::max(bytes, staging_bytes_[which] + staging_bytes_[which] / 2);
+    if (staging_[which] != nullptr) memory_->FreeHost(staging_[which]);
+    staging_[which] = nullptr;
+    staging_bytes_[which] = 0;
+    SOK_RETURN_IF_ERROR(memory_->AllocateHost(grown, &staging_[which]));
+    staging_bytes_[which] = grown;
+  }
+  *out = static_cast<T*>(staging_[which]);
+  return Status::Ok();
+}
+
 int64_t TieredTable::RowBytes(int64_t dim, ValueType value_type, int64_t state_dim) {
   const int64_t value_bytes = value_type == ValueType::kFloat32 ? 4 : 2;
   return dim * value_bytes + state_dim * static_cast<int64_t>(sizeof(float));
@@ -168,12 +227,27 @@ int64_t TieredTable::hot_row_budget() const {
 }
 
 Status TieredTable::AllHot(const TableKeys& keys, HotBuffer* buffer, uint8_t** hot_flags,
-                           bool* all_hot, int64_t* selected, const TableContext& context) {
+                           bool* all_hot, int64_t* selected, const TableContext& context,
+                           int64_t* absent_ids) {
   int64_t absent = 0;
   SOK_RETURN_IF_ERROR(buffer->Get(keys.n, hot_flags));
   SOK_RETURN_IF_ERROR(hot_->Absent(keys, *hot_flags, context));
   SOK_RETURN_IF_ERROR(memory_->Tally(keys, *hot_flags, selected, &absent, context));
   *all_hot = absent == 0;
+  if (absent_ids != nullptr) *absent_ids = absent;
+  return Status::Ok();
+}
+
+Status TieredTable::DistinctHotKeys(const TableKeys& keys, const uint8_t* hot_flags,
+                                    int64_t* count, const TableContext& context) {
+  std::vector<int64_t> key, hot_keys;
+  std::vector<uint8_t> absent;
+  SOK_RETURN_IF_ERROR(Split(keys, hot_flags, &key, &absent, nullptr, context));
+  for (size_t j = 0; j < key.size(); ++j) {
+    if (!absent[j]) hot_keys.push_back(key[j]);
+  }
+  std::sort(hot_keys.begin(), hot_keys.end());
+  *count = std::unique(hot_keys.begin(), hot_keys.end()) - hot_keys.begin();
   return Status::Ok();
 }
 
@@ -215,48 +289,55 @@ Status TieredTable::Demote(int64_t batch, const TableContext& context) {
   HotBuffer::Rows moved;
   SOK_RETURN_IF_ERROR(hot_->EvictLowest(batch, buffer.Receiver(dim, state_dim, &moved), context));
   const int64_t n = moved.n;
-  std::vector<int64_t> host_keys(n);
-  std::vector<float> host_values(n * dim), host_state(n * state_dim);
-  SOK_RETURN_IF_ERROR(memory_->ToHost(host_keys.data(), moved.keys, n * 8, context));
-  SOK_RETURN_IF_ERROR(memory_->ToHost(host_values.data(), moved.values, n * dim * 4, context));
-  SOK_RETURN_IF_ERROR(memory_->ToHost(host_state.data(), moved.state, n * state_dim * 4, context));
+  int64_t* host_keys = nullptr;
+  float *host_values = nullptr, *host_state = nullptr;
+  SOK_RETURN_IF_ERROR(Stage(kDownKeys, n, &host_keys));
+  SOK_RETURN_IF_ERROR(Stage(kDownValues, n * dim, &host_values));
+  SOK_RETURN_IF_ERROR(Stage(kDownState, n * state_dim, &host_state));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(host_keys, moved.keys, n * 8, context));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(host_values, moved.values, n * dim * 4, context));
+  SOK_RETURN_IF_ERROR(memory_->ToHost(host_state, moved.state, n * state_dim * 4, context));
   hot_size_ -= n;
   counts_.moved_down += n;
   LendCapacity();
-  return cold_->InsertNew(host_keys.data(), n, host_values.data(),
-                          state_dim ? host_state.data() : nullptr, HostContext(context));
+  return cold_->InsertNew(host_keys, n, host_values, state_dim ? host_state : nullptr,
+                          HostContext(context));
 }
 
 Status TieredTable::Promote(const std::vector<int64_t>& keys, const TableContext& context) {
   const int64_t n = static_cast<int64_t>(keys.size()), dim = options_.dim;
   const int64_t state_dim = cold_->state_dim();
-  std::vector<float> values(n * dim), state(n * state_dim);
-  std::vector<uint8_t> found(n);
-  SOK_RETURN_IF_ERROR(cold_->Take(keys.data(), n, values.data(), state.data(), found.data(),
-                                  HostContext(context)));
-  std::vector<int64_t> moving;
-  for (int64_t j = 0; j < n; ++j) {
-    if (found[j]) moving.push_back(j);
+  float *values = nullptr, *state = nullptr;
+  uint8_t* found = nullptr;
+  SOK_RETURN_IF_ERROR(Stage(kUpValues, n * dim, &values));
+  SOK_RETURN_IF_ERROR(Stage(kUpState, n * state_dim, &state));
+  SOK_RETURN_IF_ERROR(Stage(kUpFound, n, &found));
+  SOK_RETURN_IF_ERROR(cold_->Take(keys.data(), n, values, state, found, HostContext(context)));
+  // Keys the host table refused (the filter) do not move.
+  std::vector<int64_t> moving = keys;
+  const int64_t count = KeepRows(moving.data(), found, n, 1);
+  if (count == 0) return Status::Ok();
+  if (count < n) {
+    KeepRows(values, found, n, dim);
+    KeepRows(state, found, n, state_dim);
   }
-  if (moving.empty()) return Status::Ok();
-  SOK_RETURN_IF_ERROR(AssignHot(keys, values, state, moving, state_dim > 0, context));
-  hot_size_ += static_cast<int64_t>(moving.size());
-  counts_.moved_up += static_cast<int64_t>(moving.size());
+  SOK_RETURN_IF_ERROR(AssignHot(moving.data(), values, state, count, state_dim > 0, context));
+  hot_size_ += count;
+  counts_.moved_up += count;
   return Status::Ok();
 }
 
-Status TieredTable::AssignHot(const std::vector<int64_t>& keys, const std::vector<float>& values,
-                              const std::vector<float>& state, const std::vector<int64_t>& at,
-                              bool with_state, const TableContext& context) {
+Status TieredTable::AssignHot(const int64_t* keys, const float* values, const float* state,
+                              int64_t count, bool with_state, const TableContext& context) {
   const int64_t dim = options_.dim, state_dim = with_state ? hot_->state_dim() : 0;
   HotBuffer buffer(memory_.get());
   int64_t* hot_keys = nullptr;
   float *hot_values = nullptr, *hot_state = nullptr;
-  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(keys, at, 1), &hot_keys, context));
-  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(values, at, dim), &hot_values, context));
-  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(state, at, state_dim), &hot_state, context));
-  return hot_->InsertOrAssign(hot_keys, static_cast<int64_t>(at.size()), hot_values,
-                              with_state ? hot_state : nullptr, context);
+  SOK_RETURN_IF_ERROR(buffer.Upload(keys, count, &hot_keys, context));
+  SOK_RETURN_IF_ERROR(buffer.Upload(values, count * dim, &hot_values, context));
+  SOK_RETURN_IF_ERROR(buffer.Upload(state, count * state_dim, &hot_state, context));
+  return hot_->InsertOrAssign(hot_keys, count, hot_values, with_state ? hot_state : nullptr,
+                              context);
 }
 
 Status TieredTable::HandOutEvicted(const std::vector<int64_t>& keys,
@@ -321,20 +402,15 @@ Status TieredTable::Find(const TableKeys& keys, float* values, const TableContex
   int64_t selected = 0;
   SOK_RETURN_IF_ERROR(AllHot(keys, &flags_buffer, &hot_flags, &all_hot, &selected, context));
   if (all_hot) return Status::Ok();
-  std::vector<int64_t> key, position, cold_keys, cold_at;
-  std::vector<uint8_t> absent;
-  SOK_RETURN_IF_ERROR(Split(keys, hot_flags, &key, &absent, &position, context));
-  for (size_t j = 0; j < key.size(); ++j) {
-    if (!absent[j]) continue;
-    cold_keys.push_back(key[j]);
-    cold_at.push_back(position[j]);
-  }
+  std::vector<int64_t> cold_keys, cold_at;
+  SOK_RETURN_IF_ERROR(memory_->Flagged(keys, hot_flags, false, &cold_keys, &cold_at, context));
   if (cold_keys.empty()) return Status::Ok();
   const int64_t count = static_cast<int64_t>(cold_keys.size());
-  std::vector<float> rows(count * options_.dim);
-  SOK_RETURN_IF_ERROR(cold_->Find(TableKeys{cold_keys.data(), count, 1, 0}, rows.data(),
-                                  HostContext(context)));
-  return memory_->ScatterRows(values, cold_at, rows, options_.dim, context);
+  float* rows = nullptr;
+  SOK_RETURN_IF_ERROR(Stage(kUpValues, count * options_.dim, &rows));
+  SOK_RETURN_IF_ERROR(
+      cold_->Find(TableKeys{cold_keys.data(), count, 1, 0}, rows, HostContext(context)));
+  return memory_->ScatterRows(values, cold_at.data(), rows, count, options_.dim, context);
 }
 
 Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float admit_probability,
@@ -353,39 +429,23 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
   HotBuffer flags_buffer(memory_.get());
   uint8_t* hot_flags = nullptr;
   bool all_hot = false;
-  int64_t selected = 0;
-  SOK_RETURN_IF_ERROR(AllHot(keys, &flags_buffer, &hot_flags, &all_hot, &selected, context));
+  int64_t selected = 0, absent_ids = 0;
+  SOK_RETURN_IF_ERROR(
+      AllHot(keys, &flags_buffer, &hot_flags, &all_hot, &selected, context, &absent_ids));
   if (all_hot) {  // a use of each key (nothing is admitted) gives the rows and their scores
     counts_.ids_looked_up += selected;
     counts_.hot_hits += selected;
     return hot_->FindOrInsert(keys, values, 0.0f, nullptr, context);
   }
-  std::vector<int64_t> key;
-  std::vector<uint8_t> absent;
-  SOK_RETURN_IF_ERROR(Split(keys, hot_flags, &key, &absent, nullptr, context));
+  // Only the batch's distinct misses come to the host.
   std::vector<int64_t> missing;
-  int64_t hits = 0;
-  for (size_t j = 0; j < key.size(); ++j) {
-    if (absent[j]) {
-      missing.push_back(key[j]);
-    } else {
-      ++hits;
-    }
-  }
-  std::sort(missing.begin(), missing.end());
-  missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+  SOK_RETURN_IF_ERROR(memory_->Flagged(keys, hot_flags, true, &missing, nullptr, context));
+  const int64_t hits = selected - absent_ids;
   const int64_t budget = hot_row_budget(), misses = static_cast<int64_t>(missing.size());
   // The batch's hot keys (at most `hits`, exactly when that already fits) and its misses
   // must fit the hot tier together.
   int64_t batch_hot = hits;
-  if (hits + misses > budget) {
-    std::vector<int64_t> hot_keys;
-    for (size_t j = 0; j < key.size(); ++j) {
-      if (!absent[j]) hot_keys.push_back(key[j]);
-    }
-    std::sort(hot_keys.begin(), hot_keys.end());
-    batch_hot = std::unique(hot_keys.begin(), hot_keys.end()) - hot_keys.begin();
-  }
+  if (hits + misses > budget) SOK_RETURN_IF_ERROR(DistinctHotKeys(keys, hot_flags, &batch_hot, context));
   if (batch_hot + misses > budget) {
     return Status::InvalidArgument(
         "a lookup of " + std::to_string(batch_hot + misses) + " distinct keys does not fit the "
@@ -394,7 +454,7 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
         std::to_string(RowBytes(options_.dim, options_.value_type, hot_->state_dim())) +
         " bytes with optimizer state); raise max_hbm_for_vectors");
   }
-  counts_.ids_looked_up += static_cast<int64_t>(key.size());
+  counts_.ids_looked_up += selected;
   counts_.hot_hits += hits;
   // A use of each of the batch's hot keys (nothing is admitted), so they are the newest.
   SOK_RETURN_IF_ERROR(hot_->FindOrInsert(keys, values, 0.0f, nullptr, context));
@@ -411,7 +471,8 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
     // The host table admits and initialises keys new to the whole table, and evicts its
     // coldest keys past max_capacity.
     LendCapacity();
-    std::vector<float> unused(missing.size() * options_.dim);
+    float* unused = nullptr;  // the rows are taken below
+    SOK_RETURN_IF_ERROR(Stage(kUpValues, misses * options_.dim, &unused));
     EvictedRows host_evicted;
     host_evicted.allocate = [&](int64_t count, int64_t** k, float** v) {
       evicted_keys.resize(count);
@@ -421,7 +482,7 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
       return Status::Ok();
     };
     SOK_RETURN_IF_ERROR(cold_->FindOrInsert(TableKeys{missing.data(), misses, 1, 0},
-                                            unused.data(), admit_probability, &host_evicted,
+                                            unused, admit_probability, &host_evicted,
                                             HostContext(context)));
   }
   SOK_RETURN_IF_ERROR(Demote(demoted, context));
@@ -453,7 +514,10 @@ Status TieredTable::InsertOrAssign(const int64_t* keys, int64_t n, const float* 
   SOK_RETURN_IF_ERROR(memory_->ToHost(host_values.data(), values, n * dim * 4, context));
   SOK_RETURN_IF_ERROR(memory_->ToHost(host_state.data(), state, n * state_dim * 4, context));
   if (!hot_at.empty()) {
-    SOK_RETURN_IF_ERROR(AssignHot(key, host_values, host_state, hot_at, state != nullptr, context));
+    const int64_t count = static_cast<int64_t>(hot_at.size());
+    SOK_RETURN_IF_ERROR(AssignHot(Pick(key, hot_at, 1).data(), Pick(host_values, hot_at, dim).data(),
+                                  Pick(host_state, hot_at, state_dim).data(), count,
+                                  state != nullptr, context));
   }
   LendCapacity();
   const std::vector<float> cold_state = Pick(host_state, cold_at, state_dim);
@@ -577,11 +641,13 @@ Status TieredTable::ApplySparseUpdate(const SparseUpdate& update, const TableCon
   SparseUpdate hot_update = update;
   int64_t* hot_keys = nullptr;
   float* hot_grads = nullptr;
-  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(key, hot_at, 1), &hot_keys, context));
-  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(grads, hot_at, dim), &hot_grads, context));
+  const int64_t hot_n = static_cast<int64_t>(hot_at.size());
+  SOK_RETURN_IF_ERROR(buffer.Upload(Pick(key, hot_at, 1).data(), hot_n, &hot_keys, context));
+  SOK_RETURN_IF_ERROR(
+      buffer.Upload(Pick(grads, hot_at, dim).data(), hot_n * dim, &hot_grads, context));
   hot_update.keys = hot_keys;
   hot_update.grads = hot_grads;
-  hot_update.n = static_cast<int64_t>(hot_at.size());
+  hot_update.n = hot_n;
   SOK_RETURN_IF_ERROR(hot_->ApplySparseUpdate(hot_update, context));
   SOK_RETURN_IF_ERROR(MatchColdState(update, context));
   const std::vector<int64_t> cold_keys = Pick(key, cold_at, 1);

@@ -39,10 +39,19 @@ class TierMemory {
   virtual Status FromHost(void* hot, const void* host, int64_t bytes,
                           const TableContext& context) = 0;
   virtual Status Copy(void* to, const void* from, int64_t bytes, const TableContext& context) = 0;
-  // out row positions[j] = rows row j ([count, dim], host).
-  virtual Status ScatterRows(float* out, const std::vector<int64_t>& positions,
-                             const std::vector<float>& rows, int64_t dim,
-                             const TableContext& context) = 0;
+  // Host memory that calls reuse for their copies: pinned on a GPU, so copies run at the
+  // link's speed, and kept, so no call pays for fresh pages.
+  virtual Status AllocateHost(int64_t bytes, void** out) = 0;
+  virtual void FreeHost(void* pointer) = 0;
+  // out row positions[j] = rows row j (count rows of dim; positions and rows on the host).
+  virtual Status ScatterRows(float* out, const int64_t* positions, const float* rows,
+                             int64_t count, int64_t dim, const TableContext& context) = 0;
+  // The selected keys of `keys` that `flags` (one a key, in hot memory) marks, on the host:
+  // with `distinct`, sorted and each once; otherwise one a flagged key, in any order, with
+  // its index in the call in `positions` (when not null). Only these cross to the host.
+  virtual Status Flagged(const TableKeys& keys, const uint8_t* flags, bool distinct,
+                         std::vector<int64_t>* out, std::vector<int64_t>* positions,
+                         const TableContext& context) = 0;
   // How many keys of `keys` are selected (all but another table's, with stride 2) and how
   // many of those `flags` (one a key, in hot memory) marks, read back with one wait: the
   // one host decision a call whose rows are all hot needs.
@@ -72,6 +81,7 @@ class TieredTable final : public DynamicTable {
   // empty; `memory` is hot's memory.
   TieredTable(const HashTableOptions& options, int64_t hot_bytes, std::shared_ptr<DynamicTable> hot,
               std::unique_ptr<CpuHashTable> cold, std::unique_ptr<TierMemory> memory);
+  ~TieredTable() override;
 
   bool in_device_memory() const override { return hot_->in_device_memory(); }
   SOK_DYNAMIC_TABLE_OPERATIONS;
@@ -98,7 +108,10 @@ class TieredTable final : public DynamicTable {
   // set is hot): the hot table's absent flags (kept in `buffer` for Split), tallied where
   // they are; `selected` counts the keys.
   Status AllHot(const TableKeys& keys, HotBuffer* buffer, uint8_t** hot_flags, bool* all_hot,
-                int64_t* selected, const TableContext& context);
+                int64_t* selected, const TableContext& context, int64_t* absent_ids = nullptr);
+  // The distinct keys of the call that the hot tier holds (`hot_flags` as AllHot's).
+  Status DistinctHotKeys(const TableKeys& keys, const uint8_t* hot_flags, int64_t* count,
+                         const TableContext& context);
   // The selected keys of `keys` on the host, with absent[j] = 1 where the hot tier lacks
   // key[j] (a call's keys and flags; `position` j's index in the call). `hot_flags`: the hot
   // table's absent flags when AllHot has them, else null (asked here).
@@ -112,11 +125,15 @@ class TieredTable final : public DynamicTable {
   Status Demote(int64_t count, const TableContext& context);
   // Moves `keys` (distinct, on the host, none hot) that the host holds into the hot tier.
   Status Promote(const std::vector<int64_t>& keys, const TableContext& context);
-  // Writes rows `at` of host arrays (keys, values [., dim], state [., state_dim] when
-  // `with_state`) into the hot table.
-  Status AssignHot(const std::vector<int64_t>& keys, const std::vector<float>& values,
-                   const std::vector<float>& state, const std::vector<int64_t>& at,
+  // Writes `count` rows of host arrays (keys, values [count, dim], state [count, state_dim]
+  // when `with_state`) into the hot table.
+  Status AssignHot(const int64_t* keys, const float* values, const float* state, int64_t count,
                    bool with_state, const TableContext& context);
+  // Host staging arrays that calls reuse (TierMemory::AllocateHost): `count` elements of
+  // array `which`, grown when too small (its contents are not kept).
+  enum Staging { kUpValues, kUpState, kUpFound, kDownKeys, kDownValues, kDownState, kStagings };
+  template <typename T>
+  Status Stage(Staging which, int64_t count, T** out);
   // The host table may hold what the hot tier leaves of max_capacity.
   void LendCapacity() { cold_->SetMaxCapacity(options_.max_capacity - hot_size()); }
   // Widens the host table's state to the hot table's.
@@ -129,6 +146,8 @@ class TieredTable final : public DynamicTable {
   std::shared_ptr<DynamicTable> hot_;
   std::unique_ptr<CpuHashTable> cold_;
   std::unique_ptr<TierMemory> memory_;
+  void* staging_[kStagings] = {};
+  int64_t staging_bytes_[kStagings] = {};
   std::mutex mutex_;
   // The hot tier's key count: exact, or (after calls that let the hot table insert) an
   // upper bound that ExactHotSize reads back.
