@@ -131,6 +131,27 @@ def test_training_gives_the_rows_and_state_of_a_one_tier_table(device, distribut
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_thousands_of_rows_a_step_move_between_a_large_host_tier_and_the_hot_tier(device):
+    # 120,000 keys, 24,000 rows of budget: each batch of 16,384 ids (repeats included)
+    # brings thousands of rows up from a host table of over 90,000 keys, whose slot array
+    # the take cuts into many ranges erased in parallel, and sends as many down.
+    tiered, plain = make_pair(device, 4, "many_moving", budget_rows=24000, state_floats=0)
+    rng = np.random.default_rng(8)
+    keys = rng.choice(np.int64(1) << 50, size=120000, replace=False).astype(np.int64)
+    values = rng.standard_normal((keys.size, 4)).astype(np.float32)
+    for table in (tiered, plain):
+        with tf.device(f"{device}:0"):
+            table.assign(tf.constant(keys), values)
+    data = [tf.RaggedTensor.from_row_lengths(tf.constant(keys[rng.integers(0, keys.size, 16384)]),
+                                             [1024] * 16) for _ in range(4)]
+    for table in (tiered, plain):
+        train(table, sok.OptimizerWrapper(keras_optimizer("SGD", 0.1)), data, device)
+    counts = sok.tier_counts(tiered)
+    assert counts["moved_up"] > 4 * 8000 and counts["host_keys"] > 90000
+    assert_same(tiered, plain, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_16_bit_rows_move_between_tiers_unchanged(device):
     tiered, plain = make_pair(device, 8, "bf16_tiers", dtype=tf.bfloat16)
     data = batches(np.random.default_rng(6), "powerlaw", steps=16)

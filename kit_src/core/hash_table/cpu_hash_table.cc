@@ -189,6 +189,11 @@ void CpuHashTable::FillInitialState(float* state) const {
 }
 
 void CpuHashTable::EraseSlot(int64_t slot) {
+  ShiftOut(slot);
+  --size_;
+}
+
+void CpuHashTable::ShiftOut(int64_t slot) {
   // Backward-shift deletion: pull later entries of the probe run into the hole.
   const int64_t width = RowWidth();
   int64_t hole = slot;
@@ -203,7 +208,66 @@ void CpuHashTable::EraseSlot(int64_t slot) {
     hole = next;
   }
   slots_[hole].meta.store(0, std::memory_order_relaxed);
-  --size_;
+}
+
+int64_t CpuHashTable::EraseInParallel(const int64_t* keys, uint8_t* erase, int64_t n,
+                                      const ParallelFor& parallel_for) {
+  // Range starts: the first empty slot at or after each of kRanges even cuts.
+  constexpr int64_t kRanges = 64;
+  const int64_t slots = mask_ + 1;
+  std::vector<int64_t> starts;
+  for (int64_t r = 0; r < kRanges; ++r) {
+    int64_t slot = r * (slots / kRanges);
+    for (int64_t step = 0; step < slots && Occupied(slot); ++step) slot = (slot + 1) & mask_;
+    if (!Occupied(slot)) starts.push_back(slot);
+  }
+  if (starts.empty()) starts.push_back(0);  // no empty slot: one range, one thread
+  std::sort(starts.begin(), starts.end());
+  starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+  const int64_t ranges = static_cast<int64_t>(starts.size());
+  // A key's run holds its home slot, so the range of its home is the range of its slot
+  // (the last range wraps past the array's end to the first start).
+  const auto range_of = [&](int64_t key) {
+    const int64_t home = Home(key);
+    const int64_t after = std::upper_bound(starts.begin(), starts.end(), home) - starts.begin();
+    return after == 0 ? ranges - 1 : after - 1;
+  };
+  std::vector<int32_t> range(n);
+  parallel_for(n, 60, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (erase[i]) range[i] = static_cast<int32_t>(range_of(keys[i]));
+    }
+  });
+  // The keys of each range, in index order (a counting sort).
+  std::vector<int64_t> first(ranges + 1, 0), order;
+  for (int64_t i = 0; i < n; ++i) {
+    if (erase[i]) ++first[range[i] + 1];
+  }
+  for (int64_t r = 0; r < ranges; ++r) first[r + 1] += first[r];
+  order.resize(first[ranges]);
+  std::vector<int64_t> next(first.begin(), first.end() - 1);
+  for (int64_t i = 0; i < n; ++i) {
+    if (erase[i]) order[next[range[i]]++] = i;
+  }
+  std::atomic<int64_t> erased{0};
+  parallel_for(ranges, 1000000, [&](int64_t begin, int64_t end) {
+    int64_t here = 0;
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t j = first[r]; j < first[r + 1]; ++j) {
+        const int64_t i = order[j];
+        const int64_t slot = FindSlot(keys[i], Home(keys[i]));
+        if (slot < 0) {
+          erase[i] = 0;
+        } else {
+          ShiftOut(slot);
+          ++here;
+        }
+      }
+    }
+    erased.fetch_add(here, std::memory_order_relaxed);
+  });
+  size_ -= erased.load();
+  return erased.load();
 }
 
 int64_t CpuHashTable::CountNewKeys(const int64_t* keys, const std::vector<uint8_t>& missing) const {
@@ -424,8 +488,8 @@ Status CpuHashTable::Take(const int64_t* keys, int64_t n, float* values, float* 
     std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
     if (state_dim > 0) std::fill(state + i * state_dim, state + (i + 1) * state_dim, 0.0f);
   };
-  // The rows are read in parallel, then erased in order (erasing moves other rows); a key
-  // repeated is found once, as if taken one at a time.
+  // The rows are read in parallel, then erased (erasing moves other rows); a key repeated
+  // is found once, as if taken one at a time.
   context.parallel_for(n, 2 * (dim + state_dim) + 100, [&](int64_t begin, int64_t end) {
     ProbeAhead<false>(keys, nullptr, begin, end, [&](int64_t i, int64_t home) {
       const int64_t slot = FindSlot(keys[i], home);
@@ -435,14 +499,10 @@ Status CpuHashTable::Take(const int64_t* keys, int64_t n, float* values, float* 
       if (state_dim > 0) std::memcpy(state + i * state_dim, State(slot), state_dim * sizeof(float));
     });
   });
+  std::vector<uint8_t> erased(found, found + n);
+  EraseInParallel(keys, erased.data(), n, context.parallel_for);
   for (int64_t i = 0; i < n; ++i) {
-    if (!found[i]) continue;
-    const int64_t slot = FindSlot(keys[i], Home(keys[i]));
-    if (slot < 0) {
-      missing(i);
-    } else {
-      EraseSlot(slot);
-    }
+    if (found[i] && !erased[i]) missing(i);  // a repeat of a key taken before it
   }
   return Status::Ok();
 }

@@ -244,6 +244,15 @@ class CpuHashTable final : public DynamicTable {
   // lock.
   Status Grow(int64_t incoming, const ParallelFor& parallel_for);
   void EraseSlot(int64_t slot);
+  // Backward-shift deletion of `slot` (later entries of its probe run move back into the
+  // hole); leaves size_ alone.
+  void ShiftOut(int64_t slot);
+  // Erases the keys[i] with erase[i] (clearing erase[i] for a key no longer there, as a
+  // repeat of an erased key), in parallel, and returns how many it erased. The slot array is
+  // cut at empty slots into ranges that no probe run crosses, and each range's keys are
+  // erased in index order by one thread: a deletion moves entries within its run only.
+  int64_t EraseInParallel(const int64_t* keys, uint8_t* erase, int64_t n,
+                          const ParallelFor& parallel_for);
   void FillInitialState(float* state) const;
 
   int64_t value_words_ = 0;
