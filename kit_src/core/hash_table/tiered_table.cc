@@ -283,17 +283,18 @@ int64_t TieredTable::DemoteCount(int64_t incoming, int64_t keep) const {
 Status TieredTable::Demote(int64_t batch, const TableContext& context) {
   const int64_t dim = options_.dim, state_dim = hot_->state_dim();
   if (batch <= 0) return Status::Ok();
-  // Host memory for the rows first: when it runs out, nothing has moved.
+  // Host memory for the rows first (the table's and the copies'): when it runs out, nothing
+  // has moved.
   SOK_RETURN_IF_ERROR(cold_->GrowFor(batch));
+  int64_t* host_keys = nullptr;
+  float *host_values = nullptr, *host_state = nullptr;
+  SOK_RETURN_IF_ERROR(Stage(kDownKeys, batch, &host_keys));
+  SOK_RETURN_IF_ERROR(Stage(kDownValues, batch * dim, &host_values));
+  SOK_RETURN_IF_ERROR(Stage(kDownState, batch * state_dim, &host_state));
   HotBuffer buffer(memory_.get());
   HotBuffer::Rows moved;
   SOK_RETURN_IF_ERROR(hot_->EvictLowest(batch, buffer.Receiver(dim, state_dim, &moved), context));
-  const int64_t n = moved.n;
-  int64_t* host_keys = nullptr;
-  float *host_values = nullptr, *host_state = nullptr;
-  SOK_RETURN_IF_ERROR(Stage(kDownKeys, n, &host_keys));
-  SOK_RETURN_IF_ERROR(Stage(kDownValues, n * dim, &host_values));
-  SOK_RETURN_IF_ERROR(Stage(kDownState, n * state_dim, &host_state));
+  const int64_t n = moved.n;  // at most batch
   SOK_RETURN_IF_ERROR(memory_->ToHost(host_keys, moved.keys, n * 8, context));
   SOK_RETURN_IF_ERROR(memory_->ToHost(host_values, moved.values, n * dim * 4, context));
   SOK_RETURN_IF_ERROR(memory_->ToHost(host_state, moved.state, n * state_dim * 4, context));
