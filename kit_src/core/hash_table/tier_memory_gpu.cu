@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -136,7 +135,7 @@ class GpuTierMemory final : public TierMemory {
     if (keys.n == 0) return Status::Ok();
     const cudaStream_t stream = static_cast<cudaStream_t>(context.stream);
     SOK_RETURN_IF_ERROR(EnsureCounts());
-    Scratch scratch(this);
+    TierScratch scratch(this);  // freed after the call's last wait
     int64_t *found = nullptr, *at = nullptr;
     SOK_RETURN_IF_ERROR(scratch.Get(keys.n, &found));
     if (positions != nullptr) SOK_RETURN_IF_ERROR(scratch.Get(keys.n, &at));
@@ -147,7 +146,7 @@ class GpuTierMemory final : public TierMemory {
     SOK_RETURN_IF_ERROR(ReadCount(&count, context));
     if (distinct && count > 1) {  // sorted, then each key once
       int64_t *sorted = nullptr, *unique = nullptr;
-      void* temp = nullptr;
+      char* temp = nullptr;
       size_t sort_bytes = 0, unique_bytes = 0;
       const int items = static_cast<int>(count);
       cub::DeviceRadixSort::SortKeys(nullptr, sort_bytes, found, sorted, items, 0, 64, stream);
@@ -169,35 +168,6 @@ class GpuTierMemory final : public TierMemory {
 
  private:
   static constexpr size_t kCountBytes = 2 * sizeof(unsigned long long);
-  // Device scratch for one call, freed when it ends (after the call's last wait).
-  class Scratch {
-   public:
-    explicit Scratch(GpuTierMemory* memory) : memory_(memory) {}
-    ~Scratch() {
-      for (void* pointer : owned_) memory_->Free(pointer);
-    }
-    template <typename T>
-    Status Get(int64_t count, T** out) {
-      void* pointer = nullptr;
-      const int64_t bytes = std::max<int64_t>(count, 1) * static_cast<int64_t>(SizeOf<T>());
-      SOK_RETURN_IF_ERROR(memory_->Allocate(bytes, &pointer));
-      owned_.push_back(pointer);
-      *out = static_cast<T*>(pointer);
-      return Status::Ok();
-    }
-
-   private:
-    template <typename T>
-    static constexpr size_t SizeOf() {
-      if constexpr (std::is_void_v<T>) {
-        return 1;
-      } else {
-        return sizeof(T);
-      }
-    }
-    GpuTierMemory* memory_;
-    std::vector<void*> owned_;
-  };
   // The kept device counts and their pinned host copy.
   Status EnsureCounts() {
     if (tally_ != nullptr) return Status::Ok();

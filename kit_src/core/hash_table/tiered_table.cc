@@ -142,21 +142,10 @@ Status CheckHotBudget(const HashTableOptions& options, int64_t hot_bytes) {
                                  std::to_string(row) + " bytes)");
 }
 
-// Hot-tier memory for one call, freed when it ends.
-class TieredTable::HotBuffer {
+// Hot-tier memory for one call, with the hot tier's handouts and uploads.
+class TieredTable::HotBuffer : public TierScratch {
  public:
-  explicit HotBuffer(TierMemory* memory) : memory_(memory) {}
-  ~HotBuffer() {
-    for (void* pointer : owned_) memory_->Free(pointer);
-  }
-  template <typename T>
-  Status Get(int64_t count, T** out) {
-    void* pointer = nullptr;
-    SOK_RETURN_IF_ERROR(memory_->Allocate(std::max<int64_t>(count, 1) * sizeof(T), &pointer));
-    owned_.push_back(pointer);
-    *out = static_cast<T*>(pointer);
-    return Status::Ok();
-  }
+  using TierScratch::TierScratch;
   // Rows a hot-table call hands out (Export, EvictLowest), in this buffer.
   struct Rows {
     int64_t n = 0;
@@ -181,10 +170,6 @@ class TieredTable::HotBuffer {
     SOK_RETURN_IF_ERROR(Get(count, out));
     return memory_->FromHost(*out, host, count * sizeof(T), context);
   }
-
- private:
-  TierMemory* memory_;
-  std::vector<void*> owned_;
 };
 
 TieredTable::TieredTable(const HashTableOptions& options, int64_t hot_bytes,

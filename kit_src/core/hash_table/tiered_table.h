@@ -16,6 +16,7 @@
 // memory; `TierMemory` copies between it and the host.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -57,6 +58,31 @@ class TierMemory {
   // one host decision a call whose rows are all hot needs.
   virtual Status Tally(const TableKeys& keys, const uint8_t* flags, int64_t* selected,
                        int64_t* flagged, const TableContext& context) = 0;
+};
+
+// Hot-tier memory for one call, freed when it ends.
+class TierScratch {
+ public:
+  explicit TierScratch(TierMemory* memory) : memory_(memory) {}
+  ~TierScratch() {
+    for (void* pointer : owned_) memory_->Free(pointer);
+  }
+  TierScratch(const TierScratch&) = delete;
+  TierScratch& operator=(const TierScratch&) = delete;
+  template <typename T>
+  Status Get(int64_t count, T** out) {
+    void* pointer = nullptr;
+    SOK_RETURN_IF_ERROR(memory_->Allocate(std::max<int64_t>(count, 1) * sizeof(T), &pointer));
+    owned_.push_back(pointer);
+    *out = static_cast<T*>(pointer);
+    return Status::Ok();
+  }
+
+ protected:
+  TierMemory* memory_;
+
+ private:
+  std::vector<void*> owned_;
 };
 
 // Both tiers in host memory: what a CPU device runs, and how the tier logic is tested
