@@ -72,7 +72,7 @@ def _gather_single_ids_grad(op, *output_grads):
     n = op.get_attr("N")
     grads = _dense_output_grads(op, output_grads)[:n]
     ids = [tf.cast(op.inputs[n + l], tf.int64) for l in range(n)]
-    return _id_gradients(op, n, ids, grads, op.outputs[n]) + [None] * (2 * n)
+    return _id_gradients(op, n, ids, grads, op.outputs[n]) + [None] * n
 
 
 @tf.RegisterGradient("Sok>PoolFromTables")

@@ -127,8 +127,7 @@ def single_id_path(lookups, dim, ids_checked=False):
            for i in (checked or [lookup.ids for lookup in lookups])]
     names = [t.name for t in tables]
     outputs, check = raw_ops.sok_gather_single_ids(
-        tables=[t.handle for t in tables], ids=ids,
-        row_splits=[lookup.row_splits for lookup in lookups], dtype=tf.float32, dim=dim,
+        tables=[t.handle for t in tables], ids=ids, dtype=tf.float32, dim=dim,
         table_names=names)
     # Reports an out-of-range id (stateful: it runs in a tf.function even though nothing reads
     # it); on the GPU the gather itself does not wait for that verdict, nor the step where the
@@ -226,8 +225,8 @@ def either_id_path(lookups, dim):
 
         def rows_of_single_ids():
             outputs, check = raw_ops.sok_gather_single_ids(
-                tables=[handles[t] for t in lookup_table], ids=ids, row_splits=row_splits,
-                dtype=tf.float32, dim=dim, table_names=[names[t] for t in lookup_table])
+                tables=[handles[t] for t in lookup_table], ids=ids, dtype=tf.float32,
+                dim=dim, table_names=[names[t] for t in lookup_table])
             checked = raw_ops.sok_check_gathered_ids(
                 check, table_names=[names[t] for t in lookup_table])
             with tf.control_dependencies([] if checked is None else [checked]):

@@ -132,7 +132,7 @@ def main():
 
             def gather(check):
                 outs, bad = raw_ops.sok_gather_single_ids(
-                    tables=[t.handle for t in tables], ids=ids, row_splits=[row_splits] * 26,
+                    tables=[t.handle for t in tables], ids=ids,
                     dtype=tf.float32, dim=DIM, table_names=names)
                 if check:
                     raw_ops.sok_check_gathered_ids(bad, table_names=names)

@@ -19,15 +19,14 @@ rng = np.random.default_rng(0)
 with tf.device("GPU:0"):
     tables = [tf.Variable(tf.random.uniform([1 << 20, D])) for _ in range(T)]
     ids = [tf.constant(rng.integers(0, 1 << 20, size=B), tf.int64) for _ in range(T)]
-    splits = [tf.range(B + 1, dtype=tf.int64) for _ in range(T)]
 
 
 with tf.device("GPU:0"):
     raw = tf.function(lambda: tf.add_n([tf.reduce_sum(o) for o in raw_ops.sok_gather_single_ids(
-        tables=[t.handle for t in tables], ids=ids, row_splits=splits, dtype=tf.float32, dim=D,
+        tables=[t.handle for t in tables], ids=ids, dtype=tf.float32, dim=D,
         table_names=[str(i) for i in range(T)]).outputs]))
     one = tf.function(lambda: tf.reduce_sum(raw_ops.sok_gather_single_ids(
-        tables=[tables[0].handle], ids=ids[:1], row_splits=splits[:1], dtype=tf.float32, dim=D,
+        tables=[tables[0].handle], ids=ids[:1], dtype=tf.float32, dim=D,
         table_names=["0"]).outputs[0]))
     gather = tf.function(lambda: tf.add_n([tf.reduce_sum(tf.gather(t, i)) for t, i in zip(tables, ids)]))
     gather1 = tf.function(lambda: tf.reduce_sum(tf.gather(tables[0], ids[0])))

@@ -210,18 +210,18 @@ class GatherSingleIdsOp : public tf::OpKernel {
  public:
   explicit GatherSingleIdsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ReadAttrs(ctx, "dim", &dim_, "table_names", &table_names_));
-    OP_REQUIRES(ctx, static_cast<int>(table_names_.size()) * 3 == ctx->num_inputs(),
+    OP_REQUIRES(ctx, static_cast<int>(table_names_.size()) * 2 == ctx->num_inputs(),
                 tf::errors::InvalidArgument("table_names needs one entry per lookup"));
   }
 
   void Compute(tf::OpKernelContext* ctx) override {
-    const int n = ctx->num_inputs() / 3;
+    const int n = ctx->num_inputs() / 2;
     LockedTables tables;  // lookups may share a table
     OP_REQUIRES_OK(ctx, tables.Lock(ctx, 0, n, dim_, tf::DT_FLOAT, &table_names_));
     std::vector<functor::SingleIdArgs> lookups(n);
     for (int l = 0; l < n; ++l) {
       const tf::Tensor& ids = ctx->input(n + l);
-      OP_REQUIRES_OK(ctx, CheckSingleIdLookup(l, ids, ctx->input(2 * n + l)));
+      OP_REQUIRES_OK(ctx, CheckSingleIdLookup(l, ids));
       tf::Tensor* out = nullptr;
       OP_REQUIRES_OK(ctx, AllocateRowsOutput<Device>(
                               ctx, l, tf::TensorShape({ids.NumElements(), dim_}), &out));

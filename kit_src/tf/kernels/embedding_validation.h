@@ -85,16 +85,11 @@ inline ::tensorflow::Status CheckRowSplitsShape(int64_t l, const ::tensorflow::T
                                                splits.shape().DebugString());
 }
 
-// Sok>GatherSingleIds: lookup l's ids are a vector with one id per sample.
-inline ::tensorflow::Status CheckSingleIdLookup(int l, const ::tensorflow::Tensor& ids,
-                                                const ::tensorflow::Tensor& splits) {
-  if (::tensorflow::TensorShapeUtils::IsVector(ids.shape()) &&
-      splits.NumElements() == ids.NumElements() + 1) {
-    return ::tensorflow::Status();
-  }
-  return ::tensorflow::errors::InvalidArgument("lookup ", l, " must hold one id per sample: ",
-                                               ids.NumElements(), " ids for ",
-                                               splits.NumElements() - 1, " samples");
+// Sok>GatherSingleIds: lookup l's ids (one a sample) are a vector.
+inline ::tensorflow::Status CheckSingleIdLookup(int l, const ::tensorflow::Tensor& ids) {
+  if (::tensorflow::TensorShapeUtils::IsVector(ids.shape())) return ::tensorflow::Status();
+  return ::tensorflow::errors::InvalidArgument("ids of lookup ", l, " must be a vector, got shape ",
+                                               ids.shape().DebugString());
 }
 
 // Sok>SplitGradientByTable: grad is [keys, dim].

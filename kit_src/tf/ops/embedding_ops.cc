@@ -232,7 +232,6 @@ id_limits: empty, or per feature the rows of its table (-1: any id): each featur
 REGISTER_OP("Sok>GatherSingleIds")
     .Input("tables: N * resource")
     .Input("ids: N * Tindex")
-    .Input("row_splits: N * int64")
     .Output("outputs: N * dtype")
     .Output("check: int64")
     .Attr("N: int >= 1")
@@ -245,20 +244,18 @@ REGISTER_OP("Sok>GatherSingleIds")
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
       TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
       for (int64_t l = 0; l < n; ++l) {
-        ShapeHandle ids, splits;
+        ShapeHandle ids;
         TF_RETURN_IF_ERROR(c->WithRank(c->input(n + l), 1, &ids));
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n + l), 1, &splits));
-        DimensionHandle batch;
-        TF_RETURN_IF_ERROR(c->Subtract(c->Dim(splits, 0), 1, &batch));
-        c->set_output(l, c->Matrix(batch, dim));
+        c->set_output(l, c->Matrix(c->Dim(ids, 0), dim));
       }
       c->set_output(n, c->Vector(3));
       return Status();
     })
     .Doc(R"doc(
-One worker, every sample holding exactly one id (row_splits l is 0, 1, ..., batch; checked):
-output l is rows ids[l] of table l (any
-combiner pools one row to itself). No dedup and no exchange; the tables' gradients are the
+One worker, every sample holding exactly one id (the caller knows it: a sequence lookup, a
+RaggedTensor of uniform row length 1, or a run-time check of the row splits), so sample i of
+lookup l is ids[l][i]: output l is rows ids[l] of table l (any combiner pools one row to
+itself). No dedup and no exchange; the tables' gradients are the
 outputs' gradients as IndexedSlices over the ids.
 check is the GPU kernel's record of the first out-of-range id ([code, id, rows]; the CPU kernel
 fails at once and leaves it clean): Sok>CheckGatheredIds reports it, so the op itself finishes
