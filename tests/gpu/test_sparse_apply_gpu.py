@@ -111,7 +111,7 @@ def apply(rule, hyper, nesterov, table, state, ids, grads):
                                 torch.cuda.current_stream().cuda_stream)
 
 
-@pytest.mark.parametrize("dim", [1, 16, 100, 128, 300])
+@pytest.mark.parametrize("dim", [1, 16, 100, 128, 300, 600])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_touched_rows_take_one_step_of_the_rule(case, dim):
     rule, hyper, nesterov, sections, reference = CASES[case]
@@ -122,7 +122,11 @@ def test_touched_rows_take_one_step_of_the_rule(case, dim):
     state = torch.rand(rows, sections * dim, device="cuda", generator=g) + 0.1 if sections else None
     if sections == 3:  # centered RMSprop: a mean gradient below the root mean square
         state[:, 2 * dim:] = 0.0
-    ids = torch.randint(0, touched_range, (n,), device="cuda", generator=g)  # duplicates
+    # Duplicates: most rows a few uses, three hot rows hundreds (summed across blocks).
+    ids = torch.cat([torch.randint(0, touched_range, (n,), device="cuda", generator=g),
+                     torch.randint(0, 3, (n // 2,), device="cuda", generator=g)])
+    ids = ids[torch.randperm(len(ids), device="cuda", generator=g)]
+    n = len(ids)
     grads = torch.randn(n, dim, device="cuda", generator=g)
     before, state_before = table.clone(), None if state is None else state.clone()
     capi.check(apply(rule, hyper, nesterov, table, state, ids, grads))

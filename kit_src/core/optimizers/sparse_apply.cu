@@ -61,14 +61,32 @@ __global__ void HeadFlags(const int64_t* sorted_ids, int64_t n, int32_t* head) {
   }
 }
 
-// Each run's id (at the run's first use) and the number of runs, from the scanned head flags.
+// Each run's id and first use, the end of the last run, and the number of runs, from the
+// scanned head flags.
 __global__ void RunIds(const int64_t* sorted_ids, const int32_t* run_of, int64_t n,
-                       int64_t* run_id, int32_t* num_runs) {
+                       int64_t* run_id, int32_t* run_start, int32_t* num_runs) {
   for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n;
        k += int64_t{gridDim.x} * blockDim.x) {
-    if (k == 0 || run_of[k] != run_of[k - 1]) run_id[run_of[k]] = sorted_ids[k];
-    if (k == n - 1) *num_runs = run_of[k] + 1;
+    if (k == 0 || run_of[k] != run_of[k - 1]) {
+      run_id[run_of[k]] = sorted_ids[k];
+      run_start[run_of[k]] = static_cast<int32_t>(k);
+    }
+    if (k == n - 1) {
+      *num_runs = run_of[k] + 1;
+      run_start[run_of[k] + 1] = static_cast<int32_t>(n);
+    }
   }
+}
+
+// Runs of at most kShortRunUses uses (most of them where ids do not repeat much) are summed
+// and applied by one warp each (SumApplyShortRuns), the sum kept in registers; longer runs (a
+// hot id's thousands of uses) are summed by many blocks (SumRuns), then applied (ApplyRuns).
+constexpr int kShortRunUses = 64;
+constexpr int kFloat4sPerLane = 4;  // a warp holds rows of up to 512 floats as float4s
+
+// Whether run `run` goes the short way (short_limit 0: no run does).
+__device__ __forceinline__ bool ShortRun(const int32_t* run_start, int64_t run, int short_limit) {
+  return run_start[run + 1] - run_start[run] <= short_limit;
 }
 
 // CUB's temporary storage for the sort and the scan of n uses, asked of CUB once for each
@@ -107,12 +125,13 @@ constexpr int64_t kUsesPerChunk = 32;
 constexpr int kUsesInFlight = 8;  // gradient loads a thread issues before it sums them
 
 
-// Zeroes the summed rows of the runs the device counted (SumRuns adds into them).
-__global__ void ZeroRuns(const int32_t* num_runs, int64_t dim, float* summed) {
+// Zeroes the summed rows of the long runs the device counted (SumRuns adds into them).
+__global__ void ZeroRuns(const int32_t* num_runs, const int32_t* run_start, int short_limit,
+                         int64_t dim, float* summed) {
   const int64_t total = *num_runs * dim;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
-    summed[e] = 0.0f;
+    if (!ShortRun(run_start, e / dim, short_limit)) summed[e] = 0.0f;
   }
 }
 
@@ -140,6 +159,7 @@ __device__ __forceinline__ float GradientAt(const SparseGradient& g, int64_t k, 
 // memory, so each element's loop over them issues independent loads instead of a chain of
 // dependent ones a use.
 __global__ void SumRuns(const int32_t* order, const int64_t* sorted_keys, const int32_t* run_of,
+                        const int32_t* run_start, int short_limit,
                         const SparseApplyMember* members, int count, int row_bits, int64_t n,
                         int64_t dim, float* summed, const LookupCheck* check) {
   if (Failed(check)) return;
@@ -150,16 +170,17 @@ __global__ void SumRuns(const int32_t* order, const int64_t* sorted_keys, const 
   for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     const int64_t first = chunk * kUsesPerChunk;
     const int uses = static_cast<int>(min(n - first, kUsesPerChunk));
-    if (threadIdx.x < uses) {
+    if (threadIdx.x < uses) {  // a short run's uses read nothing and add nowhere (run -1)
       const int64_t k = first + threadIdx.x;
       const int64_t m = sorted_keys[k] >> row_bits;
+      const bool long_run = !ShortRun(run_start, run_of[k], short_limit);
       float scale = 0.0f;
       use_row[threadIdx.x] =
-          m < count ? GradientRow(members[m].gradient, order[k] - members[m].first_use, dim,
-                                  &scale)
-                    : nullptr;
+          m < count && long_run
+              ? GradientRow(members[m].gradient, order[k] - members[m].first_use, dim, &scale)
+              : nullptr;
       use_scale[threadIdx.x] = scale;
-      use_run[threadIdx.x] = run_of[k];
+      use_run[threadIdx.x] = long_run ? run_of[k] : -1;
     }
     __syncthreads();
     for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
@@ -177,7 +198,7 @@ __global__ void SumRuns(const int32_t* order, const int64_t* sorted_keys, const 
           if (j >= uses) break;
           total += value[i];
           if (j + 1 == uses || use_run[j + 1] != use_run[j]) {
-            atomicAdd(&summed[use_run[j] * dim + d], total);
+            if (use_run[j] >= 0) atomicAdd(&summed[use_run[j] * dim + d], total);
             total = 0.0f;
           }
         }
@@ -225,7 +246,8 @@ __global__ void __launch_bounds__(kSgdTileUses)
 // The rule's values come from device memory; values that need more state than the table
 // holds (a momentum without its slot) write nothing.
 template <typename Hyper>
-__global__ void ApplyRuns(const int64_t* run_key, const int32_t* num_runs, const float* summed,
+__global__ void ApplyRuns(const int64_t* run_key, const int32_t* num_runs,
+                          const int32_t* run_start, int short_limit, const float* summed,
                           const SparseApplyMember* members, int count, int row_bits,
                           int sections, const float* hyper_values, bool nesterov,
                           const LookupCheck* check) {
@@ -236,7 +258,7 @@ __global__ void ApplyRuns(const int64_t* run_key, const int32_t* num_runs, const
   const int64_t runs = *num_runs, row_mask = (int64_t{1} << row_bits) - 1;
   for (int64_t run = blockIdx.x; run < runs; run += gridDim.x) {
     const int64_t m = run_key[run] >> row_bits, row = run_key[run] & row_mask;
-    if (m >= count) continue;  // ids outside their tables
+    if (m >= count || ShortRun(run_start, run, short_limit)) continue;  // outside; or done
     const SparseApplyTable& table = members[m].table;
     const int64_t dim = table.dim;
     float* values = table.values + row * dim;
@@ -255,6 +277,124 @@ __global__ void ApplyRuns(const int64_t* run_key, const int32_t* num_runs, const
       for (int s = 0; s < sections; ++s) *section[s] = state[s];
     }
   }
+}
+
+// Row `row`'s state section s (a slot variable's row, or a part of the table's state row).
+__device__ __forceinline__ float* StateSection(const SparseApplyTable& table, int64_t row, int s) {
+  return table.num_slots > 0 ? table.slots[s] + row * table.dim
+                             : table.state + row * table.state_dim + s * table.dim;
+}
+
+// Rows of float4s (dim a multiple of 4, every row and state array 16-byte aligned), short runs
+// only: a warp sums a run's gradients in registers, a float4 a lane up to kFloat4sPerLane, four
+// uses' rows loaded before they are added, then applies the rule to the row and its state.
+template <typename Hyper>
+__global__ void SumApplyShortRuns(const int32_t* order, const int64_t* run_key,
+                                  const int32_t* run_start, const int32_t* num_runs,
+                                  const SparseApplyMember* members, int count, int row_bits,
+                                  int sections, const float* hyper_values, bool nesterov,
+                                  const LookupCheck* check) {
+  const Hyper hyper = MakeHyper<Hyper>(hyper_values, nesterov);
+  if (Failed(check) || RuleStateFloats(hyper, members[0].table.dim) > members[0].table.state_dim) {
+    return;
+  }
+  constexpr int kUsesAtOnce = 4;
+  const int lane = threadIdx.x % 32;
+  const int64_t runs = *num_runs, row_mask = (int64_t{1} << row_bits) - 1;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  for (int64_t run = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; run < runs;
+       run += warps) {
+    const int32_t first = run_start[run], end = run_start[run + 1];
+    const int64_t m = run_key[run] >> row_bits, row = run_key[run] & row_mask;
+    if (end - first > kShortRunUses || m >= count) continue;
+    const SparseApplyTable& table = members[m].table;
+    const SparseGradient& gradient = members[m].gradient;
+    const int64_t dim = table.dim, width = dim / 4, first_use = members[m].first_use;
+    float4 sum[kFloat4sPerLane];
+#pragma unroll
+    for (int j = 0; j < kFloat4sPerLane; ++j) sum[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int32_t k0 = first; k0 < end; k0 += kUsesAtOnce) {
+      const float4* rows[kUsesAtOnce];
+      float scales[kUsesAtOnce];
+#pragma unroll
+      for (int i = 0; i < kUsesAtOnce; ++i) {
+        scales[i] = 0.0f;
+        rows[i] = k0 + i < end ? reinterpret_cast<const float4*>(GradientRow(
+                                     gradient, order[k0 + i] - first_use, dim, &scales[i]))
+                               : nullptr;
+      }
+#pragma unroll
+      for (int j = 0; j < kFloat4sPerLane; ++j) {
+        const int64_t d4 = lane + 32 * j;
+        if (d4 >= width) break;
+        float4 g[kUsesAtOnce];
+#pragma unroll
+        for (int i = 0; i < kUsesAtOnce; ++i) {
+          g[i] = rows[i] != nullptr ? __ldg(rows[i] + d4) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int i = 0; i < kUsesAtOnce; ++i) {
+          sum[j].x += scales[i] * g[i].x;
+          sum[j].y += scales[i] * g[i].y;
+          sum[j].z += scales[i] * g[i].z;
+          sum[j].w += scales[i] * g[i].w;
+        }
+      }
+    }
+    float4* values = reinterpret_cast<float4*>(table.values + row * dim);
+    float4* section[kMaxSections];
+#pragma unroll
+    for (int s = 0; s < kMaxSections; ++s) {
+      section[s] = s < sections ? reinterpret_cast<float4*>(StateSection(table, row, s)) : nullptr;
+    }
+#pragma unroll
+    for (int j = 0; j < kFloat4sPerLane; ++j) {
+      const int64_t d4 = lane + 32 * j;
+      if (d4 >= width) break;
+      const float4 w4 = values[d4];
+      float w[4] = {w4.x, w4.y, w4.z, w4.w};
+      const float g[4] = {sum[j].x, sum[j].y, sum[j].z, sum[j].w};
+      float state[kMaxSections][4];
+#pragma unroll
+      for (int s = 0; s < kMaxSections; ++s) {
+        const float4 v = s < sections ? section[s][d4] : make_float4(0.f, 0.f, 0.f, 0.f);
+        state[s][0] = v.x, state[s][1] = v.y, state[s][2] = v.z, state[s][3] = v.w;
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        float element[kMaxSections];
+#pragma unroll
+        for (int s = 0; s < kMaxSections; ++s) element[s] = state[s][c];
+        ApplyRule(&w[c], element, &g[c], 1, hyper);
+#pragma unroll
+        for (int s = 0; s < kMaxSections; ++s) state[s][c] = element[s];
+      }
+      values[d4] = make_float4(w[0], w[1], w[2], w[3]);
+#pragma unroll
+      for (int s = 0; s < kMaxSections; ++s) {
+        if (s < sections) {
+          section[s][d4] = make_float4(state[s][0], state[s][1], state[s][2], state[s][3]);
+        }
+      }
+    }
+  }
+}
+
+// Whether the group's rows can go the short-run way: float4 rows of at most 32 *
+// kFloat4sPerLane of them, every array the kernel reads as float4 16-byte aligned.
+bool Float4Rows(const std::vector<SparseApplyMember>& members) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  for (const SparseApplyMember& member : members) {
+    const SparseApplyTable& table = member.table;
+    if (table.dim % 4 != 0 || table.dim > 4 * 32 * kFloat4sPerLane ||
+        !aligned(table.values) || !aligned(table.state) || !aligned(member.gradient.values)) {
+      return false;
+    }
+    for (int s = 0; s < table.num_slots; ++s) {
+      if (!aligned(table.slots[s])) return false;
+    }
+  }
+  return true;
 }
 
 // The group's shape, checked on the host: one width and one state layout the rule fits, ids
@@ -355,7 +495,8 @@ cudaError_t SparseApplyGroupGpuAsync(const std::string& rule, const float* hyper
   }
 
   int64_t *keys = nullptr, *sorted_keys = nullptr, *run_key = nullptr;
-  int32_t *positions = nullptr, *order = nullptr, *run_of = nullptr, *num_runs = nullptr;
+  int32_t *positions = nullptr, *order = nullptr, *run_of = nullptr, *num_runs = nullptr,
+          *run_start = nullptr;
   float* summed = nullptr;
   char* temp = nullptr;
   auto get = [&](auto** out, size_t items) {
@@ -366,6 +507,7 @@ cudaError_t SparseApplyGroupGpuAsync(const std::string& rule, const float* hyper
   size_t temp_bytes = SortAndScanTempBytes(n, end_bit, stream);
   if (!(get(&keys, n) && get(&sorted_keys, n) && get(&run_key, run_bound) &&
         get(&positions, n) && get(&order, n) && get(&run_of, n) && get(&num_runs, 1) &&
+        get(&run_start, run_bound + 1) &&
         get(&summed, run_bound * shape.dim) && get(&temp, temp_bytes))) {
     return cudaErrorMemoryAllocation;
   }
@@ -377,22 +519,34 @@ cudaError_t SparseApplyGroupGpuAsync(const std::string& rule, const float* hyper
                                   0, end_bit, stream);
   HeadFlags<<<GridBlocks(n, 256), 256, 0, stream>>>(sorted_keys, n, positions);  // reused
   cub::DeviceScan::InclusiveSum(temp, temp_bytes, positions, run_of, items, stream);
-  RunIds<<<GridBlocks(n, 256), 256, 0, stream>>>(sorted_keys, run_of, n, run_key, num_runs);
-  ZeroRuns<<<GridBlocks(run_bound * shape.dim, 256), 256, 0, stream>>>(num_runs, shape.dim,
-                                                                        summed);
+  RunIds<<<GridBlocks(n, 256), 256, 0, stream>>>(sorted_keys, run_of, n, run_key, run_start,
+                                                   num_runs);
+  const int short_limit = Float4Rows(members) ? kShortRunUses : 0;
+  ZeroRuns<<<GridBlocks(run_bound * shape.dim, 256), 256, 0, stream>>>(
+      num_runs, run_start, short_limit, shape.dim, summed);
   const int threads = static_cast<int>(std::min<int64_t>(256, (shape.dim + 31) / 32 * 32));
   const int64_t chunks = (n + kUsesPerChunk - 1) / kUsesPerChunk;
-  SumRuns<<<GridBlocks(chunks, 1), threads, 0, stream>>>(
-      order, sorted_keys, run_of, members_device, count, row_bits, n, shape.dim, summed, check);
-  // The runs (distinct rows) are counted on the device: blocks stride over them. A block per
-  // use instead would launch mostly empty blocks where ids repeat, at a cost that showed.
+  SumRuns<<<GridBlocks(chunks, 1), threads, 0, stream>>>(order, sorted_keys, run_of, run_start,
+                                                         short_limit, members_device, count,
+                                                         row_bits, n, shape.dim, summed, check);
+  // The runs (distinct rows) are counted on the device: blocks (warps) stride over them. A
+  // block per use instead would launch mostly empty blocks where ids repeat, at a cost that
+  // showed.
   const int sections = shape.num_slots > 0 ? shape.num_slots
                                            : static_cast<int>(shape.state_dim / shape.dim);
   const int apply_blocks = static_cast<int>(std::min<int64_t>(run_bound, kApplyBlocks));
+  constexpr int kWarpsPerBlock = 8;
+  const int short_blocks = static_cast<int>(
+      std::min<int64_t>((run_bound + kWarpsPerBlock - 1) / kWarpsPerBlock, 4 * kApplyBlocks));
   VisitRuleType(rule, hyper_count, [&](auto type) {
+    if (short_limit > 0) {
+      SumApplyShortRuns<decltype(type)><<<short_blocks, 32 * kWarpsPerBlock, 0, stream>>>(
+          order, run_key, run_start, num_runs, members_device, count, row_bits, sections,
+          hyper_device, nesterov, check);
+    }
     ApplyRuns<decltype(type)><<<apply_blocks, threads, 0, stream>>>(
-        run_key, num_runs, summed, members_device, count, row_bits, sections, hyper_device,
-        nesterov, check);
+        run_key, num_runs, run_start, short_limit, summed, members_device, count, row_bits,
+        sections, hyper_device, nesterov, check);
   });
   return cudaGetLastError();
 }
