@@ -48,7 +48,8 @@ IDS_DIR = os.environ.get("IDS_DIR", "/tmp/tbe_ids")
 def tbe_workload_step(name, optimizer):
     """`<workload>_staged[_fwd]` (G1b, G2): tf_vs_tbe.py's packed form fed by its staged
     pipeline, on the ids tbe_workloads.py wrote to $IDS_DIR (written there if missing); the
-    train step, or with _fwd the forward alone."""
+    train step, or with _fwd the forward alone; `<workload>_dynamic_staged[_fwd]`: the same
+    on dynamic tables."""
     import tensorflow as tf
     import tbe_workloads
     import tf_vs_tbe
@@ -57,7 +58,7 @@ def tbe_workload_step(name, optimizer):
         os.makedirs(IDS_DIR, exist_ok=True)
         tbe_workloads.write(IDS_DIR, key)
     spec, batches = tbe_workloads.WORKLOADS[key], tbe_workloads.load(IDS_DIR, key)
-    tables = tf_vs_tbe.make_tables(spec, False, seed=1)
+    tables = tf_vs_tbe.make_tables(spec, "_dynamic" in name, seed=1)
     iterator = iter(tf_vs_tbe.packed_dataset_of(spec, batches, staged=True))
     forward = tf_vs_tbe.packed_forward(spec, tables)
     step = forward if name.endswith("_fwd") else tf_vs_tbe.trained(forward, tables, optimizer)

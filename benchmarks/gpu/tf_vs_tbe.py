@@ -14,10 +14,10 @@ Feeds (never ids captured in the step function as constants):
              `sok.stage_features` (its CPU work on tf.data's threads, into pinned memory, as
              PyTorch's DataLoader pins batches), then prefetch
 The dataset holds the batches as RaggedTensors [batch, None] a table (dense ids for G2's
-sequence lookups), cached and prefetched; static tables also run the packed form
-(`sok_packed_*`: one feature-major RaggedTensor [tables * batch, None] a batch; pooled, one
-[batch, tables, dim] output; G2's sequence lookups, `sok.all2all_dense_embedding` of it, one
-RaggedTensor [batch, None, dim] a table). Static tables (`sok.Variable`) everywhere, dynamic
+sequence lookups), cached and prefetched; every table kind also runs the packed form
+(`sok_packed_*`, dynamic tables `sok_dynpacked_*`: one feature-major RaggedTensor
+[tables * batch, None] a batch; pooled, one [batch, tables, dim] output; G2's sequence
+lookups, `sok.all2all_dense_embedding` of it, one RaggedTensor [batch, None, dim] a table). Static tables (`sok.Variable`) everywhere, dynamic
 tables (`sok.DynamicVariable`) for G2 too; SGD, and Adam where TBE ran it (fused updates
 through `sok.OptimizerWrapper` of the legacy Keras optimizers, learning rate 0.01). T3 also
 runs plain TensorFlow (`tf.nn.embedding_lookup` of a `tf.Variable`, legacy SGD).
@@ -246,11 +246,11 @@ def measure(name, iters=20):
         # tables with two sets of Adam slots do not fit an 80 GB GPU).
         del steps, forward
         gc.collect()
-        if kind == "static":
-            result.update(measure_side("sok_packed", spec, packed_steps(spec, tables, name),
-                                       [as_packed(b) for b in batches],
-                                       packed_dataset_of(spec, batches), iters,
-                                       packed_dataset_of(spec, batches, staged=True)))
+        result.update(measure_side("sok_packed" if kind == "static" else "sok_dynpacked",
+                                   spec, packed_steps(spec, tables, name),
+                                   [as_packed(b) for b in batches],
+                                   packed_dataset_of(spec, batches), iters,
+                                   packed_dataset_of(spec, batches, staged=True)))
         del tables
         gc.collect()
     if name == "T3":  # plain TensorFlow, same ids

@@ -7,7 +7,7 @@ import sys
 
 WORKLOADS = ["T1", "T2", "T3", "G1a", "G1b", "G2"]
 FORMS = [("static", "list"), ("packed", "packed"), ("plain", "plain TF"),
-         ("dynamic", "dynamic")]
+         ("dynamic", "dynamic"), ("dynpacked", "dynamic packed")]
 STEPS = [("fwd", "fwd"), ("train_sgd", "train SGD"), ("train_adam", "train Adam")]
 FEEDS = ["args_gpu", "args", "data", "data_loop", "staged", "staged_loop"]
 
