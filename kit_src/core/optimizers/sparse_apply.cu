@@ -125,13 +125,15 @@ constexpr int64_t kUsesPerChunk = 32;
 constexpr int kUsesInFlight = 8;  // gradient loads a thread issues before it sums them
 
 
-// Zeroes the summed rows of the long runs the device counted (SumRuns adds into them).
+// Zeroes the summed rows of the long runs the device counted (SumRuns adds into them): a warp
+// a run, short runs skipped at the cost of reading their bounds.
 __global__ void ZeroRuns(const int32_t* num_runs, const int32_t* run_start, int short_limit,
                          int64_t dim, float* summed) {
-  const int64_t total = *num_runs * dim;
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
-       e += int64_t{gridDim.x} * blockDim.x) {
-    if (!ShortRun(run_start, e / dim, short_limit)) summed[e] = 0.0f;
+  const int64_t runs = *num_runs, warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  for (int64_t run = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; run < runs;
+       run += warps) {
+    if (ShortRun(run_start, run, short_limit)) continue;
+    for (int64_t d = threadIdx.x % 32; d < dim; d += 32) summed[run * dim + d] = 0.0f;
   }
 }
 
@@ -246,8 +248,7 @@ __global__ void __launch_bounds__(kSgdTileUses)
 // The rule's values come from device memory; values that need more state than the table
 // holds (a momentum without its slot) write nothing.
 template <typename Hyper>
-__global__ void ApplyRuns(const int64_t* run_key, const int32_t* num_runs,
-                          const int32_t* run_start, int short_limit, const float* summed,
+__global__ void ApplyRuns(const int64_t* run_key, const int32_t* num_runs, const float* summed,
                           const SparseApplyMember* members, int count, int row_bits,
                           int sections, const float* hyper_values, bool nesterov,
                           const LookupCheck* check) {
@@ -258,7 +259,7 @@ __global__ void ApplyRuns(const int64_t* run_key, const int32_t* num_runs,
   const int64_t runs = *num_runs, row_mask = (int64_t{1} << row_bits) - 1;
   for (int64_t run = blockIdx.x; run < runs; run += gridDim.x) {
     const int64_t m = run_key[run] >> row_bits, row = run_key[run] & row_mask;
-    if (m >= count || ShortRun(run_start, run, short_limit)) continue;  // outside; or done
+    if (m >= count) continue;  // ids outside their tables
     const SparseApplyTable& table = members[m].table;
     const int64_t dim = table.dim;
     float* values = table.values + row * dim;
@@ -285,15 +286,16 @@ __device__ __forceinline__ float* StateSection(const SparseApplyTable& table, in
                              : table.state + row * table.state_dim + s * table.dim;
 }
 
-// Rows of float4s (dim a multiple of 4, every row and state array 16-byte aligned), short runs
-// only: a warp sums a run's gradients in registers, a float4 a lane up to kFloat4sPerLane, four
-// uses' rows loaded before they are added, then applies the rule to the row and its state.
+// Rows of float4s (dim a multiple of 4, every row and state array 16-byte aligned): a warp a
+// run. A short run's gradients are summed in registers, a float4 a lane up to
+// kFloat4sPerLane, four uses' rows loaded before they are added; a long run's sum is SumRuns'
+// row of `summed`. Then the rule steps the row and its state.
 template <typename Hyper>
-__global__ void SumApplyShortRuns(const int32_t* order, const int64_t* run_key,
-                                  const int32_t* run_start, const int32_t* num_runs,
-                                  const SparseApplyMember* members, int count, int row_bits,
-                                  int sections, const float* hyper_values, bool nesterov,
-                                  const LookupCheck* check) {
+__global__ void SumApplyRuns(const int32_t* order, const int64_t* run_key,
+                             const int32_t* run_start, const int32_t* num_runs,
+                             const float* summed, const SparseApplyMember* members, int count,
+                             int row_bits, int sections, const float* hyper_values,
+                             bool nesterov, const LookupCheck* check) {
   const Hyper hyper = MakeHyper<Hyper>(hyper_values, nesterov);
   if (Failed(check) || RuleStateFloats(hyper, members[0].table.dim) > members[0].table.state_dim) {
     return;
@@ -306,14 +308,19 @@ __global__ void SumApplyShortRuns(const int32_t* order, const int64_t* run_key,
        run += warps) {
     const int32_t first = run_start[run], end = run_start[run + 1];
     const int64_t m = run_key[run] >> row_bits, row = run_key[run] & row_mask;
-    if (end - first > kShortRunUses || m >= count) continue;
+    if (m >= count) continue;  // ids outside their tables
     const SparseApplyTable& table = members[m].table;
     const SparseGradient& gradient = members[m].gradient;
     const int64_t dim = table.dim, width = dim / 4, first_use = members[m].first_use;
     float4 sum[kFloat4sPerLane];
+    const bool long_run = end - first > kShortRunUses;
 #pragma unroll
-    for (int j = 0; j < kFloat4sPerLane; ++j) sum[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int32_t k0 = first; k0 < end; k0 += kUsesAtOnce) {
+    for (int j = 0; j < kFloat4sPerLane; ++j) {
+      const int64_t d4 = lane + 32 * j;
+      sum[j] = long_run && d4 < width ? reinterpret_cast<const float4*>(summed + run * dim)[d4]
+                                      : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    for (int32_t k0 = first; k0 < end && !long_run; k0 += kUsesAtOnce) {
       const float4* rows[kUsesAtOnce];
       float scales[kUsesAtOnce];
 #pragma unroll
@@ -522,8 +529,11 @@ cudaError_t SparseApplyGroupGpuAsync(const std::string& rule, const float* hyper
   RunIds<<<GridBlocks(n, 256), 256, 0, stream>>>(sorted_keys, run_of, n, run_key, run_start,
                                                    num_runs);
   const int short_limit = Float4Rows(members) ? kShortRunUses : 0;
-  ZeroRuns<<<GridBlocks(run_bound * shape.dim, 256), 256, 0, stream>>>(
-      num_runs, run_start, short_limit, shape.dim, summed);
+  constexpr int kWarpsPerBlock = 8;  // the warp-a-run kernels' blocks
+  const int warp_blocks = static_cast<int>(
+      std::min<int64_t>((run_bound + kWarpsPerBlock - 1) / kWarpsPerBlock, 4 * kApplyBlocks));
+  ZeroRuns<<<warp_blocks, 32 * kWarpsPerBlock, 0, stream>>>(num_runs, run_start, short_limit,
+                                                            shape.dim, summed);
   const int threads = static_cast<int>(std::min<int64_t>(256, (shape.dim + 31) / 32 * 32));
   const int64_t chunks = (n + kUsesPerChunk - 1) / kUsesPerChunk;
   SumRuns<<<GridBlocks(chunks, 1), threads, 0, stream>>>(order, sorted_keys, run_of, run_start,
@@ -535,18 +545,16 @@ cudaError_t SparseApplyGroupGpuAsync(const std::string& rule, const float* hyper
   const int sections = shape.num_slots > 0 ? shape.num_slots
                                            : static_cast<int>(shape.state_dim / shape.dim);
   const int apply_blocks = static_cast<int>(std::min<int64_t>(run_bound, kApplyBlocks));
-  constexpr int kWarpsPerBlock = 8;
-  const int short_blocks = static_cast<int>(
-      std::min<int64_t>((run_bound + kWarpsPerBlock - 1) / kWarpsPerBlock, 4 * kApplyBlocks));
   VisitRuleType(rule, hyper_count, [&](auto type) {
     if (short_limit > 0) {
-      SumApplyShortRuns<decltype(type)><<<short_blocks, 32 * kWarpsPerBlock, 0, stream>>>(
-          order, run_key, run_start, num_runs, members_device, count, row_bits, sections,
-          hyper_device, nesterov, check);
+      SumApplyRuns<decltype(type)><<<warp_blocks, 32 * kWarpsPerBlock, 0, stream>>>(
+          order, run_key, run_start, num_runs, summed, members_device, count, row_bits,
+          sections, hyper_device, nesterov, check);
+    } else {
+      ApplyRuns<decltype(type)><<<apply_blocks, threads, 0, stream>>>(
+          run_key, num_runs, summed, members_device, count, row_bits, sections, hyper_device,
+          nesterov, check);
     }
-    ApplyRuns<decltype(type)><<<apply_blocks, threads, 0, stream>>>(
-        run_key, num_runs, run_start, short_limit, summed, members_device, count, row_bits,
-        sections, hyper_device, nesterov, check);
   });
   return cudaGetLastError();
 }
