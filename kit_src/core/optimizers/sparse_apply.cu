@@ -78,9 +78,10 @@ __global__ void RunIds(const int64_t* sorted_ids, const int32_t* run_of, int64_t
   }
 }
 
-// Runs of at most kShortRunUses uses (most of them where ids do not repeat much) are summed
-// and applied by one warp each (SumApplyShortRuns), the sum kept in registers; longer runs (a
-// hot id's thousands of uses) are summed by many blocks (SumRuns), then applied (ApplyRuns).
+// Float4 rows: runs of at most kShortRunUses uses (most of them where ids do not repeat much)
+// are summed by one warp each in registers (SumApplyRuns); longer runs (a hot id's thousands
+// of uses) are summed by many blocks first (SumRuns), their sums read by the same warp
+// kernel. Other rows: every run summed by SumRuns, then applied by ApplyRuns.
 constexpr int kShortRunUses = 64;
 constexpr int kFloat4sPerLane = 4;  // a warp holds rows of up to 512 floats as float4s
 

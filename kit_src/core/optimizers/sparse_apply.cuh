@@ -1,7 +1,9 @@
 // GPU lazy optimizer update of the touched rows of a group of tables: the gradients of
 // duplicate ids are summed (all the group's uses radix-sorted with CUB by (table, row), stably,
 // their runs numbered by a scan of head flags), then every touched row and its state take one
-// step of the rule (kit_src/core/optimizers/update_rules.h, one thread per element). Plain
+// step of the rule (kit_src/core/optimizers/update_rules.h): a warp a row of float4s, the
+// row's gradients summed in its registers (a hot row's many uses summed by many blocks
+// first), or one thread per element after a separate sum for other widths. Plain
 // SGD, linear in the gradient, skips the global sort: each block sorts a tile of a table's
 // uses in shared memory and adds each run's summed step atomically (float4 rows), or each use
 // is subtracted by an atomic add (other widths). Rows no id names do not change.
