@@ -244,6 +244,12 @@ __global__ void __launch_bounds__(kSgdTileUses)
   }
 }
 
+// Row `row`'s state section s (a slot variable's row, or a part of the table's state row).
+__device__ __forceinline__ float* StateSection(const SparseApplyTable& table, int64_t row, int s) {
+  return table.num_slots > 0 ? table.slots[s] + row * table.dim
+                             : table.state + row * table.state_dim + s * table.dim;
+}
+
 // One step of the rule per element of every touched row (elementwise rules: dim 1, state
 // sections of length 1): a block per row, its threads across the row's elements.
 // The rule's values come from device memory; values that need more state than the table
@@ -270,8 +276,7 @@ __global__ void ApplyRuns(const int64_t* run_key, const int32_t* num_runs, const
       float state[kMaxSections];
       float* section[kMaxSections];
       for (int s = 0; s < sections; ++s) {
-        section[s] = table.num_slots > 0 ? table.slots[s] + row * dim + d
-                                         : table.state + row * table.state_dim + s * dim + d;
+        section[s] = StateSection(table, row, s) + d;
         state[s] = *section[s];
       }
       ApplyRule(&w, state, &g, 1, hyper);
@@ -279,12 +284,6 @@ __global__ void ApplyRuns(const int64_t* run_key, const int32_t* num_runs, const
       for (int s = 0; s < sections; ++s) *section[s] = state[s];
     }
   }
-}
-
-// Row `row`'s state section s (a slot variable's row, or a part of the table's state row).
-__device__ __forceinline__ float* StateSection(const SparseApplyTable& table, int64_t row, int s) {
-  return table.num_slots > 0 ? table.slots[s] + row * table.dim
-                             : table.state + row * table.state_dim + s * table.dim;
 }
 
 // Rows of float4s (dim a multiple of 4, every row and state array 16-byte aligned): a warp a
