@@ -20,7 +20,8 @@ sequence lookups), cached and prefetched; every table kind also runs the packed 
 lookups, `sok.all2all_dense_embedding` of it, one RaggedTensor [batch, None, dim] a table).
 Static tables (`sok.Variable`) everywhere, dynamic tables (`sok.DynamicVariable`) for G2
 too; SGD, and Adam where TBE ran it (fused updates through `sok.OptimizerWrapper` of the
-legacy Keras optimizers, learning rate 0.01). T3 also runs plain TensorFlow (`tf.nn.embedding_lookup` of a `tf.Variable`, legacy SGD).
+legacy Keras optimizers, learning rate 0.01). T3 also runs plain TensorFlow
+(`tf.nn.embedding_lookup` of a `tf.Variable`, legacy SGD).
 
     python benchmarks/gpu/tf_vs_tbe.py IDS_DIR TBE_JSON [WORKLOAD ...]
 writes tf_vs_tbe.json to $OUT and IDS_DIR; workloads of an earlier run's IDS_DIR/tf_vs_tbe.json
