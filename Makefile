@@ -20,8 +20,13 @@ setup-tf2.21:
 # (one venv, both Keras); then the lines in between built and smoke-tested.
 test: test-tf2.15 test-tf2.21-keras3 test-tf2.21-tf-keras smoke
 
+# With SOK_DISCARD_VENVS=1 (CI sets it) a venv and its build folder are removed as soon as
+# nothing later in `make test` needs them, so the disk holds at most three TensorFlow installs.
+discard = if [ -n "$${SOK_DISCARD_VENVS:-}" ]; then rm -rf $(1); fi
+
 test-tf2.15: setup
 	$(PY) -m pytest -q tests
+	$(call discard,.venv build/tf2.15)
 
 test-tf2.16: setup-tf2.16
 	TF_USE_LEGACY_KERAS=1 .venv-tf2.16/bin/python -m pytest -q tests
@@ -44,6 +49,7 @@ KERAS_TESTS := tests/test_api.py tests/test_optimizers.py tests/test_shared_opti
 test-tf2.21-tf-keras: setup-tf2.21 setup-tf2.16
 	TF_USE_LEGACY_KERAS=1 SOK_REFERENCE_PYTHON=.venv-tf2.16/bin/python \
 	  .venv-tf2.21/bin/python -m pytest -q $(KERAS_TESTS)
+	$(call discard,.venv-tf2.21 build/tf2.21)
 
 # TensorFlow 2.16 (what the GPU machines run) to 2.20 with tf_keras: the op library and
 # Horovod built against each, and the API, dynamic-table, optimizer-surface, layer and
@@ -59,6 +65,7 @@ smoke:
 	for line in 2.16 2.17 2.18 2.19 2.20; do \
 	  SOK_TF=$$line bash scripts/setup_env.sh && \
 	  TF_USE_LEGACY_KERAS=1 .venv-tf$$line/bin/python -m pytest -q $(SMOKE_TESTS) || exit 1; \
+	  $(call discard,.venv-tf$$line build/tf$$line); \
 	done
 
 # The main job: DLRM on a generated Criteo-format dataset, 2 Horovod workers on CPU.

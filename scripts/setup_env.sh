@@ -64,6 +64,7 @@ if [ -z "${SKIP_HOROVOD:-}" ] && ! "$PY" -c "import horovod.tensorflow" 2>/dev/n
   HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO \
   MAKEFLAGS="-j$(nproc)" \
     "$PY" -m pip install -q --no-build-isolation --no-cache-dir "$HVD_SOURCE"
+  if [ -n "${HVD_DIR:-}" ]; then rm -rf "$HVD_DIR"; fi
 fi
 
 # The plugin: rebuilt by CMake incrementally (one build folder per TensorFlow version); the
