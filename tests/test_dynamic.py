@@ -1,5 +1,7 @@
 """Dynamic (hash) tables: the table through its ops, DynamicVariable, lookups, optimizers."""
 import datetime
+import subprocess
+import sys
 import threading
 import time
 
@@ -8,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import sparse_operation_kit as sok
-from conftest import run_mode
+from conftest import run_mode, subprocess_env
 from keras_optimizers import keras_optimizer, summed_duplicates
 
 EXTREME_KEYS = [np.iinfo(np.int64).min, -1, 0, 1, np.iinfo(np.int64).max, 1 << 40]
@@ -73,6 +75,80 @@ def test_growth_inside_a_training_lookup_keeps_every_key_and_row():
     assert table.size.numpy()[0] == len(keys)
     np.testing.assert_array_equal(table.sparse_read(keys_of(keys), insert=False).numpy(),
                                   np.concatenate(first_rows))
+
+
+@pytest.mark.parametrize("tiered", [False, True])
+def test_rows_freed_by_erase_and_eviction_are_reused_without_mixing_keys(tiered, monkeypatch):
+    # Erased and evicted keys give their rows back for new keys: a random sequence of assigns,
+    # erases and evicting lookups against a dict of what each key holds. Tiered (both tiers
+    # in host memory here), most rows are in the host tier, whose rows are pooled, and rows
+    # also move between the tiers.
+    from sparse_operation_kit import dynamic_variable
+    monkeypatch.setattr(dynamic_variable, "_TIER_ON_HOST", tiered)
+    tier = {"var_type": "hybrid", "hbm_budget_bytes": 5 * 4 * 1000} if tiered else {}
+    rng = np.random.default_rng(7)
+    table = sok.DynamicVariable(5, initializer="zeros", init_capacity=16, max_capacity=3000,
+                                evict_strategy="lru", **tier)
+    model = {}
+    for step in range(40):
+        keys = np.unique(rng.integers(0, 6000, size=int(rng.integers(50, 900))))
+        action = step % 4
+        if action == 0:  # assign: new and present keys
+            rows = rng.normal(size=[len(keys), 5]).astype(np.float32)
+            if len(model) + len(set(keys.tolist()) - set(model)) > 3000:
+                continue
+            table.assign(keys_of(keys), rows)
+            model.update(zip(keys.tolist(), rows))
+        elif action == 1:  # erase
+            sok.sparse_read_and_erase(table, keys_of(keys))
+            for key in keys.tolist():
+                model.pop(key, None)
+        elif action == 2:  # a lookup that inserts, evicting the least recently used
+            table.sparse_read(keys_of(keys))
+            held, _ = exported(table)
+            model = {key: model.get(key, np.zeros(5, np.float32)) for key in held.tolist()}
+        else:  # rows read back in place
+            present = np.array(sorted(model), np.int64)[:400]
+            np.testing.assert_array_equal(table.sparse_read(keys_of(present), insert=False).numpy(),
+                                          np.array([model[k] for k in present.tolist()]))
+    held, rows = exported(table)
+    assert held.tolist() == sorted(model)
+    np.testing.assert_array_equal(rows, np.array([model[k] for k in held.tolist()]))
+    if tiered:
+        counts = sok.tier_counts(table)
+        assert counts["host_keys"] > counts["hot_keys"] and counts["moved_up"] > 0, counts
+
+
+HOST_TIER_MEMORY = """
+import resource
+import numpy as np, tensorflow as tf
+import sparse_operation_kit as sok
+from sparse_operation_kit import dynamic_variable
+sok.init(comm_tool="single")
+dynamic_variable._TIER_ON_HOST = True  # both tiers in host memory, as where no GPU is
+def resident():
+    return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
+table = sok.DynamicVariable(256, name="held", init_capacity=1024, max_capacity=1 << 30,
+                            var_type="hybrid", hbm_budget_bytes=256 * 4 * 20000)
+table.sparse_read(tf.constant(np.arange(-10000, 0, dtype=np.int64)))  # warm up
+before = resident()
+for start in range(0, 300000, 10000):
+    table.sparse_read(tf.constant(np.arange(start, start + 10000, dtype=np.int64) * 7919))
+print(resident() - before, int(table.size[0]), sok.tier_counts(table)["host_keys"])
+"""
+
+
+def test_host_tier_memory_follows_the_keys_it_holds_not_its_slots():
+    """A tiered table's host tier holds most of 310,000 keys of dim 256 (about 290 MiB of
+    rows) in a slot array of 2^19 slots: its rows take memory for the keys held, not a row
+    per slot (512 MiB)."""
+    result = subprocess.run([sys.executable, "-c", HOST_TIER_MEMORY], env=subprocess_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    grown, size, host = (int(x) for x in result.stdout.split())
+    assert size == 310000 and host >= 280000, (size, host)
+    rows = 300000 * 256 * 4
+    assert rows * 0.9 <= grown <= 1.15 * rows + (64 << 20), (grown, rows)
 
 
 def test_initial_value_depends_only_on_seed_and_key():

@@ -17,6 +17,7 @@ namespace sok {
 CpuHashTable::CpuHashTable(const HashTableOptions& options, const RowInitializer& initializer)
     : DynamicTable(options), initializer_(initializer), created_us_(NowMicros()) {
   SetLayout();
+  rows_.Reset(RowWidth());  // a row per slot: Rehash sizes it
   Rehash(SlotsForKeys(std::max<int64_t>(1, std::min(options.init_capacity, options.max_capacity))));
 }
 
@@ -79,26 +80,39 @@ void CpuHashTable::Touch(int64_t slot, uint64_t clock) {
 }
 
 void CpuHashTable::Rehash(int64_t num_slots, const ParallelFor& parallel_for) {
-  const int64_t width = RowWidth();
   // Allocated before anything moves: when host memory runs out the table is as it was.
+  // Pooled rows stay where they are, the slots keep their numbers; a row per slot moves.
   HugePageArray<Slot> new_slots(num_slots);  // zeroed: every slot empty
-  HugePageArray<float> new_values(num_slots * width);
+  HugePageArray<int64_t> new_slot_rows(pooled() ? num_slots : 0);
+  RowPool new_rows;
+  if (!pooled()) {
+    new_rows.Reset(RowWidth(), num_slots, /*chunked=*/false);  // one array, as the slots
+    new_rows.ReserveCapacity(num_slots);
+    rows_.Swap(new_rows);
+  }
+  const RowPool& old_rows = pooled() ? rows_ : new_rows;
   HugePageArray<Slot> old_slots = std::move(slots_);
-  HugePageArray<float> old_values = std::move(values_);
+  HugePageArray<int64_t> old_slot_rows = std::move(slot_rows_);
   slots_ = std::move(new_slots);
-  values_ = std::move(new_values);
+  slot_rows_ = std::move(new_slot_rows);
   mask_ = num_slots - 1;
+  const int64_t width = RowWidth();
   // Old slots in parallel: each key claims the first free slot of its probe run, as
   // ClaimSlot does (keys are distinct, and no slot empties meanwhile, so a claimed slot is
   // simply passed over). The layout then depends on the threads' timing; nothing reads it
   // but the probes.
-  parallel_for(old_slots.size(), 2 * width + 20, [&](int64_t begin, int64_t end) {
+  parallel_for(old_slots.size(), pooled() ? 40 : 2 * width + 20, [&](int64_t begin,
+                                                                      int64_t end) {
     for (int64_t old = begin; old < end; ++old) {
       const uint64_t meta = old_slots[old].meta.load(std::memory_order_relaxed);
       if (!(meta & kOccupied)) continue;
       const int64_t key = old_slots[old].key;
       const int64_t slot = ClaimFreeSlot(key, Home(key));
-      std::memcpy(Row(slot), old_values.data() + old * width, width * sizeof(float));
+      if (pooled()) {
+        slot_rows_[slot] = old_slot_rows[old];
+      } else {
+        std::memcpy(rows_.Row(slot), old_rows.Row(old), width * sizeof(float));
+      }
       slots_[slot].meta.store(meta, std::memory_order_release);
     }
   });
@@ -120,6 +134,7 @@ int64_t CpuHashTable::FindOrInsertSlot(int64_t key, uint32_t now) {
     if (slots_[slot].key == key) return slot;
   }
   slots_[slot].key = key;
+  GiveRow(slot);
   slots_[slot].meta.store(kOccupied | now, std::memory_order_relaxed);
   FillInitialState(State(slot));
   ++size_;
@@ -144,6 +159,7 @@ int64_t CpuHashTable::ClaimSlot(int64_t key, int64_t home, uint32_t now, const A
       continue;
     }
     slots_[slot].key = key;
+    GiveRow(slot);
     InitializeValue(key, slot, out);
     FillInitialState(State(slot));
     meta.store(kOccupied | now, std::memory_order_release);  // publishes key and row
@@ -189,13 +205,14 @@ void CpuHashTable::FillInitialState(float* state) const {
 }
 
 void CpuHashTable::EraseSlot(int64_t slot) {
+  if (pooled()) rows_.ReserveGives(1);
   ShiftOut(slot);
   --size_;
 }
 
 void CpuHashTable::ShiftOut(int64_t slot) {
+  if (pooled()) rows_.Give(slot_rows_[slot]);
   // Backward-shift deletion: pull later entries of the probe run into the hole.
-  const int64_t width = RowWidth();
   int64_t hole = slot;
   for (int64_t next = (hole + 1) & mask_; Occupied(next); next = (next + 1) & mask_) {
     const int64_t home = Home(slots_[next].key);
@@ -204,7 +221,11 @@ void CpuHashTable::ShiftOut(int64_t slot) {
     slots_[hole].key = slots_[next].key;
     slots_[hole].meta.store(slots_[next].meta.load(std::memory_order_relaxed),
                             std::memory_order_relaxed);
-    std::memcpy(Row(hole), Row(next), width * sizeof(float));
+    if (pooled()) {
+      slot_rows_[hole] = slot_rows_[next];
+    } else {
+      std::memcpy(Row(hole), Row(next), RowWidth() * sizeof(float));
+    }
     hole = next;
   }
   slots_[hole].meta.store(0, std::memory_order_relaxed);
@@ -245,6 +266,7 @@ int64_t CpuHashTable::EraseInParallel(const int64_t* keys, uint8_t* erase, int64
   }
   for (int64_t r = 0; r < ranges; ++r) first[r + 1] += first[r];
   order.resize(first[ranges]);
+  if (pooled()) rows_.ReserveGives(first[ranges]);
   std::vector<int64_t> next(first.begin(), first.end() - 1);
   for (int64_t i = 0; i < n; ++i) {
     if (erase[i]) order[next[range[i]]++] = i;
@@ -307,14 +329,17 @@ std::vector<int64_t> CpuHashTable::LowestScoredKeys(int64_t count) const {
 Status CpuHashTable::Reserve(int64_t incoming, EvictedBuffer* evicted,
                              const ParallelFor& parallel_for) {
   const int64_t overflow = size_ + incoming - options_.max_capacity;
+  const bool refused =
+      options_.evict == EvictStrategy::kNone || incoming > options_.max_capacity;
+  if (overflow > 0 && refused) {
+    return Status::ResourceExhausted(
+        "dynamic table is full: it holds " + std::to_string(size_) + " keys, " +
+        std::to_string(incoming) + " new keys arrived and max_capacity is " +
+        std::to_string(options_.max_capacity) +
+        "; raise max_capacity or set evict_strategy ('lru' or 'lfu')");
+  }
+  SOK_RETURN_IF_ERROR(ReserveRows(incoming));  // before an eviction: a failure loses no key
   if (overflow > 0) {
-    if (options_.evict == EvictStrategy::kNone || incoming > options_.max_capacity) {
-      return Status::ResourceExhausted(
-          "dynamic table is full: it holds " + std::to_string(size_) + " keys, " +
-          std::to_string(incoming) + " new keys arrived and max_capacity is " +
-          std::to_string(options_.max_capacity) +
-          "; raise max_capacity or set evict_strategy ('lru' or 'lfu')");
-    }
     for (const int64_t key : LowestScoredKeys(overflow)) {
       const int64_t slot = FindSlot(key, Home(key));
       if (evicted != nullptr) {
@@ -352,6 +377,7 @@ Status CpuHashTable::LookupRows(const int64_t* keys, int64_t n, bool insert, flo
   if (size_ + n <= options_.max_capacity &&
       static_cast<double>(size_ + n) <= static_cast<double>(mask_ + 1) * kMaxSlotLoad) {
     // Room for every key even if all are new: one parallel find-or-insert pass.
+    SOK_RETURN_IF_ERROR(ReserveRows(n));
     InsertPass(keys, nullptr, n, values, clock, admit_probability, parallel_for);
     return Status::Ok();
   }
@@ -421,20 +447,14 @@ Status CpuHashTable::InsertOrAssign(const int64_t* keys, int64_t n, const float*
 Status CpuHashTable::EnsureState(int64_t state_dim, float initial_value) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
   if (options_.state_dim >= state_dim) return Status::Ok();
-  const int64_t old_width = RowWidth(), value_words = ValueWords(), slots = mask_ + 1;
-  const int64_t wide_floats = slots * (value_words + state_dim);
-  HugePageArray<float> wide;
-  SOK_RETURN_IF_ERROR(
-      HostAllocation([&] { wide = HugePageArray<float>(wide_floats); }, wide_floats * 4));
-  HugePageArray<float> old_values = std::move(values_);
+  const int64_t wide = ValueWords() + state_dim;
+  const int64_t rows = pooled() ? rows_.used() : mask_ + 1;
+  SOK_RETURN_IF_ERROR(HostAllocation([&] { rows_.Widen(wide, rows); }, rows * wide * 4));
   options_.state_dim = state_dim;
   SetLayout();
   options_.state_initial_value = initial_value;
-  values_ = std::move(wide);
-  for (int64_t s = 0; s < slots; ++s) {
-    if (!Occupied(s)) continue;
-    std::memcpy(Row(s), old_values.data() + s * old_width, value_words * sizeof(float));
-    FillInitialState(State(s));
+  for (int64_t s = 0; s <= mask_; ++s) {
+    if (Occupied(s)) FillInitialState(State(s));
   }
   return Status::Ok();
 }
@@ -449,9 +469,16 @@ Status CpuHashTable::Replace(const int64_t* keys, int64_t n, const float* values
   SOK_RETURN_IF_ERROR(EnsureState(state_dim, options_.state_initial_value));
   std::unique_lock<std::shared_mutex> lock(mutex_);
   const int64_t slots = SlotsForKeys(std::max<int64_t>(n, 1));
-  SOK_RETURN_IF_ERROR(HostAllocation([&] { Rehash(slots); },  // Rehash keeps occupied slots
-                                     slots * (static_cast<int64_t>(sizeof(Slot)) + RowWidth() * 4)));
+  // Rehash keeps occupied slots; pooled rows are all reused, numbered afresh.
+  const int64_t rows = pooled() ? n : slots;
+  SOK_RETURN_IF_ERROR(HostAllocation(
+      [&] {
+        Rehash(slots);
+        if (pooled()) rows_.ReserveCapacity(n);
+      },
+      slots * static_cast<int64_t>(sizeof(Slot) + 8) + rows * RowWidth() * 4));
   for (int64_t s = 0; s <= mask_; ++s) slots_[s].meta.store(0, std::memory_order_relaxed);
+  rows_.Clear();
   size_ = 0;
   const uint32_t now = StampNow();
   for (int64_t i = 0; i < n; ++i) {
@@ -514,12 +541,14 @@ Status CpuHashTable::InsertNew(const int64_t* keys, int64_t n, const float* valu
     const double load = static_cast<double>(size_ + n) / static_cast<double>(mask_ + 1);
     const bool room = size_ + n <= options_.max_capacity && load <= kMaxSlotLoad;
     if (room) {
+      SOK_RETURN_IF_ERROR(ReserveRows(n));
       const int64_t dim = options_.dim, state_dim = options_.state_dim;
       const uint64_t clock = clock_.fetch_add(1) + 1;
       const uint32_t now = StampNow();
       context.parallel_for(n, 2 * (dim + state_dim) + 100, [&](int64_t begin, int64_t end) {
         ProbeAhead<true>(keys, nullptr, begin, end, [&](int64_t i, int64_t home) {
           const int64_t slot = ClaimFreeSlot(keys[i], home);
+          GiveRow(slot);
           WriteValue(values + i * dim, slot);
           if (state != nullptr) {
             std::memcpy(State(slot), state + i * state_dim, state_dim * sizeof(float));
@@ -539,6 +568,7 @@ Status CpuHashTable::InsertNew(const int64_t* keys, int64_t n, const float* valu
 
 Status CpuHashTable::GrowFor(int64_t incoming) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(ReserveRows(incoming));
   return Grow(incoming, SerialFor);
 }
 
@@ -547,8 +577,14 @@ Status CpuHashTable::Grow(int64_t incoming, const ParallelFor& parallel_for) {
     return Status::Ok();
   }
   const int64_t slots = SlotsForKeys(size_ + incoming);
+  const int64_t row_bytes = pooled() ? 8 : RowWidth() * 4;
   return HostAllocation([&] { Rehash(slots, parallel_for); },
-                        slots * (static_cast<int64_t>(sizeof(Slot)) + RowWidth() * 4));
+                        slots * (static_cast<int64_t>(sizeof(Slot)) + row_bytes));
+}
+
+Status CpuHashTable::ReserveRows(int64_t takes) {
+  if (!pooled()) return Status::Ok();  // a row per slot: Grow makes them
+  return HostAllocation([&] { rows_.Reserve(takes); }, rows_.GrowthBytes(takes));
 }
 
 Status CpuHashTable::Absent(const TableKeys& keys, uint8_t* absent, const TableContext&) {

@@ -3,10 +3,13 @@
 //
 // Open addressing with linear probing. A slot is 16 bytes, the key and a metadata word (an
 // occupied bit and the eviction score) side by side, so a probe touches one cache line and
-// every int64 value is a valid key. Slots and rows live on huge pages (HugePageArray). Lookups
-// that do not insert run in parallel under a shared lock; find-or-insert takes the lock
-// exclusively and still runs in parallel: threads claim empty slots with a compare-and-swap.
-// Erases, assigns and updates take the lock exclusively. Beyond max_capacity keys the table
+// every int64 value is a valid key. Rows live in a RowPool on huge pages: a row per slot, at
+// the slot's number (a probe fetches slot and row at once), or, with `pooled_rows`, rows for
+// the keys held, each slot naming its row in an array beside the slots (half the memory or
+// less; a probe's row fetch waits for the slot: lookups of 64-byte rows take 1.7x as long,
+// of 512-byte rows 1.1x). Lookups that do not insert run in parallel under a shared lock;
+// find-or-insert takes the lock exclusively and still runs in parallel: threads claim empty
+// slots with a compare-and-swap. Erases, assigns and updates take the lock exclusively. Beyond max_capacity keys the table
 // evicts the lowest-scored keys (LRU: last step used; LFU: times used) or, with no eviction,
 // fails with ResourceExhausted and changes nothing.
 #pragma once
@@ -24,6 +27,7 @@
 
 #include "kit_src/core/hash_table/dynamic_table.h"
 #include "kit_src/core/hash_table/row_initializer.h"
+#include "kit_src/core/hash_table/row_pool.h"
 #include "kit_src/core/huge_page_array.h"
 #include "kit_src/core/parallel.h"
 #include "kit_src/core/status.h"
@@ -43,8 +47,8 @@ class CpuHashTable final : public DynamicTable {
   CpuHashTable(const HashTableOptions& options, const RowInitializer& initializer);
 
   int64_t size() const;
-  // Grows the slots for `incoming` more keys now, so that inserting them later needs no
-  // host memory (a failure is ResourceExhausted, the table unchanged).
+  // Grows the slots (and pooled rows) for `incoming` more keys now, so that inserting them
+  // later needs no host memory (a failure is ResourceExhausted, the table unchanged).
   Status GrowFor(int64_t incoming);
   // Inserts keys the table does not hold (distinct), with their rows and state (initial
   // state where null), in one parallel pass: rows moving in from another tier. Where they
@@ -123,8 +127,17 @@ class CpuHashTable final : public DynamicTable {
         options_.value_type == ValueType::kFloat32 ? options_.dim : (options_.dim + 1) / 2;
     row_width_ = value_words_ + options_.state_dim;
   }
-  float* Row(int64_t slot) { return values_.data() + slot * RowWidth(); }
-  const float* Row(int64_t slot) const { return values_.data() + slot * RowWidth(); }
+  float* Row(int64_t slot) {
+    return pooled() ? rows_.Row(slot_rows_[slot]) : rows_.FlatRow(slot);
+  }
+  const float* Row(int64_t slot) const {
+    return pooled() ? rows_.Row(slot_rows_[slot]) : rows_.FlatRow(slot);
+  }
+  bool pooled() const { return options_.pooled_rows; }
+  // A pooled row for a slot just claimed (its own row otherwise).
+  void GiveRow(int64_t slot) {
+    if (pooled()) slot_rows_[slot] = rows_.Take();
+  }
   float* State(int64_t slot) { return Row(slot) + ValueWords(); }
   const float* State(int64_t slot) const { return Row(slot) + ValueWords(); }
   // out: [dim], widened. Inline for float32 rows: it runs once per key of every lookup.
@@ -174,40 +187,55 @@ class CpuHashTable final : public DynamicTable {
   int64_t Home(int64_t key) const {
     return static_cast<int64_t>(HashKey(key) & static_cast<uint64_t>(mask_));
   }
-  // Linear probing finds most keys in their home slot, so its row is worth fetching too.
-  template <bool kForWrite>
-  void PrefetchHome(int64_t home) const {
-    __builtin_prefetch(&slots_[home], kForWrite);
-    const char* row = reinterpret_cast<const char*>(values_.data() + home * RowWidth());
-    for (int64_t offset = 0; offset < ValueWords() * 4; offset += 64) {
-      __builtin_prefetch(row + offset, kForWrite);
-    }
-  }
   int64_t FindSlot(int64_t key, int64_t home) const {  // -1 when absent
     for (int64_t slot = home;; slot = (slot + 1) & mask_) {
       if (!Occupied(slot)) return -1;
       if (slots_[slot].key == key) return slot;
     }
   }
+  // Linear probing finds most keys in their home slot, so its row is worth fetching too:
+  // at once where the slot's number is its row's, once the slot has arrived and names it
+  // where rows are pooled.
+  template <bool kForWrite>
+  void PrefetchHomeRow(int64_t home) const {
+    if (pooled() && !Occupied(home)) return;
+    const char* row = reinterpret_cast<const char*>(Row(home));
+    for (int64_t offset = 0; offset < ValueWords() * 4; offset += 64) {
+      __builtin_prefetch(row + offset, kForWrite);
+    }
+  }
   // Calls probe(i, Home(keys[i])) for i = index[j] (or j when index is null), j in
-  // [begin, end). The slot and row lines of the key kAhead positions on are requested before
-  // each probe, so a steady number of cache misses overlap. A rolling window: in groups
-  // (request 32, then probe 32) the misses drained at the end of each group, 20-25% slower
-  // on a 3.3M-key table (tested with 16 / 32 / 64 per group against 8 / 16 / 24 / 32 ahead).
+  // [begin, end). The home slot of the key kAhead positions on is requested before each
+  // probe, and its row (with the slot, or kRowAhead positions on once the slot has come
+  // when rows are pooled), so a steady number of cache misses overlap. A rolling window: in
+  // groups (request 32, then probe 32) the misses drained at the end of each group, 20-25%
+  // slower on a 3.3M-key table.
   template <bool kForWrite, typename Probe>
   void ProbeAhead(const int64_t* keys, const int64_t* index, int64_t begin, int64_t end,
                 const Probe& probe) const {
-    constexpr int64_t kAhead = 16;  // a power of two: the ring's index is masked
-    int64_t home[kAhead];
+    const bool pooled_rows = pooled();
+    const int64_t ahead = pooled_rows ? 32 : 16, row_ahead = 16;
+    constexpr int64_t kRing = 32;  // a power of two: the ring's index is masked
+    int64_t home[kRing];
     const auto key_at = [&](int64_t j) { return keys[index ? index[j] : j]; };
     const auto request = [&](int64_t j) {
-      home[j & (kAhead - 1)] = Home(key_at(j));
-      PrefetchHome<kForWrite>(home[j & (kAhead - 1)]);
+      home[j & (kRing - 1)] = Home(key_at(j));
+      __builtin_prefetch(&slots_[home[j & (kRing - 1)]], kForWrite);
+      if (pooled_rows) {
+        __builtin_prefetch(&slot_rows_[home[j & (kRing - 1)]], kForWrite);
+      } else {
+        PrefetchHomeRow<kForWrite>(home[j & (kRing - 1)]);
+      }
     };
-    for (int64_t j = begin; j < std::min(end, begin + kAhead); ++j) request(j);
+    const auto request_row = [&](int64_t j) {
+      if (pooled_rows) PrefetchHomeRow<kForWrite>(home[j & (kRing - 1)]);
+    };
+    for (int64_t j = begin; j < std::min(end, begin + ahead); ++j) request(j);
+    for (int64_t j = begin; j < std::min(end, begin + row_ahead); ++j) request_row(j);
     for (int64_t j = begin; j < end; ++j) {
-      const int64_t slot_home = home[j & (kAhead - 1)];
-      if (j + kAhead < end) request(j + kAhead);
+      const int64_t slot_home = home[j & (kRing - 1)];
+      if (j + ahead < end) request(j + ahead);
+      if (j + row_ahead < end) request_row(j + row_ahead);
       probe(index ? index[j] : j, slot_home);
     }
   }
@@ -240,6 +268,8 @@ class CpuHashTable final : public DynamicTable {
   Status Reserve(int64_t incoming, EvictedBuffer* evicted = nullptr,
                  const ParallelFor& parallel_for = SerialFor);
   void Rehash(int64_t slots, const ParallelFor& parallel_for = SerialFor);
+  // Adds the row chunks `takes` new keys need; a failure is ResourceExhausted, rows kept.
+  Status ReserveRows(int64_t takes);
   // Rehashes into more slots when `incoming` more keys would pass the load limit. Exclusive
   // lock.
   Status Grow(int64_t incoming, const ParallelFor& parallel_for);
@@ -263,7 +293,10 @@ class CpuHashTable final : public DynamicTable {
   int64_t size_ = 0;
   int64_t mask_ = 0;                      // slots - 1; slots is a power of two
   HugePageArray<Slot> slots_;
-  HugePageArray<float> values_;
+  // Pooled rows: each slot's row number (beside the slots: a 16-byte slot keeps four to a
+  // cache line, and a probe run reads slots only).
+  HugePageArray<int64_t> slot_rows_;
+  RowPool rows_;
   int64_t created_us_ = 0;                // write stamps count milliseconds from here
 };
 

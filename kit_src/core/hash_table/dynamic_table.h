@@ -34,6 +34,10 @@ struct HashTableOptions {
                                           // state (Adagrad's and Ftrl's accumulators); the
                                           // rest start at zero
   ValueType value_type = ValueType::kFloat32;  // storage of each row's value
+  // Host table: rows for the keys held, each slot naming its row (memory), rather than a
+  // row per slot found from the slot's position (speed: a probe fetches slot and row at
+  // once). A tiered table's host tier pools its rows.
+  bool pooled_rows = false;
 };
 
 // Where a table call runs: the GPU stream (a cudaStream_t) for a GPU table, the threads for a

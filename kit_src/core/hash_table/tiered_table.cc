@@ -129,6 +129,12 @@ HashTableOptions HotTierOptions(const HashTableOptions& options, int64_t hot_byt
   return hot;
 }
 
+HashTableOptions ColdTierOptions(const HashTableOptions& options) {
+  HashTableOptions cold = options;
+  cold.pooled_rows = true;
+  return cold;
+}
+
 bool BudgetHoldsTable(const HashTableOptions& options, int64_t hot_bytes) {
   const int64_t widest = TieredTable::RowBytes(options.dim, options.value_type, 3 * options.dim);
   return hot_bytes / widest >= options.max_capacity;

@@ -95,6 +95,9 @@ std::unique_ptr<TierMemory> NewGpuTierMemory(std::shared_ptr<GpuMemory> memory);
 // The hot table's options: as many rows as `hot_bytes` holds without state, no eviction of
 // its own (the tiered table makes room before it inserts).
 HashTableOptions HotTierOptions(const HashTableOptions& options, int64_t hot_bytes);
+// The host table's options: the whole table's, its rows pooled (rows for the keys it holds,
+// not for its slots: the keys that spill to host memory are the table's bulk).
+HashTableOptions ColdTierOptions(const HashTableOptions& options);
 // Whether `hot_bytes` holds max_capacity rows with the widest state a rule keeps (3 x dim):
 // then the table needs no host tier.
 bool BudgetHoldsTable(const HashTableOptions& options, int64_t hot_bytes);
@@ -103,7 +106,7 @@ Status CheckHotBudget(const HashTableOptions& options, int64_t hot_bytes);
 
 class TieredTable final : public DynamicTable {
  public:
-  // `hot` (built with HotTierOptions) and `cold` (built with the whole table's options) are
+  // `hot` (built with HotTierOptions) and `cold` (built with ColdTierOptions) are
   // empty; `memory` is hot's memory.
   TieredTable(const HashTableOptions& options, int64_t hot_bytes, std::shared_ptr<DynamicTable> hot,
               std::unique_ptr<CpuHashTable> cold, std::unique_ptr<TierMemory> memory);

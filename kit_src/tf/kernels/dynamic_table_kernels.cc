@@ -102,7 +102,8 @@ class DynamicTableCreateOp : public tf::OpKernel {
     TF_RETURN_IF_ERROR(functor::NewDynamicTable<Device>()(
         ctx, HotTierOptions(options_, hbm_budget_bytes_), initializer_, &hot));
     *table = std::make_shared<TieredTable>(options_, hbm_budget_bytes_, std::move(hot),
-                                           std::make_unique<CpuHashTable>(options_, initializer_),
+                                           std::make_unique<CpuHashTable>(
+                                               ColdTierOptions(options_), initializer_),
                                            functor::NewTierMemory<Device>()(ctx));
     return tf::Status();
   }
