@@ -181,16 +181,17 @@ void CpuHashTable::InsertPass(const int64_t* keys, const int64_t* index, int64_t
   const uint32_t now = StampNow();
   parallel_for(count, 4 * dim + 150, [&](int64_t begin, int64_t end) {
     int64_t inserted_here = 0;
+    std::vector<float> scratch(values == nullptr ? dim : 0);  // new rows, when none go out
     ProbeAhead<true>(keys, index, begin, end, [&](int64_t i, int64_t home) {
       bool inserted = false;
-      float* out = values + i * dim;
+      float* out = values == nullptr ? scratch.data() : values + i * dim;
       const int64_t slot = ClaimSlot(keys[i], home, now, admit, out, &inserted);
       if (slot < 0) {  // refused by the filter: reads as zeros, not stored
-        std::fill(out, out + dim, 0.0f);
+        if (values != nullptr) std::fill(out, out + dim, 0.0f);
         return;
       }
       inserted_here += inserted;
-      if (!inserted) ReadValue(slot, out);
+      if (!inserted && values != nullptr) ReadValue(slot, out);
       Touch(slot, clock);
     });
     inserted_total.fetch_add(inserted_here, std::memory_order_relaxed);
@@ -393,7 +394,7 @@ Status CpuHashTable::LookupRows(const int64_t* keys, int64_t n, bool insert, flo
         ++missed;
         return;
       }
-      ReadValue(slot, values + i * dim);
+      if (values != nullptr) ReadValue(slot, values + i * dim);
       Touch(slot, clock);
     });
     num_missing.fetch_add(missed, std::memory_order_relaxed);
@@ -408,7 +409,7 @@ Status CpuHashTable::LookupRows(const int64_t* keys, int64_t n, bool insert, flo
       missing_index.push_back(i);
     } else {
       missing[i] = 0;
-      std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
+      if (values != nullptr) std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
     }
   }
   // The admitted count bounds the new keys; count them exactly only when that bound would
@@ -546,9 +547,24 @@ Status CpuHashTable::InsertNew(const int64_t* keys, int64_t n, const float* valu
       const uint64_t clock = clock_.fetch_add(1) + 1;
       const uint32_t now = StampNow();
       context.parallel_for(n, 2 * (dim + state_dim) + 100, [&](int64_t begin, int64_t end) {
+        // Pooled: the shard's rows are taken at once and requested kAhead keys before their
+        // writes (a row per slot comes with the slot).
+        constexpr int64_t kAhead = 16;
+        std::vector<int64_t> rows(pooled() ? end - begin : 0);
+        if (pooled()) rows_.TakeMany(end - begin, rows.data());
+        const auto request = [&](int64_t i) {
+          const char* row = reinterpret_cast<const char*>(rows_.Row(rows[i - begin]));
+          for (int64_t offset = 0; offset < RowWidth() * 4; offset += 64) {
+            __builtin_prefetch(row + offset, 1);
+          }
+        };
+        for (int64_t i = begin; pooled() && i < std::min(end, begin + kAhead); ++i) request(i);
         ProbeAhead<true>(keys, nullptr, begin, end, [&](int64_t i, int64_t home) {
           const int64_t slot = ClaimFreeSlot(keys[i], home);
-          GiveRow(slot);
+          if (pooled()) {
+            slot_rows_[slot] = rows[i - begin];
+            if (i + kAhead < end) request(i + kAhead);
+          }
           WriteValue(values + i * dim, slot);
           if (state != nullptr) {
             std::memcpy(State(slot), state + i * state_dim, state_dim * sizeof(float));

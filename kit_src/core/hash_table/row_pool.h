@@ -78,6 +78,17 @@ class RowPool {
     if (free > 0) return free_rows_[free - 1];
     return used_.fetch_add(1, std::memory_order_relaxed);
   }
+  // `count` free row numbers into `out` (the free list's first); thread-safe as Take.
+  void TakeMany(int64_t count, int64_t* out) {
+    int64_t free = free_count_.load(std::memory_order_relaxed), from_free = 0;
+    do {
+      from_free = std::min(free, count);
+    } while (from_free > 0 && !free_count_.compare_exchange_weak(free, free - from_free,
+                                                                  std::memory_order_relaxed));
+    for (int64_t k = 0; k < from_free; ++k) out[k] = free_rows_[free - 1 - k];
+    const int64_t first = used_.fetch_add(count - from_free, std::memory_order_relaxed);
+    for (int64_t k = from_free; k < count; ++k) out[k] = first + (k - from_free);
+  }
   // Room for `gives` more Give calls made in parallel (Give alone grows the list).
   void ReserveGives(int64_t gives) {
     const int64_t needed = free_count_.load(std::memory_order_relaxed) + gives;

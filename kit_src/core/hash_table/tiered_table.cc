@@ -463,8 +463,6 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
     // The host table admits and initialises keys new to the whole table, and evicts its
     // coldest keys past max_capacity.
     LendCapacity();
-    float* unused = nullptr;  // the rows are taken below
-    SOK_RETURN_IF_ERROR(Stage(kUpValues, misses * options_.dim, &unused));
     EvictedRows host_evicted;
     host_evicted.allocate = [&](int64_t count, int64_t** k, float** v) {
       evicted_keys.resize(count);
@@ -473,9 +471,10 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
       *v = evicted_values.data();
       return Status::Ok();
     };
+    // No rows out: they are taken below.
     SOK_RETURN_IF_ERROR(cold_->FindOrInsert(TableKeys{missing.data(), misses, 1, 0},
-                                            unused, admit_probability, &host_evicted,
-                                            HostContext(context)));
+                                            /*values=*/nullptr, admit_probability,
+                                            &host_evicted, HostContext(context)));
   }
   SOK_RETURN_IF_ERROR(Demote(demoted, context));
   if (!missing.empty()) SOK_RETURN_IF_ERROR(Promote(missing, context));
