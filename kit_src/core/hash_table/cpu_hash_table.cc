@@ -275,8 +275,14 @@ int64_t CpuHashTable::EraseInParallel(const int64_t* keys, uint8_t* erase, int64
   std::atomic<int64_t> erased{0};
   parallel_for(ranges, 1000000, [&](int64_t begin, int64_t end) {
     int64_t here = 0;
+    constexpr int64_t kAhead = 8;  // the home slot of the key this many erasures on
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t j = first[r]; j < first[r + 1]; ++j) {
+        if (j + kAhead < first[r + 1]) {
+          const int64_t home = Home(keys[order[j + kAhead]]);
+          __builtin_prefetch(&slots_[home], 1);
+          if (pooled()) __builtin_prefetch(&slot_rows_[home], 0);
+        }
         const int64_t i = order[j];
         const int64_t slot = FindSlot(keys[i], Home(keys[i]));
         if (slot < 0) {
