@@ -1,0 +1,96 @@
+// Probe (diagnosis, not a benchmark of record): the host tier's work in a tiered table's
+// miss step, on the CPU alone. A host table of `fill` keys (dim 128, SGD: no state) in the
+// row-per-slot or the pooled layout; each step `moved` distinct random keys come up (the
+// find-or-insert that admits them, copying no row out, then their take) and as many rows go
+// down (InsertNew), as in T6c where 182,542 rows move each way a step. Built and run by
+// host_tier_step.py.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "kit_src/core/hash_table/cpu_hash_table.h"
+
+namespace {
+
+// Splits the work over the machine's threads, as a kernel's thread pool does.
+void AllThreads(int64_t total, int64_t, const sok::ShardWork& work) {
+  const int64_t threads = std::max(1u, std::thread::hardware_concurrency());
+  if (total < 1024 || threads == 1) return work(0, total);
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) {
+    pool.emplace_back([&, t] { work(total * t / threads, total * (t + 1) / threads); });
+  }
+  work(0, total / threads);
+  for (auto& thread : pool) thread.join();
+}
+
+double MsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: host_tier_step FILL MOVED STEPS POOLED(0|1)\n");
+    return 2;
+  }
+  const int64_t dim = 128, fill = std::atoll(argv[1]), moved = std::atoll(argv[2]);
+  const int steps = std::atoi(argv[3]);
+  sok::HashTableOptions options;
+  options.dim = dim;
+  options.init_capacity = fill;
+  options.pooled_rows = std::atoi(argv[4]) != 0;
+  sok::CpuHashTable table(options, sok::RowInitializer());
+  sok::TableContext context;
+  context.parallel_for = AllThreads;
+  std::vector<int64_t> held(fill);  // the host tier's keys
+  std::iota(held.begin(), held.end(), 0);
+  std::vector<float> rows(moved * dim, 0.5f);
+  for (int64_t start = 0; start < fill; start += moved) {
+    table.InsertNew(held.data() + start, std::min(moved, fill - start), rows.data(), nullptr,
+                    context);
+  }
+  std::vector<int64_t> hot(moved);  // the keys in the GPU tier, the next to go down
+  std::iota(hot.begin(), hot.end(), fill);
+  std::vector<float> out(moved * dim);
+  std::vector<uint8_t> found(moved);
+  std::mt19937_64 rng(2);
+  double admit_ms = 0, down_ms = 0, take_ms = 0;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<int64_t> picked(moved);
+    for (auto& p : picked) p = static_cast<int64_t>(rng() % fill);
+    std::sort(picked.begin(), picked.end());
+    picked.erase(std::unique(picked.begin(), picked.end()), picked.end());
+    std::shuffle(picked.begin(), picked.end(), rng);
+    const int64_t n = static_cast<int64_t>(picked.size());
+    std::vector<int64_t> missing(n);
+    for (int64_t j = 0; j < n; ++j) missing[j] = held[picked[j]];
+    auto start = std::chrono::steady_clock::now();
+    table.FindOrInsert(sok::TableKeys{missing.data(), n, 1, 0}, nullptr, 1.0f, nullptr, context);
+    admit_ms += MsSince(start);
+    start = std::chrono::steady_clock::now();
+    table.GrowFor(n);
+    table.InsertNew(hot.data(), n, rows.data(), nullptr, context);
+    down_ms += MsSince(start);
+    start = std::chrono::steady_clock::now();
+    table.Take(missing.data(), n, out.data(), nullptr, found.data(), context);
+    take_ms += MsSince(start);
+    for (int64_t j = 0; j < n; ++j) {  // what went down is held; what came up is hot
+      held[picked[j]] = hot[j];
+      hot[j] = missing[j];
+    }
+  }
+  std::printf("{\"pooled_rows\": %d, \"fill\": %ld, \"moved\": %ld, \"threads\": %u, "
+              "\"admit_ms\": %.3f, \"insert_down_ms\": %.3f, \"take_ms\": %.3f}\n",
+              static_cast<int>(options.pooled_rows), static_cast<long>(fill),
+              static_cast<long>(moved), std::thread::hardware_concurrency(), admit_ms / steps,
+              down_ms / steps, take_ms / steps);
+  return 0;
+}
