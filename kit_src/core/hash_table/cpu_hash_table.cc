@@ -565,7 +565,7 @@ Status CpuHashTable::InsertNew(const int64_t* keys, int64_t n, const float* valu
           }
         };
         for (int64_t i = begin; pooled() && i < std::min(end, begin + kAhead); ++i) request(i);
-        ProbeAhead<true>(keys, nullptr, begin, end, [&](int64_t i, int64_t home) {
+        const auto claim = [&](int64_t i, int64_t home) {
           const int64_t slot = ClaimFreeSlot(keys[i], home);
           if (pooled()) {
             slot_rows_[slot] = rows[i - begin];
@@ -579,7 +579,8 @@ Status CpuHashTable::InsertNew(const int64_t* keys, int64_t n, const float* valu
           }
           slots_[slot].meta.store(kOccupied | now, std::memory_order_release);
           Touch(slot, clock);
-        });
+        };
+        ProbeAhead<true, decltype(claim), /*kHomeRows=*/false>(keys, nullptr, begin, end, claim);
       });
       size_ += n;
       return Status::Ok();

@@ -9,9 +9,9 @@
 // less; a probe's row fetch waits for the slot: lookups of 64-byte rows take 1.7x as long,
 // of 512-byte rows 1.1x). Lookups that do not insert run in parallel under a shared lock;
 // find-or-insert takes the lock exclusively and still runs in parallel: threads claim empty
-// slots with a compare-and-swap. Erases, assigns and updates take the lock exclusively. Beyond max_capacity keys the table
-// evicts the lowest-scored keys (LRU: last step used; LFU: times used) or, with no eviction,
-// fails with ResourceExhausted and changes nothing.
+// slots with a compare-and-swap. Erases, assigns and updates take the lock exclusively.
+// Beyond max_capacity keys the table evicts the lowest-scored keys (LRU: last step used; LFU:
+// times used) or, with no eviction, fails with ResourceExhausted and changes nothing.
 #pragma once
 
 #include <algorithm>
@@ -211,8 +211,9 @@ class CpuHashTable final : public DynamicTable {
   // probe, and its row (with the slot, or kRowAhead positions on once the slot has come
   // when rows are pooled), so a steady number of cache misses overlap. A rolling window: in
   // groups (request 32, then probe 32) the misses drained at the end of each group, 20-25%
-  // slower on a 3.3M-key table.
-  template <bool kForWrite, typename Probe>
+  // slower on a 3.3M-key table. Without kHomeRows pooled rows are not requested (keys that
+  // claim a free slot have no row yet).
+  template <bool kForWrite, typename Probe, bool kHomeRows = true>
   void ProbeAhead(const int64_t* keys, const int64_t* index, int64_t begin, int64_t end,
                 const Probe& probe) const {
     const bool pooled_rows = pooled();
@@ -230,7 +231,7 @@ class CpuHashTable final : public DynamicTable {
       }
     };
     const auto request_row = [&](int64_t j) {
-      if (pooled_rows) PrefetchHomeRow<kForWrite>(home[j & (kRing - 1)]);
+      if (pooled_rows && kHomeRows) PrefetchHomeRow<kForWrite>(home[j & (kRing - 1)]);
     };
     for (int64_t j = begin; j < std::min(end, begin + ahead); ++j) request(j);
     for (int64_t j = begin; j < std::min(end, begin + row_ahead); ++j) request_row(j);
