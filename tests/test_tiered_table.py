@@ -192,6 +192,35 @@ def test_assign_erase_import_with_rows_in_both_tiers(device, tmp_path):
     assert_same(restored, plain, device)
 
 
+def test_low_frequency_filter_admits_misses_with_the_rows_of_a_one_tier_table():
+    """A tiered table's misses are admitted by the filter on their way up from host memory:
+    about filter_ratio of the new keys a lookup, each with the initial row a one-tier table
+    gives it; the refused read zeros and are not held, and come back in later lookups."""
+    tiered, plain = make_pair("CPU", 4, "filtered", budget_rows=300, state_floats=0,
+                              filter_ratio=0.5)
+    keys = np.arange(2000, dtype=np.int64) * 7919
+    initial = plain.sparse_read(tf.constant(keys)).numpy()
+    admitted = np.zeros(len(keys), bool)
+    for round_ in range(3):
+        for start in range(0, len(keys), 200):
+            ids = tf.RaggedTensor.from_row_lengths(tf.constant(keys[start:start + 200]),
+                                                   [1] * 200)
+            out = sok.lookup_sparse([tiered], [ids], combiners=["sum"],
+                                    use_low_frequency_filter=True)[0].numpy()
+            held = (out != 0).any(axis=1)
+            np.testing.assert_array_equal(out[held], initial[start:start + 200][held])
+            assert (out[~held] == 0).all()
+            assert held[admitted[start:start + 200]].all()  # once admitted, held
+            admitted[start:start + 200] |= held
+        if round_ == 0:
+            assert abs(admitted.sum() - 1000) <= 5 * np.sqrt(2000 * 0.25)
+    assert admitted.sum() > 1000
+    held_keys = export_sorted(tiered)[0]
+    np.testing.assert_array_equal(held_keys, np.sort(keys[admitted]))
+    counts = sok.tier_counts(tiered)
+    assert counts["host_keys"] > 0 and counts["moved_up"] > 0, counts
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_eviction_at_max_capacity_removes_the_least_recently_used_of_both_tiers(device):
     tiered, plain = make_pair(device, 4, "evict", budget_rows=100, state_floats=0,

@@ -2,8 +2,8 @@
 miss step, measured on the CPU alone with host_tier_step.cc (built here against the installed
 TensorFlow's headers, as the op library is), in both row layouts of the host table: a row per
 slot and pooled rows (a tiered table's host tier). Prints one JSON line per layout: the
-milliseconds a step of the find-or-insert that admits the misses, the insert of the rows
-moving down and the take of the misses.
+milliseconds a step of the take of the misses (TakeOrAdmit) and of the insert of the rows
+moving down.
 
     python3 host_tier_step.py [--fill 4000000] [--moved 182542] [--steps 10]
 """

@@ -346,18 +346,31 @@ Status CpuHashTable::Reserve(int64_t incoming, EvictedBuffer* evicted,
         "; raise max_capacity or set evict_strategy ('lru' or 'lfu')");
   }
   SOK_RETURN_IF_ERROR(ReserveRows(incoming));  // before an eviction: a failure loses no key
-  if (overflow > 0) {
-    for (const int64_t key : LowestScoredKeys(overflow)) {
-      const int64_t slot = FindSlot(key, Home(key));
-      if (evicted != nullptr) {
-        evicted->keys.push_back(key);
-        evicted->values.resize(evicted->values.size() + options_.dim);
-        ReadValue(slot, evicted->values.data() + evicted->values.size() - options_.dim);
-      }
-      EraseSlot(slot);
-    }
-  }
+  if (overflow > 0) EvictLowestScored(overflow, evicted);
   return Grow(incoming, parallel_for);
+}
+
+void CpuHashTable::EvictLowestScored(int64_t count, EvictedBuffer* evicted) {
+  for (const int64_t key : LowestScoredKeys(count)) {
+    const int64_t slot = FindSlot(key, Home(key));
+    if (evicted != nullptr) {
+      evicted->keys.push_back(key);
+      evicted->values.resize(evicted->values.size() + options_.dim);
+      ReadValue(slot, evicted->values.data() + evicted->values.size() - options_.dim);
+    }
+    EraseSlot(slot);
+  }
+}
+
+Status CpuHashTable::HandOut(const EvictedBuffer& buffer, EvictedRows* evicted) {
+  if (evicted == nullptr || buffer.keys.empty()) return Status::Ok();
+  evicted->count = static_cast<int64_t>(buffer.keys.size());
+  int64_t* evicted_keys = nullptr;
+  float* evicted_values = nullptr;
+  SOK_RETURN_IF_ERROR(evicted->allocate(evicted->count, &evicted_keys, &evicted_values));
+  std::copy(buffer.keys.begin(), buffer.keys.end(), evicted_keys);
+  std::copy(buffer.values.begin(), buffer.values.end(), evicted_values);
+  return Status::Ok();
 }
 
 Status CpuHashTable::LookupRows(const int64_t* keys, int64_t n, bool insert, float* values,
@@ -516,29 +529,99 @@ Status CpuHashTable::Erase(const int64_t* keys, int64_t n, int64_t* erased,
 Status CpuHashTable::Take(const int64_t* keys, int64_t n, float* values, float* state,
                           uint8_t* found, const TableContext& context) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
+  ReadHeld(keys, n, values, state, found, context.parallel_for);
+  EraseTaken(keys, n, values, state, found, context.parallel_for);
+  return Status::Ok();
+}
+
+void CpuHashTable::ReadHeld(const int64_t* keys, int64_t n, float* values, float* state,
+                            uint8_t* found, const ParallelFor& parallel_for) const {
   const int64_t dim = options_.dim, state_dim = state != nullptr ? options_.state_dim : 0;
-  const auto missing = [&](int64_t i) {
-    found[i] = 0;
-    std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
-    if (state_dim > 0) std::fill(state + i * state_dim, state + (i + 1) * state_dim, 0.0f);
-  };
-  // The rows are read in parallel, then erased (erasing moves other rows); a key repeated
-  // is found once, as if taken one at a time.
-  context.parallel_for(n, 2 * (dim + state_dim) + 100, [&](int64_t begin, int64_t end) {
+  parallel_for(n, 2 * (dim + state_dim) + 100, [&](int64_t begin, int64_t end) {
     ProbeAhead<false>(keys, nullptr, begin, end, [&](int64_t i, int64_t home) {
       const int64_t slot = FindSlot(keys[i], home);
-      if (slot < 0) return missing(i);
-      found[i] = 1;
+      found[i] = slot >= 0;
+      if (slot < 0) return ZeroRow(i, values, state, state_dim);
       ReadValue(slot, values + i * dim);
       if (state_dim > 0) std::memcpy(state + i * state_dim, State(slot), state_dim * sizeof(float));
     });
   });
-  std::vector<uint8_t> erased(found, found + n);
-  EraseInParallel(keys, erased.data(), n, context.parallel_for);
+}
+
+void CpuHashTable::ZeroRow(int64_t i, float* values, float* state, int64_t state_dim) const {
+  std::fill(values + i * options_.dim, values + (i + 1) * options_.dim, 0.0f);
+  if (state_dim > 0) std::fill(state + i * state_dim, state + (i + 1) * state_dim, 0.0f);
+}
+
+void CpuHashTable::EraseTaken(const int64_t* keys, int64_t n, float* values, float* state,
+                              uint8_t* found, const ParallelFor& parallel_for) {
+  // Erasing moves other rows, so it follows the reads; a key repeated is found once, as if
+  // taken one at a time.
+  std::vector<uint8_t> erased(n);
+  for (int64_t i = 0; i < n; ++i) erased[i] = found[i] == 1;
+  EraseInParallel(keys, erased.data(), n, parallel_for);
+  const int64_t state_dim = state != nullptr ? options_.state_dim : 0;
   for (int64_t i = 0; i < n; ++i) {
-    if (found[i] && !erased[i]) missing(i);  // a repeat of a key taken before it
+    if (found[i] == 1 && !erased[i]) {  // a repeat of a key taken before it
+      found[i] = 0;
+      ZeroRow(i, values, state, state_dim);
+    }
   }
-  return Status::Ok();
+}
+
+Status CpuHashTable::TakeOrAdmit(const int64_t* keys, int64_t n, float admit_probability,
+                                 float* values, float* state, uint8_t* found,
+                                 EvictedRows* evicted, const TableContext& context) {
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  const uint64_t clock = clock_.fetch_add(1) + 1;  // as the find-or-insert it stands for
+  const int64_t dim = options_.dim, state_dim = state != nullptr ? options_.state_dim : 0;
+  ReadHeld(keys, n, values, state, found, context.parallel_for);
+  // Keys not held that the filter admits get the rows an insert would have given them
+  // (found 2 until the held keys are erased).
+  std::atomic<int64_t> admitted{0};
+  context.parallel_for(n, 4 * dim + 200, [&](int64_t begin, int64_t end) {
+    int64_t here = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      if (found[i] || !Admitted(keys[i], clock, admit_probability)) continue;
+      float* value = values + i * dim;
+      initializer_.Fill(keys[i], value, dim);
+      RoundToStorage(value);
+      if (state_dim > 0) FillInitialState(state + i * state_dim);
+      found[i] = 2;
+      ++here;
+    }
+    admitted.fetch_add(here, std::memory_order_relaxed);
+  });
+  // Room for the admitted keys among the keys held, as find-or-insert makes it: the taken
+  // keys leave the table but stay in the whole table's count.
+  const int64_t overflow = size_ + admitted.load() - options_.max_capacity;
+  const bool refused =
+      options_.evict == EvictStrategy::kNone || admitted.load() > options_.max_capacity;
+  if (overflow > 0 && refused) {
+    return Status::ResourceExhausted(
+        "dynamic table is full: it holds " + std::to_string(size_) + " keys, " +
+        std::to_string(admitted.load()) + " new keys arrived and max_capacity is " +
+        std::to_string(options_.max_capacity) +
+        "; raise max_capacity or set evict_strategy ('lru' or 'lfu')");
+  }
+  EraseTaken(keys, n, values, state, found, context.parallel_for);
+  EvictedBuffer buffer;
+  if (overflow > 0) EvictLowestScored(overflow, evicted != nullptr ? &buffer : nullptr);
+  for (int64_t i = 0; i < n; ++i) found[i] = found[i] != 0;
+  return HandOut(buffer, evicted);
+}
+
+void CpuHashTable::RoundToStorage(float* value) const {
+  const int64_t dim = options_.dim;
+  if (options_.value_type == ValueType::kFloat32) return;
+  std::vector<float> stored((dim + 1) / 2);
+  if (options_.value_type == ValueType::kFloat16) {
+    Round<Eigen::half>(value, dim, stored.data());
+    Widen<Eigen::half>(stored.data(), dim, value);
+  } else {
+    Round<Eigen::bfloat16>(value, dim, stored.data());
+    Widen<Eigen::bfloat16>(stored.data(), dim, value);
+  }
 }
 
 Status CpuHashTable::InsertNew(const int64_t* keys, int64_t n, const float* values,
@@ -702,14 +785,7 @@ Status CpuHashTable::LookupKeys(const TableKeys& keys, bool insert, float* value
       CopyFloats(rows.data() + j * dim, dim, values + positions[j] * dim);
     }
   }
-  if (evicted == nullptr || buffer.keys.empty()) return Status::Ok();
-  evicted->count = static_cast<int64_t>(buffer.keys.size());
-  int64_t* evicted_keys = nullptr;
-  float* evicted_values = nullptr;
-  SOK_RETURN_IF_ERROR(evicted->allocate(evicted->count, &evicted_keys, &evicted_values));
-  std::copy(buffer.keys.begin(), buffer.keys.end(), evicted_keys);
-  std::copy(buffer.values.begin(), buffer.values.end(), evicted_values);
-  return Status::Ok();
+  return HandOut(buffer, evicted);
 }
 
 Status CpuHashTable::ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) {

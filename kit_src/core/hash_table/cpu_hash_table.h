@@ -55,6 +55,15 @@ class CpuHashTable final : public DynamicTable {
   // need growth or eviction first, as InsertOrAssign.
   Status InsertNew(const int64_t* keys, int64_t n, const float* values, const float* state,
                    const TableContext& context);
+  // Take of a lookup's distinct missing keys, standing for the find-or-insert and take a
+  // tiered table's host tier did: the keys held are taken (rows and state out, erased);
+  // keys not held that the filter admits get the initial row and state an insert would have
+  // given them, without entering the table; then the lowest-scored keys go (into `evicted`)
+  // until the keys held, taken and admitted fit max_capacity. found[i]: held or admitted.
+  // A full table without eviction fails with nothing changed.
+  Status TakeOrAdmit(const int64_t* keys, int64_t n, float admit_probability, float* values,
+                     float* state, uint8_t* found, EvictedRows* evicted,
+                     const TableContext& context);
   // Moves the bound on the key count (a tiered table lends part of it to its other tier);
   // keys already beyond it stay until the next insert makes room.
   void SetMaxCapacity(int64_t max_capacity) {
@@ -81,6 +90,19 @@ class CpuHashTable final : public DynamicTable {
   Status LookupRows(const int64_t* keys, int64_t n, bool insert, float* values,
                     const ParallelFor& parallel_for, float admit_probability,
                     EvictedBuffer* evicted);
+  // Take's passes: the rows and state of the keys held read out (found[i] 1, else 0 and
+  // zeros), then the keys with found[i] == 1 erased. Exclusive lock.
+  void ReadHeld(const int64_t* keys, int64_t n, float* values, float* state, uint8_t* found,
+                const ParallelFor& parallel_for) const;
+  void EraseTaken(const int64_t* keys, int64_t n, float* values, float* state, uint8_t* found,
+                  const ParallelFor& parallel_for);
+  void ZeroRow(int64_t i, float* values, float* state, int64_t state_dim) const;
+  // Evicts the `count` lowest-scored keys, their rows into `evicted` when not null.
+  void EvictLowestScored(int64_t count, EvictedBuffer* evicted);
+  // Copies evicted keys and rows to the caller's output.
+  static Status HandOut(const EvictedBuffer& buffer, EvictedRows* evicted);
+  // A float32 value as the table's storage type would round it (16-bit values).
+  void RoundToStorage(float* value) const;
   // LookupRows of a call's keys in either stride.
   Status LookupKeys(const TableKeys& keys, bool insert, float* values, float admit_probability,
                     EvictedRows* evicted, const ParallelFor& parallel_for);

@@ -296,24 +296,41 @@ Status TieredTable::Demote(int64_t batch, const TableContext& context) {
                           HostContext(context));
 }
 
-Status TieredTable::Promote(const std::vector<int64_t>& keys, const TableContext& context) {
-  const int64_t n = static_cast<int64_t>(keys.size()), dim = options_.dim;
-  const int64_t state_dim = cold_->state_dim();
-  float *values = nullptr, *state = nullptr;
-  uint8_t* found = nullptr;
-  SOK_RETURN_IF_ERROR(Stage(kUpValues, n * dim, &values));
-  SOK_RETURN_IF_ERROR(Stage(kUpState, n * state_dim, &state));
-  SOK_RETURN_IF_ERROR(Stage(kUpFound, n, &found));
-  SOK_RETURN_IF_ERROR(cold_->Take(keys.data(), n, values, state, found, HostContext(context)));
+Status TieredTable::TakeUp(const std::vector<int64_t>& keys, float admit_probability,
+                           EvictedRows* evicted, RowsUp* up, const TableContext& context) {
+  const int64_t n = static_cast<int64_t>(keys.size());
+  up->state_dim = cold_->state_dim();
+  SOK_RETURN_IF_ERROR(Stage(kUpValues, n * options_.dim, &up->values));
+  SOK_RETURN_IF_ERROR(Stage(kUpState, n * up->state_dim, &up->state));
+  SOK_RETURN_IF_ERROR(Stage(kUpFound, n, &up->found));
+  return cold_->TakeOrAdmit(keys.data(), n, admit_probability, up->values, up->state,
+                            up->found, evicted, HostContext(context));
+}
+
+Status TieredTable::PutBack(const std::vector<int64_t>& keys, const RowsUp& up,
+                            const TableContext& context) {
+  std::vector<int64_t> back = keys;
+  const int64_t n = static_cast<int64_t>(keys.size());
+  const int64_t count = KeepRows(back.data(), up.found, n, 1);
+  KeepRows(up.values, up.found, n, options_.dim);
+  KeepRows(up.state, up.found, n, up.state_dim);
+  return cold_->InsertNew(back.data(), count, up.values, up.state_dim ? up.state : nullptr,
+                          HostContext(context));
+}
+
+Status TieredTable::MoveUp(const std::vector<int64_t>& keys, const RowsUp& up,
+                           const TableContext& context) {
+  const int64_t n = static_cast<int64_t>(keys.size());
   // Keys the host table refused (the filter) do not move.
   std::vector<int64_t> moving = keys;
-  const int64_t count = KeepRows(moving.data(), found, n, 1);
+  const int64_t count = KeepRows(moving.data(), up.found, n, 1);
   if (count == 0) return Status::Ok();
   if (count < n) {
-    KeepRows(values, found, n, dim);
-    KeepRows(state, found, n, state_dim);
+    KeepRows(up.values, up.found, n, options_.dim);
+    KeepRows(up.state, up.found, n, up.state_dim);
   }
-  SOK_RETURN_IF_ERROR(AssignHot(moving.data(), values, state, count, state_dim > 0, context));
+  SOK_RETURN_IF_ERROR(
+      AssignHot(moving.data(), up.values, up.state, count, up.state_dim > 0, context));
   hot_size_ += count;
   counts_.moved_up += count;
   return Status::Ok();
@@ -456,12 +473,14 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
     return Status::Internal("tiered table: the hot tier cannot make room for " +
                             std::to_string(misses) + " rows");
   }
+  // Room for the rows moving down, and for the misses' rows should they have to go back.
   SOK_RETURN_IF_ERROR(cold_->GrowFor(misses + demoted));
   std::vector<int64_t> evicted_keys;
   std::vector<float> evicted_values;
+  RowsUp up;
   if (!missing.empty()) {
-    // The host table admits and initialises keys new to the whole table, and evicts its
-    // coldest keys past max_capacity.
+    // The host table hands out the misses' rows, initialises those of keys new to the whole
+    // table that its filter admits, and evicts its coldest keys past max_capacity.
     LendCapacity();
     EvictedRows host_evicted;
     host_evicted.allocate = [&](int64_t count, int64_t** k, float** v) {
@@ -471,13 +490,14 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
       *v = evicted_values.data();
       return Status::Ok();
     };
-    // No rows out: they are taken below.
-    SOK_RETURN_IF_ERROR(cold_->FindOrInsert(TableKeys{missing.data(), misses, 1, 0},
-                                            /*values=*/nullptr, admit_probability,
-                                            &host_evicted, HostContext(context)));
+    SOK_RETURN_IF_ERROR(TakeUp(missing, admit_probability, &host_evicted, &up, context));
   }
-  SOK_RETURN_IF_ERROR(Demote(demoted, context));
-  if (!missing.empty()) SOK_RETURN_IF_ERROR(Promote(missing, context));
+  const Status demoted_status = Demote(demoted, context);
+  if (!demoted_status.ok()) {  // the misses' rows go back where they were
+    if (!missing.empty()) SOK_RETURN_IF_ERROR(PutBack(missing, up, context));
+    return demoted_status;
+  }
+  if (!missing.empty()) SOK_RETURN_IF_ERROR(MoveUp(missing, up, context));
   SOK_RETURN_IF_ERROR(HandOutEvicted(evicted_keys, evicted_values, evicted, context));
   return hot_->Find(keys, values, context);
 }

@@ -152,8 +152,22 @@ class TieredTable final : public DynamicTable {
   int64_t DemoteCount(int64_t incoming, int64_t keep) const;
   // Moves the `count` least recently used hot rows to the host.
   Status Demote(int64_t count, const TableContext& context);
-  // Moves `keys` (distinct, on the host, none hot) that the host holds into the hot tier.
-  Status Promote(const std::vector<int64_t>& keys, const TableContext& context);
+  // The misses' rows on their way up (keys distinct, on the host, none hot), in the staging
+  // buffers.
+  struct RowsUp {
+    float* values = nullptr;
+    float* state = nullptr;
+    uint8_t* found = nullptr;  // held or admitted: moves up
+    int64_t state_dim = 0;
+  };
+  // The host table's TakeOrAdmit of a lookup's distinct misses into `up`.
+  Status TakeUp(const std::vector<int64_t>& keys, float admit_probability,
+                EvictedRows* evicted, RowsUp* up, const TableContext& context);
+  // Inserts the rows of `up` into the hot table.
+  Status MoveUp(const std::vector<int64_t>& keys, const RowsUp& up, const TableContext& context);
+  // Returns the rows of `up` to the host table (when making room in the hot table failed).
+  Status PutBack(const std::vector<int64_t>& keys, const RowsUp& up,
+                 const TableContext& context);
   // Writes `count` rows of host arrays (keys, values [count, dim], state [count, state_dim]
   // when `with_state`) into the hot table.
   Status AssignHot(const int64_t* keys, const float* values, const float* state, int64_t count,
