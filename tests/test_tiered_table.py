@@ -239,6 +239,24 @@ def test_eviction_at_max_capacity_removes_the_least_recently_used_of_both_tiers(
     assert_same(tiered, plain, device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_full_tiered_table_without_eviction_refuses_new_keys_and_changes_nothing(device):
+    tiered, plain = make_pair(device, 4, "full", budget_rows=100, state_floats=0,
+                              max_capacity=300, evict_strategy=None)
+    with tf.device(f"{device}:0"):
+        for table in (tiered, plain):
+            for start in range(0, 300, 50):
+                table.sparse_read(tf.constant(np.arange(start, start + 50, dtype=np.int64)))
+        assert sok.tier_counts(tiered)["host_keys"] >= 200
+        before = export_sorted(tiered)
+        for table in (tiered, plain):  # keys of both tiers and new ones
+            with pytest.raises(tf.errors.ResourceExhaustedError, match="dynamic table is full"):
+                table.sparse_read(tf.constant(np.r_[0:20, 290:310].astype(np.int64)))
+    for a, b in zip(before, export_sorted(tiered)):
+        np.testing.assert_array_equal(a, b)
+    assert_same(tiered, plain, device)
+
+
 def test_budget_options_and_bad_budgets():
     gb = sok.DynamicVariable(4, var_type="hybrid", max_hbm_for_vectors=0.5)
     assert gb.hbm_budget_bytes == 1 << 29  # SOK's unit: GB of 2^30 bytes
