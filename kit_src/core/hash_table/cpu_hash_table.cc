@@ -15,7 +15,8 @@
 namespace sok {
 
 CpuHashTable::CpuHashTable(const HashTableOptions& options, const RowInitializer& initializer)
-    : DynamicTable(options), initializer_(initializer), created_us_(NowMicros()) {
+    : DynamicTable(options), pooled_(options.pooled_rows), initializer_(initializer),
+      created_us_(NowMicros()) {
   SetLayout();
   rows_.Reset(RowWidth());  // a row per slot: Rehash sizes it
   Rehash(SlotsForKeys(std::max<int64_t>(1, std::min(options.init_capacity, options.max_capacity))));
@@ -89,6 +90,7 @@ void CpuHashTable::Rehash(int64_t num_slots, const ParallelFor& parallel_for) {
     new_rows.Reset(RowWidth(), num_slots, /*chunked=*/false);  // one array, as the slots
     new_rows.ReserveCapacity(num_slots);
     rows_.Swap(new_rows);
+    flat_rows_ = rows_.Row(0);
   }
   const RowPool& old_rows = pooled() ? rows_ : new_rows;
   HugePageArray<Slot> old_slots = std::move(slots_);
@@ -470,6 +472,7 @@ Status CpuHashTable::EnsureState(int64_t state_dim, float initial_value) {
   const int64_t wide = ValueWords() + state_dim;
   const int64_t rows = pooled() ? rows_.used() : mask_ + 1;
   SOK_RETURN_IF_ERROR(HostAllocation([&] { rows_.Widen(wide, rows); }, rows * wide * 4));
+  if (!pooled()) flat_rows_ = rows_.Row(0);
   options_.state_dim = state_dim;
   SetLayout();
   options_.state_initial_value = initial_value;

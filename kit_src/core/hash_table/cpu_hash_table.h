@@ -6,12 +6,13 @@
 // every int64 value is a valid key. Rows live in a RowPool on huge pages: a row per slot, at
 // the slot's number (a probe fetches slot and row at once), or, with `pooled_rows`, rows for
 // the keys held, each slot naming its row in an array beside the slots (half the memory or
-// less; a probe's row fetch waits for the slot: lookups of 64-byte rows take 1.7x as long,
-// of 512-byte rows 1.1x). Lookups that do not insert run in parallel under a shared lock;
-// find-or-insert takes the lock exclusively and still runs in parallel: threads claim empty
-// slots with a compare-and-swap. Erases, assigns and updates take the lock exclusively.
-// Beyond max_capacity keys the table evicts the lowest-scored keys (LRU: last step used; LFU:
-// times used) or, with no eviction, fails with ResourceExhausted and changes nothing.
+// less; a probe's row fetch waits for the slot: lookups of 64-byte rows take 1.45x as long,
+// of 512-byte rows 1.23x, in benchmarks/diagnosis/host_tier_step.py). Lookups that do not
+// insert run in parallel under a shared lock; find-or-insert takes the lock exclusively and
+// still runs in parallel: threads claim empty slots with a compare-and-swap. Erases, assigns
+// and updates take the lock exclusively. Beyond max_capacity keys the table evicts the
+// lowest-scored keys (LRU: last step used; LFU: times used) or, with no eviction, fails with
+// ResourceExhausted and changes nothing.
 #pragma once
 
 #include <algorithm>
@@ -152,12 +153,12 @@ class CpuHashTable final : public DynamicTable {
     row_width_ = value_words_ + options_.state_dim;
   }
   float* Row(int64_t slot) {
-    return pooled() ? rows_.Row(slot_rows_[slot]) : rows_.FlatRow(slot);
+    return pooled() ? rows_.Row(slot_rows_[slot]) : flat_rows_ + slot * RowWidth();
   }
   const float* Row(int64_t slot) const {
-    return pooled() ? rows_.Row(slot_rows_[slot]) : rows_.FlatRow(slot);
+    return pooled() ? rows_.Row(slot_rows_[slot]) : flat_rows_ + slot * RowWidth();
   }
-  bool pooled() const { return options_.pooled_rows; }
+  bool pooled() const { return pooled_; }
   // A pooled row for a slot just claimed (its own row otherwise).
   void GiveRow(int64_t slot) {
     if (pooled()) slot_rows_[slot] = rows_.Take();
@@ -218,12 +219,13 @@ class CpuHashTable final : public DynamicTable {
     }
   }
   // Linear probing finds most keys in their home slot, so its row is worth fetching too:
-  // at once where the slot's number is its row's, once the slot has arrived and names it
-  // where rows are pooled.
-  template <bool kForWrite>
+  // with the slot where the slot's number is its row's, once the slot has arrived and names
+  // it where rows are pooled.
+  template <bool kForWrite, bool kPooled>
   void PrefetchHomeRow(int64_t home) const {
-    if (pooled() && !Occupied(home)) return;
-    const char* row = reinterpret_cast<const char*>(Row(home));
+    if (kPooled && !Occupied(home)) return;
+    const char* row = reinterpret_cast<const char*>(
+        kPooled ? rows_.Row(slot_rows_[home]) : flat_rows_ + home * RowWidth());
     for (int64_t offset = 0; offset < ValueWords() * 4; offset += 64) {
       __builtin_prefetch(row + offset, kForWrite);
     }
@@ -238,29 +240,35 @@ class CpuHashTable final : public DynamicTable {
   template <bool kForWrite, typename Probe, bool kHomeRows = true>
   void ProbeAhead(const int64_t* keys, const int64_t* index, int64_t begin, int64_t end,
                 const Probe& probe) const {
-    const bool pooled_rows = pooled();
-    const int64_t ahead = pooled_rows ? 32 : 16, row_ahead = 16;
-    constexpr int64_t kRing = 32;  // a power of two: the ring's index is masked
-    int64_t home[kRing];
+    if (pooled()) {
+      ProbeRun<kForWrite, true, kHomeRows>(keys, index, begin, end, probe);
+    } else {
+      ProbeRun<kForWrite, false, kHomeRows>(keys, index, begin, end, probe);
+    }
+  }
+  template <bool kForWrite, bool kPooled, bool kHomeRows, typename Probe>
+  void ProbeRun(const int64_t* keys, const int64_t* index, int64_t begin, int64_t end,
+                const Probe& probe) const {
+    constexpr int64_t kAhead = kPooled ? 32 : 16, kRowAhead = 16;
+    int64_t home[kAhead];  // a ring; kAhead is a power of two
     const auto key_at = [&](int64_t j) { return keys[index ? index[j] : j]; };
     const auto request = [&](int64_t j) {
-      home[j & (kRing - 1)] = Home(key_at(j));
-      __builtin_prefetch(&slots_[home[j & (kRing - 1)]], kForWrite);
-      if (pooled_rows) {
-        __builtin_prefetch(&slot_rows_[home[j & (kRing - 1)]], kForWrite);
-      } else {
-        PrefetchHomeRow<kForWrite>(home[j & (kRing - 1)]);
-      }
+      const int64_t slot = home[j & (kAhead - 1)] = Home(key_at(j));
+      __builtin_prefetch(&slots_[slot], kForWrite);
+      if (kPooled) __builtin_prefetch(&slot_rows_[slot], kForWrite);
+      if (!kPooled) PrefetchHomeRow<kForWrite, false>(slot);
     };
     const auto request_row = [&](int64_t j) {
-      if (pooled_rows && kHomeRows) PrefetchHomeRow<kForWrite>(home[j & (kRing - 1)]);
+      if (kPooled && kHomeRows) PrefetchHomeRow<kForWrite, true>(home[j & (kAhead - 1)]);
     };
-    for (int64_t j = begin; j < std::min(end, begin + ahead); ++j) request(j);
-    for (int64_t j = begin; j < std::min(end, begin + row_ahead); ++j) request_row(j);
+    for (int64_t j = begin; j < std::min(end, begin + kAhead); ++j) request(j);
+    if (kPooled) {
+      for (int64_t j = begin; j < std::min(end, begin + kRowAhead); ++j) request_row(j);
+    }
     for (int64_t j = begin; j < end; ++j) {
-      const int64_t slot_home = home[j & (kRing - 1)];
-      if (j + ahead < end) request(j + ahead);
-      if (j + row_ahead < end) request_row(j + row_ahead);
+      const int64_t slot_home = home[j & (kAhead - 1)];
+      if (j + kAhead < end) request(j + kAhead);
+      if (kPooled && j + kRowAhead < end) request_row(j + kRowAhead);
       probe(index ? index[j] : j, slot_home);
     }
   }
@@ -310,6 +318,9 @@ class CpuHashTable final : public DynamicTable {
                           const ParallelFor& parallel_for);
   void FillInitialState(float* state) const;
 
+  // Read by every row access: kept together.
+  const bool pooled_;
+  float* flat_rows_ = nullptr;  // a row per slot: rows_'s one chunk, row = slot
   int64_t value_words_ = 0;
   int64_t row_width_ = 0;
   RowInitializer initializer_;

@@ -43,9 +43,6 @@ class RowPool {
   const float* Row(int64_t row) const {
     return chunk_data_[row >> chunk_shift_] + (row & ChunkMask()) * width_;
   }
-  // Row of a pool made of one chunk (Reset with chunked = false): no chunk to find.
-  float* FlatRow(int64_t row) { return chunk_data_[0] + row * width_; }
-  const float* FlatRow(int64_t row) const { return chunk_data_[0] + row * width_; }
 
   // Bytes of the chunks that `takes` more Take calls would add (0 when there is room).
   int64_t GrowthBytes(int64_t takes) const {
