@@ -183,17 +183,16 @@ void CpuHashTable::InsertPass(const int64_t* keys, const int64_t* index, int64_t
   const uint32_t now = StampNow();
   parallel_for(count, 4 * dim + 150, [&](int64_t begin, int64_t end) {
     int64_t inserted_here = 0;
-    std::vector<float> scratch(values == nullptr ? dim : 0);  // new rows, when none go out
     ProbeAhead<true>(keys, index, begin, end, [&](int64_t i, int64_t home) {
       bool inserted = false;
-      float* out = values == nullptr ? scratch.data() : values + i * dim;
+      float* out = values + i * dim;
       const int64_t slot = ClaimSlot(keys[i], home, now, admit, out, &inserted);
       if (slot < 0) {  // refused by the filter: reads as zeros, not stored
-        if (values != nullptr) std::fill(out, out + dim, 0.0f);
+        std::fill(out, out + dim, 0.0f);
         return;
       }
       inserted_here += inserted;
-      if (!inserted && values != nullptr) ReadValue(slot, out);
+      if (!inserted) ReadValue(slot, out);
       Touch(slot, clock);
     });
     inserted_total.fetch_add(inserted_here, std::memory_order_relaxed);
@@ -415,7 +414,7 @@ Status CpuHashTable::LookupRows(const int64_t* keys, int64_t n, bool insert, flo
         ++missed;
         return;
       }
-      if (values != nullptr) ReadValue(slot, values + i * dim);
+      ReadValue(slot, values + i * dim);
       Touch(slot, clock);
     });
     num_missing.fetch_add(missed, std::memory_order_relaxed);
@@ -430,7 +429,7 @@ Status CpuHashTable::LookupRows(const int64_t* keys, int64_t n, bool insert, flo
       missing_index.push_back(i);
     } else {
       missing[i] = 0;
-      if (values != nullptr) std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
+      std::fill(values + i * dim, values + (i + 1) * dim, 0.0f);
     }
   }
   // The admitted count bounds the new keys; count them exactly only when that bound would

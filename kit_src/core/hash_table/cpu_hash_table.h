@@ -75,8 +75,7 @@ class CpuHashTable final : public DynamicTable {
   // DynamicTable, in host memory; every call returns when done. Write times are kept to the
   // millisecond: Export includes rows written in the threshold's millisecond, and 2^32 ms
   // (49.7 days) after the table's creation all writes look recent. ApplySparseUpdate sums
-  // duplicate keys' gradients first, then updates the rows in parallel. FindOrInsert of
-  // stride-1 keys takes null values: the keys are found or admitted, no row copied out.
+  // duplicate keys' gradients first, then updates the rows in parallel.
   bool in_device_memory() const override { return false; }
   SOK_DYNAMIC_TABLE_OPERATIONS;
 
@@ -87,7 +86,6 @@ class CpuHashTable final : public DynamicTable {
     std::vector<float> values;
   };
   // Lookup of keys ([n], stride 1) into values ([n, dim]); inserts missing keys when `insert`.
-  // With `insert`, values may be null: the keys are found or inserted, no row copied out.
   Status LookupRows(const int64_t* keys, int64_t n, bool insert, float* values,
                     const ParallelFor& parallel_for, float admit_probability,
                     EvictedBuffer* evicted);
