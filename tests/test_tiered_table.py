@@ -7,6 +7,7 @@ and back, and checks both hold the same keys, rows and optimizer state: tiers ch
 row lives, never its value. On the CPU both tiers are host tables
 (dynamic_variable._TIER_ON_HOST); on the GPU machine the hot tier is in GPU memory.
 """
+import os
 import subprocess
 import sys
 import time
@@ -467,3 +468,36 @@ def test_a_table_within_its_budget_stays_in_the_hot_tier(device):
         train(table, optimizers[id(table)], more, device)
     assert sok.tier_counts(tiered)["moved_down"] > 0
     assert_same(tiered, plain, device)
+
+
+def test_t6_benchmark_movement_splits_the_counts_and_prices_the_larger_direction():
+    """tf_tiered.py's per-step movement (hit rate, rows up and down, PCIe floor) from two
+    sok.tier_counts readings around training lookups that move rows both ways."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "benchmarks", "gpu"))
+    import tf_tiered
+    dim, batch, steps = 8, 64, 6
+    tiered, _ = make_pair("CPU", dim, "t6_movement", state_floats=0)
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, UNIVERSE, size=(steps + 1, batch), dtype=np.int64)
+    with tf.device("CPU:0"):
+        tiered.assign(tf.constant(np.arange(UNIVERSE, dtype=np.int64)),
+                      tf.zeros([UNIVERSE, dim]))
+        tf_tiered.one_id_lookup(tiered, tf.constant(ids[0]), True)
+        before = sok.tier_counts(tiered)
+        for step in ids[1:]:
+            tf_tiered.one_id_lookup(tiered, tf.constant(step), True)
+    after = sok.tier_counts(tiered)
+    up, down = (after[k] - before[k] for k in ("moved_up", "moved_down"))
+    assert up > 0 and down > 0
+    row_bytes, step_ms = dim * 4, 2.5
+    moved = tf_tiered.movement(before, after, batch, row_bytes, step_ms)
+    assert moved["rows_up_per_step"] * steps == pytest.approx(up)
+    assert moved["rows_down_per_step"] * steps == pytest.approx(down)
+    assert moved["rows_moved_per_step"] * steps == pytest.approx(up + down)
+    hits = after["hot_hits"] - before["hot_hits"]
+    assert moved["hit_rate"] == pytest.approx(hits / (steps * batch))
+    larger_bytes = max(up, down) / steps * row_bytes
+    assert moved["pcie_floor_ms"] == pytest.approx(larger_bytes / 64e9 * 1e3)
+    assert moved["pcie_floor_fraction"] == pytest.approx(moved["pcie_floor_ms"] / step_ms)
+    assert moved["host_gbps"] == pytest.approx((up + down) / steps * row_bytes / 2.5e-3 / 1e9)

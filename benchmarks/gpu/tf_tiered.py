@@ -13,9 +13,10 @@ after `first_cycle`: one pass over the 100 batches right after the prefill, wher
 starts in host memory (its train time, hit rate and rows moved, reported on their own).
 `hit_rate` is the share of the training lookups' ids whose rows were in the hot tier already
 (sok.tier_counts) while the timed train steps ran; `rows_moved_per_step` the rows copied up and
-down, `host_gbps` the bytes those rows (value and state) moved a second. Where the table fits
-the GPU whole, the same steps on the one-tier GPU table give `hbm_train_ms` /
-`hbm_train_call_ms` and `slowdown` / `slowdown_call`.
+down, `host_gbps` the bytes those rows (value and state) moved a second, `pcie_floor_ms` the
+time those rows take at PCIe 5.0 x16's 64 GB/s each way and `pcie_floor_fraction` its share of
+the step. Where the table fits the GPU whole, the same steps on the one-tier GPU table give
+`hbm_train_ms` / `hbm_train_call_ms` and `slowdown` / `slowdown_call`.
 dynamicemb's published H100 figures of the same shapes (`caching` on) stand beside each row.
 Writes tf_tiered.json to $OUT (default benchmarks/out; merged with the variants already there).
 """
@@ -50,6 +51,7 @@ DYNAMICEMB_H100 = {  # docs/benchmarks.md: dynamicemb caching, H100, ms
     "T6d": {"train_ms": 11.48, "eval_ms": 3.30},
     "T6e": {"train_ms": 1.281, "eval_ms": 0.240},
 }
+PCIE_GBPS = 64.0  # PCIe 5.0 x16 between host and an H100 / H200, GB/s each way
 OPTIMIZERS = {"sgd": (lambda: tf.keras.optimizers.legacy.SGD(0.01), 0),
               "adam": (lambda: tf.keras.optimizers.legacy.Adam(0.001), 2)}
 
@@ -124,13 +126,19 @@ def timed_steps(steps, batches, loop, rounds):
 
 
 def movement(before, after, batch, row_bytes, step_ms):
-    """Hit rate and rows moved a step between two sok.tier_counts readings."""
+    """Hit rate and rows moved a step between two sok.tier_counts readings, and the PCIe floor
+    of those rows: rows up and rows down cross the link in opposite directions, so the floor
+    is the larger direction's bytes at PCIE_GBPS; `pcie_floor_fraction` is floor over step."""
     looked_up = after["ids_looked_up"] - before["ids_looked_up"]
-    moved = (after["moved_up"] - before["moved_up"]) + (after["moved_down"] - before["moved_down"])
-    rows_per_step = moved / max(1.0, looked_up / batch)
+    steps = max(1.0, looked_up / batch)
+    up = (after["moved_up"] - before["moved_up"]) / steps
+    down = (after["moved_down"] - before["moved_down"]) / steps
+    floor_ms = max(up, down) * row_bytes / PCIE_GBPS / 1e6
     return {"hit_rate": (after["hot_hits"] - before["hot_hits"]) / max(1, looked_up),
-            "rows_moved_per_step": rows_per_step,
-            "host_gbps": rows_per_step * row_bytes / step_ms / 1e6}
+            "rows_moved_per_step": up + down,
+            "rows_up_per_step": up, "rows_down_per_step": down,
+            "host_gbps": (up + down) * row_bytes / step_ms / 1e6,
+            "pcie_floor_ms": floor_ms, "pcie_floor_fraction": floor_ms / step_ms}
 
 
 def first_cycle(table, train, batches, row_bytes):
