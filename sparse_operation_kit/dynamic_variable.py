@@ -535,14 +535,20 @@ def tier_counts(variable):
     None for a table of one tier: hot_keys and host_keys held in each tier, ids_looked_up
     (ids of the training lookups), hot_hits (of them, ids the hot tier served with no row
     moving up; hot_hits / ids_looked_up is the hit rate), moved_up and moved_down (rows moved
-    from host memory to the hot tier and back)."""
+    from host memory to the hot tier and back), and seconds: lookup_seconds (in training
+    lookups) and of them take_up_seconds (the host table handing out the misses' rows),
+    move_down_seconds and move_up_seconds (rows crossing between the tiers), each with the
+    waits for the GPU it makes."""
     if not isinstance(variable, DynamicVariable):
         raise TypeError(f"tier_counts takes a sok.DynamicVariable, got {type(variable).__name__}")
     counts = raw_ops.sok_dynamic_table_tier_counts(variable.handle).numpy().tolist()
     if not counts[0]:
         return None
     names = ("hot_keys", "host_keys", "ids_looked_up", "hot_hits", "moved_up", "moved_down")
-    return dict(zip(names, counts[1:]))
+    times = ("lookup_seconds", "take_up_seconds", "move_down_seconds", "move_up_seconds")
+    result = dict(zip(names, counts[1:7]))
+    result.update((name, nanos * 1e-9) for name, nanos in zip(times, counts[7:]))
+    return result
 
 
 def sparse_read_and_evict(variable, ids):

@@ -309,8 +309,10 @@ def test_a_budget_that_holds_the_whole_table_gives_the_one_tier_table(device):
         tiered = sok.DynamicVariable(4, var_type="hybrid", max_capacity=1000,
                                      hbm_budget_bytes=1000 * 16 * 4 - 1)
     assert sok.tier_counts(whole) is None
-    assert sok.tier_counts(tiered) == {"hot_keys": 0, "host_keys": 0, "ids_looked_up": 0,
-                                       "hot_hits": 0, "moved_up": 0, "moved_down": 0}
+    assert sok.tier_counts(tiered) == {
+        "hot_keys": 0, "host_keys": 0, "ids_looked_up": 0, "hot_hits": 0, "moved_up": 0,
+        "moved_down": 0, "lookup_seconds": 0.0, "take_up_seconds": 0.0,
+        "move_down_seconds": 0.0, "move_up_seconds": 0.0}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -501,3 +503,33 @@ def test_t6_benchmark_movement_splits_the_counts_and_prices_the_larger_direction
     assert moved["pcie_floor_ms"] == pytest.approx(larger_bytes / 64e9 * 1e3)
     assert moved["pcie_floor_fraction"] == pytest.approx(moved["pcie_floor_ms"] / step_ms)
     assert moved["host_gbps"] == pytest.approx((up + down) / steps * row_bytes / 2.5e-3 / 1e9)
+    for stage in ("lookup", "take_up", "move_down", "move_up"):
+        seconds = after[f"{stage}_seconds"] - before[f"{stage}_seconds"]
+        assert moved[f"{stage}_ms_per_step"] == pytest.approx(seconds * 1e3 / steps)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_stage_times_are_parts_of_the_lookups_measured_outside(device):
+    """sok.tier_counts' seconds: the training lookups' time fits in the wall time around
+    them, and the miss path's stages (take up, move down, move up) fit in it, each taking
+    time when rows moved both ways."""
+    dim, batch = 8, 64
+    tiered, _ = make_pair(device, dim, "stage_times", state_floats=0)
+    rng = np.random.default_rng(8)
+    with tf.device(f"{device}:0"):
+        tiered.assign(tf.constant(np.arange(UNIVERSE, dtype=np.int64)),
+                      tf.zeros([UNIVERSE, dim]))
+        before = sok.tier_counts(tiered)
+        started = time.perf_counter()
+        for _ in range(5):
+            ids = rng.integers(0, UNIVERSE, size=batch, dtype=np.int64)
+            ragged = tf.RaggedTensor.from_uniform_row_length(tf.constant(ids), 1)
+            sok.lookup_sparse([tiered], [ragged], combiners=["sum"], training=True)[0].numpy()
+        wall = time.perf_counter() - started
+    after = sok.tier_counts(tiered)
+    spent = {name: after[name] - before[name] for name in after if name.endswith("_seconds")}
+    assert after["moved_up"] > before["moved_up"] and after["moved_down"] > before["moved_down"]
+    assert 0 < spent["lookup_seconds"] <= wall
+    stages = ("take_up_seconds", "move_down_seconds", "move_up_seconds")
+    assert all(spent[name] > 0 for name in stages), spent
+    assert sum(spent[name] for name in stages) <= spent["lookup_seconds"]

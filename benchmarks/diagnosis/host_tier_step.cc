@@ -16,10 +16,12 @@
 
 namespace {
 
-// Splits the work over the machine's threads, as a kernel's thread pool does.
-void AllThreads(int64_t total, int64_t, const sok::ShardWork& work) {
-  const int64_t threads = std::max(1u, std::thread::hardware_concurrency());
-  if (total < 1024 || threads == 1) return work(0, total);
+// Splits the work over the machine's threads, as a kernel's thread pool does: by the work's
+// cost, so a few costly units (the erase's ranges of slots) spread too.
+void AllThreads(int64_t total, int64_t cost_per_unit, const sok::ShardWork& work) {
+  const int64_t threads =
+      std::min<int64_t>(total, std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 1 || total * cost_per_unit < 100000) return work(0, total);
   std::vector<std::thread> pool;
   for (int64_t t = 1; t < threads; ++t) {
     pool.emplace_back([&, t] { work(total * t / threads, total * (t + 1) / threads); });

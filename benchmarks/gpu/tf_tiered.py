@@ -15,8 +15,10 @@ starts in host memory (its train time, hit rate and rows moved, reported on thei
 (sok.tier_counts) while the timed train steps ran; `rows_moved_per_step` the rows copied up and
 down, `host_gbps` the bytes those rows (value and state) moved a second, `pcie_floor_ms` the
 time those rows take at PCIe 5.0 x16's 64 GB/s each way and `pcie_floor_fraction` its share of
-the step. Where the table fits the GPU whole, the same steps on the one-tier GPU table give
-`hbm_train_ms` / `hbm_train_call_ms` and `slowdown` / `slowdown_call`.
+the step, and `<stage>_ms_per_step` the training lookup's time a step and its miss path's
+stages' (sok.tier_counts' seconds: take_up, move_down, move_up). Where the table fits the GPU
+whole, the same steps on the one-tier GPU table give `hbm_train_ms` / `hbm_train_call_ms` and
+`slowdown` / `slowdown_call`.
 dynamicemb's published H100 figures of the same shapes (`caching` on) stand beside each row.
 Writes tf_tiered.json to $OUT (default benchmarks/out; merged with the variants already there).
 """
@@ -51,6 +53,7 @@ DYNAMICEMB_H100 = {  # docs/benchmarks.md: dynamicemb caching, H100, ms
     "T6d": {"train_ms": 11.48, "eval_ms": 3.30},
     "T6e": {"train_ms": 1.281, "eval_ms": 0.240},
 }
+STAGES = ("lookup", "take_up", "move_down", "move_up")  # sok.tier_counts' *_seconds
 PCIE_GBPS = 64.0  # PCIe 5.0 x16 between host and an H100 / H200, GB/s each way
 OPTIMIZERS = {"sgd": (lambda: tf.keras.optimizers.legacy.SGD(0.01), 0),
               "adam": (lambda: tf.keras.optimizers.legacy.Adam(0.001), 2)}
@@ -134,11 +137,15 @@ def movement(before, after, batch, row_bytes, step_ms):
     up = (after["moved_up"] - before["moved_up"]) / steps
     down = (after["moved_down"] - before["moved_down"]) / steps
     floor_ms = max(up, down) * row_bytes / PCIE_GBPS / 1e6
-    return {"hit_rate": (after["hot_hits"] - before["hot_hits"]) / max(1, looked_up),
-            "rows_moved_per_step": up + down,
-            "rows_up_per_step": up, "rows_down_per_step": down,
-            "host_gbps": (up + down) * row_bytes / step_ms / 1e6,
-            "pcie_floor_ms": floor_ms, "pcie_floor_fraction": floor_ms / step_ms}
+    result = {"hit_rate": (after["hot_hits"] - before["hot_hits"]) / max(1, looked_up),
+              "rows_moved_per_step": up + down,
+              "rows_up_per_step": up, "rows_down_per_step": down,
+              "host_gbps": (up + down) * row_bytes / step_ms / 1e6,
+              "pcie_floor_ms": floor_ms, "pcie_floor_fraction": floor_ms / step_ms}
+    for stage in STAGES:  # the training lookup's time a step, and its miss path's stages
+        seconds = after[f"{stage}_seconds"] - before[f"{stage}_seconds"]
+        result[f"{stage}_ms_per_step"] = seconds * 1e3 / steps
+    return result
 
 
 def first_cycle(table, train, batches, row_bytes):

@@ -89,6 +89,11 @@ struct TierCounts {
   int64_t ids_looked_up = 0;  // ids of the find-or-inserts (training lookups)
   int64_t hot_hits = 0;       // of them, ids the hot tier served with no row moving up
   int64_t moved_up = 0, moved_down = 0;  // rows moved host -> hot and hot -> host
+  // Nanoseconds the training lookups took, and of them the miss path's stages: the host
+  // table's take of the misses (with admission and eviction), the rows moving down (the hot
+  // tier's eviction, the copies, the host table's inserts) and the rows moving up (copies
+  // and the hot tier's inserts). Each includes the waits for the GPU it makes.
+  int64_t lookup_ns = 0, take_up_ns = 0, move_down_ns = 0, move_up_ns = 0;
 };
 
 class DynamicTable {

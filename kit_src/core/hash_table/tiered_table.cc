@@ -1,12 +1,30 @@
 #include "kit_src/core/hash_table/tiered_table.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <utility>
 
 namespace sok {
 namespace {
+
+// Adds the nanoseconds of its scope to a counter (TierCounts' stage times).
+class ScopedNanos {
+ public:
+  explicit ScopedNanos(int64_t* total) : total_(total), start_(Clock::now()) {}
+  ~ScopedNanos() {
+    *total_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start_)
+                   .count();
+  }
+  ScopedNanos(const ScopedNanos&) = delete;
+  ScopedNanos& operator=(const ScopedNanos&) = delete;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  int64_t* total_;
+  Clock::time_point start_;
+};
 
 // Whether key i of `keys` is the call's (stride 2: of its table), and which.
 bool SelectedKey(const TableKeys& keys, int64_t i, int64_t* key) {
@@ -425,6 +443,7 @@ Status TieredTable::Find(const TableKeys& keys, float* values, const TableContex
 Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float admit_probability,
                                  EvictedRows* evicted, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  ScopedNanos lookup_time(&counts_.lookup_ns);
   bool alone = false;
   SOK_RETURN_IF_ERROR(HotTierAlone(keys.stride == 1 ? keys.n : INT64_MAX / 4, context, &alone));
   if (alone) {
@@ -473,31 +492,41 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
     return Status::Internal("tiered table: the hot tier cannot make room for " +
                             std::to_string(misses) + " rows");
   }
-  // Room for the rows moving down, and for the misses' rows should they have to go back.
-  SOK_RETURN_IF_ERROR(cold_->GrowFor(misses + demoted));
   std::vector<int64_t> evicted_keys;
   std::vector<float> evicted_values;
   RowsUp up;
-  if (!missing.empty()) {
-    // The host table hands out the misses' rows, initialises those of keys new to the whole
-    // table that its filter admits, and evicts its coldest keys past max_capacity.
-    LendCapacity();
-    EvictedRows host_evicted;
-    host_evicted.allocate = [&](int64_t count, int64_t** k, float** v) {
-      evicted_keys.resize(count);
-      evicted_values.resize(count * options_.dim);
-      *k = evicted_keys.data();
-      *v = evicted_values.data();
-      return Status::Ok();
-    };
-    SOK_RETURN_IF_ERROR(TakeUp(missing, admit_probability, &host_evicted, &up, context));
+  {
+    ScopedNanos take_up_time(&counts_.take_up_ns);
+    // Room for the rows moving down, and for the misses' rows should they have to go back.
+    SOK_RETURN_IF_ERROR(cold_->GrowFor(misses + demoted));
+    if (!missing.empty()) {
+      // The host table hands out the misses' rows, initialises those of keys new to the whole
+      // table that its filter admits, and evicts its coldest keys past max_capacity.
+      LendCapacity();
+      EvictedRows host_evicted;
+      host_evicted.allocate = [&](int64_t count, int64_t** k, float** v) {
+        evicted_keys.resize(count);
+        evicted_values.resize(count * options_.dim);
+        *k = evicted_keys.data();
+        *v = evicted_values.data();
+        return Status::Ok();
+      };
+      SOK_RETURN_IF_ERROR(TakeUp(missing, admit_probability, &host_evicted, &up, context));
+    }
   }
-  const Status demoted_status = Demote(demoted, context);
+  Status demoted_status;
+  {
+    ScopedNanos move_down_time(&counts_.move_down_ns);
+    demoted_status = Demote(demoted, context);
+  }
   if (!demoted_status.ok()) {  // the misses' rows go back where they were
     if (!missing.empty()) SOK_RETURN_IF_ERROR(PutBack(missing, up, context));
     return demoted_status;
   }
-  if (!missing.empty()) SOK_RETURN_IF_ERROR(MoveUp(missing, up, context));
+  if (!missing.empty()) {
+    ScopedNanos move_up_time(&counts_.move_up_ns);
+    SOK_RETURN_IF_ERROR(MoveUp(missing, up, context));
+  }
   SOK_RETURN_IF_ERROR(HandOutEvicted(evicted_keys, evicted_values, evicted, context));
   return hot_->Find(keys, values, context);
 }

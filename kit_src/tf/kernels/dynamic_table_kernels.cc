@@ -123,11 +123,14 @@ class DynamicTableTierCountsOp : public TableOp<Device> {
     TierCounts counts;
     const bool tiered = table.Tiers(&counts, functor::TableContextOf<Device>()(ctx));
     tf::Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({7}), &out));
+    const int64_t all[] = {tiered, counts.hot_keys, counts.host_keys, counts.ids_looked_up,
+                           counts.hot_hits, counts.moved_up, counts.moved_down,
+                           counts.lookup_ns, counts.take_up_ns, counts.move_down_ns,
+                           counts.move_up_ns};
+    constexpr int64_t kCounts = sizeof(all) / sizeof(all[0]);
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({kCounts}), &out));
     auto values = out->flat<int64_t>();
-    const int64_t all[7] = {tiered, counts.hot_keys, counts.host_keys, counts.ids_looked_up,
-                            counts.hot_hits, counts.moved_up, counts.moved_down};
-    for (int i = 0; i < 7; ++i) values(i) = all[i];
+    for (int64_t i = 0; i < kCounts; ++i) values(i) = all[i];
   }
 };
 

@@ -38,11 +38,13 @@ REGISTER_OP("Sok>DynamicTableTierCounts")
     .Output("counts: int64")
     .SetIsStateful()
     .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
-      c->set_output(0, c->Vector(7));
+      c->set_output(0, c->Vector(11));
       return ::tensorflow::Status();
     })
     .Doc("[tiered, hot keys, host keys, ids looked up, hot hits, rows moved up, rows moved "
-         "down]: a tiered table's counts since its creation (tiered 1), zeros for another.");
+         "down, then nanoseconds in training lookups, taking misses up, moving rows down, "
+         "moving rows up]: a tiered table's counts since its creation (tiered 1), zeros for "
+         "another.");
 
 REGISTER_OP("Sok>DynamicTableSize")
     .Input("handle: resource")
