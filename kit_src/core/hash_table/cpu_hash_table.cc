@@ -212,8 +212,14 @@ void CpuHashTable::EraseSlot(int64_t slot) {
   --size_;
 }
 
-void CpuHashTable::ShiftOut(int64_t slot) {
-  if (pooled()) rows_.Give(slot_rows_[slot]);
+void CpuHashTable::ShiftOut(int64_t slot, std::vector<int64_t>* freed_rows) {
+  if (pooled()) {
+    if (freed_rows != nullptr) {
+      freed_rows->push_back(slot_rows_[slot]);
+    } else {
+      rows_.Give(slot_rows_[slot]);
+    }
+  }
   // Backward-shift deletion: pull later entries of the probe run into the hole.
   int64_t hole = slot;
   for (int64_t next = (hole + 1) & mask_; Occupied(next); next = (next + 1) & mask_) {
@@ -233,8 +239,9 @@ void CpuHashTable::ShiftOut(int64_t slot) {
   slots_[hole].meta.store(0, std::memory_order_relaxed);
 }
 
-int64_t CpuHashTable::EraseInParallel(const int64_t* keys, uint8_t* erase, int64_t n,
-                                      const ParallelFor& parallel_for) {
+template <bool kReadRows, typename OnErase>
+int64_t CpuHashTable::EraseInRanges(const int64_t* keys, uint8_t* erase, int64_t n,
+                                    const ParallelFor& parallel_for, const OnErase& on_erase) {
   // Range starts: the first empty slot at or after each of kRanges even cuts.
   constexpr int64_t kRanges = 64;
   const int64_t slots = mask_ + 1;
@@ -276,28 +283,58 @@ int64_t CpuHashTable::EraseInParallel(const int64_t* keys, uint8_t* erase, int64
   std::atomic<int64_t> erased{0};
   parallel_for(ranges, 1000000, [&](int64_t begin, int64_t end) {
     int64_t here = 0;
-    constexpr int64_t kAhead = 8;  // the home slot of the key this many erasures on
+    std::vector<int64_t> freed_rows;  // given back at once (RowPool::GiveMany)
+    if (pooled()) freed_rows.reserve(first[end] - first[begin]);
+    // The home slot of the key this many erasures on is requested, and its row (with the
+    // slot, or kRowAhead on once the slot has come where rows are pooled) when read out.
+    constexpr int64_t kAhead = 8, kRowAhead = 4;
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t j = first[r]; j < first[r + 1]; ++j) {
         if (j + kAhead < first[r + 1]) {
           const int64_t home = Home(keys[order[j + kAhead]]);
           __builtin_prefetch(&slots_[home], 1);
           if (pooled()) __builtin_prefetch(&slot_rows_[home], 0);
+          if (kReadRows && !pooled()) PrefetchHomeRow<false, false>(home);
+        }
+        if (kReadRows && pooled() && j + kRowAhead < first[r + 1]) {
+          PrefetchHomeRow<false, true>(Home(keys[order[j + kRowAhead]]));
         }
         const int64_t i = order[j];
         const int64_t slot = FindSlot(keys[i], Home(keys[i]));
         if (slot < 0) {
           erase[i] = 0;
         } else {
-          ShiftOut(slot);
+          on_erase(i, slot);
+          ShiftOut(slot, &freed_rows);
           ++here;
         }
       }
     }
+    if (pooled()) rows_.GiveMany(freed_rows.data(), static_cast<int64_t>(freed_rows.size()));
     erased.fetch_add(here, std::memory_order_relaxed);
   });
   size_ -= erased.load();
   return erased.load();
+}
+
+int64_t CpuHashTable::EraseInParallel(const int64_t* keys, uint8_t* erase, int64_t n,
+                                      const ParallelFor& parallel_for) {
+  return EraseInRanges<false>(keys, erase, n, parallel_for, [](int64_t, int64_t) {});
+}
+
+void CpuHashTable::TakeHeld(const int64_t* keys, int64_t n, float* values, float* state,
+                            uint8_t* found, const ParallelFor& parallel_for) {
+  const int64_t dim = options_.dim, state_dim = state != nullptr ? options_.state_dim : 0;
+  std::fill(found, found + n, 1);
+  EraseInRanges<true>(keys, found, n, parallel_for, [&](int64_t i, int64_t slot) {
+    ReadValue(slot, values + i * dim);
+    if (state_dim > 0) std::memcpy(state + i * state_dim, State(slot), state_dim * sizeof(float));
+  });
+  parallel_for(n, 2 * (dim + state_dim) + 10, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (!found[i]) ZeroRow(i, values, state, state_dim);
+    }
+  });
 }
 
 int64_t CpuHashTable::CountNewKeys(const int64_t* keys, const std::vector<uint8_t>& missing) const {
@@ -531,8 +568,7 @@ Status CpuHashTable::Erase(const int64_t* keys, int64_t n, int64_t* erased,
 Status CpuHashTable::Take(const int64_t* keys, int64_t n, float* values, float* state,
                           uint8_t* found, const TableContext& context) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  ReadHeld(keys, n, values, state, found, context.parallel_for);
-  EraseTaken(keys, n, values, state, found, context.parallel_for);
+  TakeHeld(keys, n, values, state, found, context.parallel_for);
   return Status::Ok();
 }
 
@@ -577,7 +613,18 @@ Status CpuHashTable::TakeOrAdmit(const int64_t* keys, int64_t n, float admit_pro
   std::unique_lock<std::shared_mutex> lock(mutex_);
   const uint64_t clock = clock_.fetch_add(1) + 1;  // as the find-or-insert it stands for
   const int64_t dim = options_.dim, state_dim = state != nullptr ? options_.state_dim : 0;
-  ReadHeld(keys, n, values, state, found, context.parallel_for);
+  const int64_t held_before = size_;
+  // Where new keys could be refused (a full table that cannot evict), the refusal comes
+  // before any change, so the held keys are read first and erased once the new keys are
+  // counted; otherwise each held key is read and erased in one visit.
+  const bool may_refuse =
+      size_ + n > options_.max_capacity &&
+      (options_.evict == EvictStrategy::kNone || n > options_.max_capacity);
+  if (may_refuse) {
+    ReadHeld(keys, n, values, state, found, context.parallel_for);
+  } else {
+    TakeHeld(keys, n, values, state, found, context.parallel_for);
+  }
   // Keys not held that the filter admits get the rows an insert would have given them
   // (found 2 until the held keys are erased).
   std::atomic<int64_t> admitted{0};
@@ -596,17 +643,19 @@ Status CpuHashTable::TakeOrAdmit(const int64_t* keys, int64_t n, float admit_pro
   });
   // Room for the admitted keys among the keys held, as find-or-insert makes it: the taken
   // keys leave the table but stay in the whole table's count.
-  const int64_t overflow = size_ + admitted.load() - options_.max_capacity;
-  const bool refused =
-      options_.evict == EvictStrategy::kNone || admitted.load() > options_.max_capacity;
-  if (overflow > 0 && refused) {
-    return Status::ResourceExhausted(
-        "dynamic table is full: it holds " + std::to_string(size_) + " keys, " +
-        std::to_string(admitted.load()) + " new keys arrived and max_capacity is " +
-        std::to_string(options_.max_capacity) +
-        "; raise max_capacity or set evict_strategy ('lru' or 'lfu')");
+  const int64_t overflow = held_before + admitted.load() - options_.max_capacity;
+  if (may_refuse) {
+    const bool refused =
+        options_.evict == EvictStrategy::kNone || admitted.load() > options_.max_capacity;
+    if (overflow > 0 && refused) {
+      return Status::ResourceExhausted(
+          "dynamic table is full: it holds " + std::to_string(size_) + " keys, " +
+          std::to_string(admitted.load()) + " new keys arrived and max_capacity is " +
+          std::to_string(options_.max_capacity) +
+          "; raise max_capacity or set evict_strategy ('lru' or 'lfu')");
+    }
+    EraseTaken(keys, n, values, state, found, context.parallel_for);
   }
-  EraseTaken(keys, n, values, state, found, context.parallel_for);
   EvictedBuffer buffer;
   if (overflow > 0) EvictLowestScored(overflow, evicted != nullptr ? &buffer : nullptr);
   for (int64_t i = 0; i < n; ++i) found[i] = found[i] != 0;

@@ -89,8 +89,14 @@ class CpuHashTable final : public DynamicTable {
   Status LookupRows(const int64_t* keys, int64_t n, bool insert, float* values,
                     const ParallelFor& parallel_for, float admit_probability,
                     EvictedBuffer* evicted);
-  // Take's passes: the rows and state of the keys held read out (found[i] 1, else 0 and
-  // zeros), then the keys with found[i] == 1 erased. Exclusive lock.
+  // Take in one pass over distinct keys: each key held has its row and state read out
+  // (found[i] 1) and is erased in the same visit; keys not held read as zeros (found[i] 0).
+  // Exclusive lock.
+  void TakeHeld(const int64_t* keys, int64_t n, float* values, float* state, uint8_t* found,
+                const ParallelFor& parallel_for);
+  // Take in two passes, where the erase must wait: the rows and state of the keys held read
+  // out (found[i] 1, else 0 and zeros), then the keys with found[i] == 1 erased. Exclusive
+  // lock.
   void ReadHeld(const int64_t* keys, int64_t n, float* values, float* state, uint8_t* found,
                 const ParallelFor& parallel_for) const;
   void EraseTaken(const int64_t* keys, int64_t n, float* values, float* state, uint8_t* found,
@@ -306,14 +312,20 @@ class CpuHashTable final : public DynamicTable {
   Status Grow(int64_t incoming, const ParallelFor& parallel_for);
   void EraseSlot(int64_t slot);
   // Backward-shift deletion of `slot` (later entries of its probe run move back into the
-  // hole); leaves size_ alone.
-  void ShiftOut(int64_t slot);
+  // hole); leaves size_ alone. A pooled row goes back to the pool, or into `freed_rows`
+  // for the caller to give back.
+  void ShiftOut(int64_t slot, std::vector<int64_t>* freed_rows = nullptr);
   // Erases the keys[i] with erase[i] (clearing erase[i] for a key no longer there, as a
   // repeat of an erased key), in parallel, and returns how many it erased. The slot array is
   // cut at empty slots into ranges that no probe run crosses, and each range's keys are
   // erased in index order by one thread: a deletion moves entries within its run only.
   int64_t EraseInParallel(const int64_t* keys, uint8_t* erase, int64_t n,
                           const ParallelFor& parallel_for);
+  // EraseInParallel calling on_erase(i, slot) for each key just before its slot is erased;
+  // with kReadRows the keys' rows are requested ahead too.
+  template <bool kReadRows, typename OnErase>
+  int64_t EraseInRanges(const int64_t* keys, uint8_t* erase, int64_t n,
+                        const ParallelFor& parallel_for, const OnErase& on_erase);
   void FillInitialState(float* state) const;
 
   // Read by every row access: kept together.
