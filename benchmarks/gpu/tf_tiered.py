@@ -82,7 +82,9 @@ def prefilled(keys, name, **config):
     chunk = 1 << 20
     for start in range(0, keys, chunk):
         index = np.arange(start, min(start + chunk, keys), dtype=np.int64)
-        rows = rng.uniform(-0.05, 0.05, size=(len(index), DIM)).astype(np.float32)
+        rows = rng.random((len(index), DIM), dtype=np.float32)  # float32 draws: 10x quicker
+        rows -= 0.5
+        rows *= 0.1  # uniform in [-0.05, 0.05)
         table.assign(tf.constant(key_of(index)), rows)
     assert int(table.size[0]) == keys
     return table
