@@ -508,6 +508,41 @@ def test_t6_benchmark_movement_splits_the_counts_and_prices_the_larger_direction
         assert moved[f"{stage}_ms_per_step"] == pytest.approx(seconds * 1e3 / steps)
 
 
+def test_t6_benchmark_times_every_form_over_whole_passes_of_the_batches():
+    """tf_tiered.py times each form (a loop of steps a call and one step a call; eval,
+    forward, train) over whole passes of the batches in order, so each form meets the cycle's
+    hit rate instead of batches another form has just brought up: every form whose lookups
+    count looks up each batch once a round, and the forms' movement adds up to what the
+    table counted over the timed passes."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "benchmarks", "gpu"))
+    import tf_tiered
+    dim, batch, loop, rounds = 8, 64, 3, 2
+    tiered, _ = make_pair("CPU", dim, "t6_passes", state_floats=0)
+    rng = np.random.default_rng(9)
+    ids = rng.integers(0, UNIVERSE, size=(7, batch), dtype=np.int64)  # passes use 6
+    with tf.device("CPU:0"):
+        tiered.assign(tf.constant(np.arange(UNIVERSE, dtype=np.int64)),
+                      tf.zeros([UNIVERSE, dim]))
+        steps = tf_tiered.steps_of(tiered, sok.OptimizerWrapper(keras_optimizer("SGD", 0.1)))
+        start = sok.tier_counts(tiered)
+        timings, moved = tf_tiered.timed_passes(steps, tf.constant(ids), loop, rounds, tiered,
+                                                dim * 4)
+    end = sok.tier_counts(tiered)
+    forms = {"eval_ms", "fwd_ms", "train_ms", "eval_call_ms", "fwd_call_ms", "train_call_ms"}
+    assert set(timings) == forms and all(t > 0 for t in timings.values())
+    # The training lookups' forms, each over whole passes (eval finds, counting nothing).
+    assert set(moved) == forms - {"eval_ms", "eval_call_ms"}
+    for form in moved.values():
+        assert form["steps"] == rounds * 6
+    # Beyond the passes only the tracing calls: a window and a batch for forward and train.
+    traced_steps = 2 * (loop + 1)
+    looked_up = end["ids_looked_up"] - start["ids_looked_up"]
+    assert looked_up == (4 * rounds * 6 + traced_steps) * batch
+    up_in_passes = sum(form["rows_up_per_step"] * form["steps"] for form in moved.values())
+    assert 0 < up_in_passes <= end["moved_up"] - start["moved_up"]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_stage_times_are_parts_of_the_lookups_measured_outside(device):
     """sok.tier_counts' seconds: the training lookups' time fits in the wall time around

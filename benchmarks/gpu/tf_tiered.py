@@ -8,11 +8,14 @@ batch drawn by docs/benchmarks.md's power-law sampler (alpha 1.05, the first key
 Measured per step: eval (lookup_sparse with training=False: find only), forward (the training
 lookup: find-or-insert, which brings the batch's rows into the hot tier) and train (forward,
 a sum loss, its gradient and the optimizer's update), in a tf.range loop of `loop` steps a
-call (as Keras' steps_per_execution) and one step a call; medians of interleaved rounds,
-after `first_cycle`: one pass over the 100 batches right after the prefill, where every row
-starts in host memory (its train time, hit rate and rows moved, reported on their own).
+call (as Keras' steps_per_execution) and one step a call, each form timed over whole passes of
+the 100 batches in order, the forms taking turns pass by pass (so every form meets the
+cycle's hit rate); medians of `rounds` rounds, after `first_cycle`: one pass over the 100
+batches right after the prefill, where every row starts in host memory (its train time, hit
+rate and rows moved, reported on their own).
 `hit_rate` is the share of the training lookups' ids whose rows were in the hot tier already
-(sok.tier_counts) while the timed train steps ran; `rows_moved_per_step` the rows copied up and
+(sok.tier_counts) while the loop form's train passes ran (`moved_by_form`: the same for the
+other forms whose lookups move rows); `rows_moved_per_step` the rows copied up and
 down, `host_gbps` the bytes those rows (value and state) moved a second, `pcie_floor_ms` the
 time those rows take at PCIe 5.0 x16's 64 GB/s each way and `pcie_floor_fraction` its share of
 the step, and `<stage>_ms_per_step` the training lookup's time a step and its miss path's
@@ -34,8 +37,7 @@ import tensorflow as tf
 import sparse_operation_kit as sok
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tf_gpu import (looped_over, one_id_lookup, provenance, start_on_gpu,  # noqa: E402
-                    timed_call)
+from tf_gpu import looped_over, one_id_lookup, provenance, start_on_gpu  # noqa: E402
 
 DIM = 128
 GIB = 1 << 30
@@ -102,32 +104,44 @@ def steps_of(table, optimizer):
             "train_ms": train}
 
 
-def timed_steps(steps, batches, loop, rounds):
-    """Medians over `rounds` interleaved rounds: "<name>" a step of a `loop`-step tf.range
-    loop, "<name>_call" one step a call."""
-    windows = [batches[w:w + loop] for w in range(0, int(batches.shape[0]) - loop + 1, loop)]
-    calls = {}
+def timed_passes(steps, batches, loop, rounds, table=None, row_bytes=0):
+    """Medians over `rounds` rounds of each step's time a step, each form timed over a whole
+    pass of the batches in order, the forms taking turns pass by pass: "<name>" `loop` steps a
+    call in a tf.range loop (consecutive windows of batches), "<name>_call" one step a call.
+    A whole pass each gives every form the cycle's hit rate: no form revisits batches another
+    has just brought up. With `table` (tiered), also each form's movement over its passes
+    (forms whose lookups count: the training lookups)."""
+    count = int(batches.shape[0]) // loop * loop
+    singles = [batches[k] for k in range(count)]
+    windows = [batches[w:w + loop] for w in range(0, count, loop)]
+    forms = {}
     for name, step in steps.items():
-        run, one = looped_over(step, loop), tf.function(step)
-        turn = {"loop": 0, "call": 0}
-
-        def loop_call(run=run, turn=turn):
-            turn["loop"] += 1
-            return run(windows[turn["loop"] % len(windows)])
-
-        def one_call(one=one, turn=turn):
-            turn["call"] += 1
-            return one(batches[turn["call"] % int(batches.shape[0])])
-        calls[name] = (loop_call, loop)
-        calls[name.replace("_ms", "_call_ms")] = (one_call, 1)
-    for call, per_call in calls.values():
-        for _ in range(max(1, 20 // per_call)):
-            call().numpy()
-    samples = {name: [] for name in calls}
+        forms[name] = (looped_over(step, loop), windows, loop)
+        forms[name.replace("_ms", "_call_ms")] = (tf.function(step), singles, 1)
+    for run, inputs, _ in forms.values():  # traced before any timed pass
+        run(inputs[0]).numpy()
+    samples = {name: [] for name in forms}
+    changes = {name: [] for name in forms}
     for _ in range(rounds):
-        for name, (call, per_call) in calls.items():
-            samples[name].append(timed_call(call, max(1, 2 * loop // per_call)) / per_call)
-    return {name: float(np.median(v)) for name, v in samples.items()}
+        for name, (run, inputs, per_call) in forms.items():
+            before = sok.tier_counts(table) if table is not None else None
+            start = time.perf_counter()
+            for one_input in inputs:
+                result = run(one_input)
+            result.numpy()
+            samples[name].append((time.perf_counter() - start) * 1e3 / count)
+            if table is not None:
+                changes[name].append((before, sok.tier_counts(table)))
+    timings = {name: float(np.median(v)) for name, v in samples.items()}
+    moved = {}
+    for name, pairs in changes.items():
+        if not pairs:
+            continue
+        zero = {key: 0 for key in pairs[0][0]}
+        summed = {key: sum(after[key] - before[key] for before, after in pairs) for key in zero}
+        if summed["ids_looked_up"] > 0:
+            moved[name] = movement(zero, summed, int(batches.shape[1]), row_bytes, timings[name])
+    return timings, moved
 
 
 def movement(before, after, batch, row_bytes, step_ms):
@@ -139,7 +153,8 @@ def movement(before, after, batch, row_bytes, step_ms):
     up = (after["moved_up"] - before["moved_up"]) / steps
     down = (after["moved_down"] - before["moved_down"]) / steps
     floor_ms = max(up, down) * row_bytes / PCIE_GBPS / 1e6
-    result = {"hit_rate": (after["hot_hits"] - before["hot_hits"]) / max(1, looked_up),
+    result = {"steps": steps,
+              "hit_rate": (after["hot_hits"] - before["hot_hits"]) / max(1, looked_up),
               "rows_moved_per_step": up + down,
               "rows_up_per_step": up, "rows_down_per_step": down,
               "host_gbps": (up + down) * row_bytes / step_ms / 1e6,
@@ -185,18 +200,17 @@ def measure(name, keys, budget_gib, batch, optimizer_name, rng, loop, rounds, wi
     row_bytes = DIM * 4 * (1 + state_floats)
     result["first_cycle"] = first_cycle(table, steps["train_ms"], batches, row_bytes)
     log(name, "first cycle", json.dumps(result["first_cycle"]))
-    before = sok.tier_counts(table)
-    timings = timed_steps({"train_ms": steps["train_ms"]}, batches, loop, rounds)
-    result.update(movement(before, sok.tier_counts(table), batch, row_bytes, timings["train_ms"]))
-    timings.update(timed_steps({k: v for k, v in steps.items() if k != "train_ms"}, batches,
-                               loop, rounds))
+    timings, moved = timed_passes(steps, batches, loop, rounds, table, row_bytes)
+    result.update(moved.pop("train_ms"))  # the loop form's training steps
+    result["moved_by_form"] = moved  # the other forms whose lookups move rows
     result.update(timings)
     result["tier_counts"] = sok.tier_counts(table)
     del steps, table
     if with_hbm:
         hbm = prefilled(keys, f"{name}_hbm")
         hbm_steps = steps_of(hbm, sok.OptimizerWrapper(make_optimizer()))
-        hbm_timings = timed_steps({"train_ms": hbm_steps["train_ms"]}, batches, loop, rounds)
+        hbm_timings, _ = timed_passes({"train_ms": hbm_steps["train_ms"]}, batches, loop,
+                                      rounds)
         result["hbm_train_ms"] = hbm_timings["train_ms"]
         result["hbm_train_call_ms"] = hbm_timings["train_call_ms"]
         result["slowdown"] = result["train_ms"] / result["hbm_train_ms"]
