@@ -116,14 +116,14 @@ def timed_passes(steps, batches, loop, rounds, table=None, row_bytes=0):
     windows = [batches[w:w + loop] for w in range(0, count, loop)]
     forms = {}
     for name, step in steps.items():
-        forms[name] = (looped_over(step, loop), windows, loop)
-        forms[name.replace("_ms", "_call_ms")] = (tf.function(step), singles, 1)
-    for run, inputs, _ in forms.values():  # traced before any timed pass
+        forms[name] = (looped_over(step, loop), windows)
+        forms[name.replace("_ms", "_call_ms")] = (tf.function(step), singles)
+    for run, inputs in forms.values():  # traced before any timed pass
         run(inputs[0]).numpy()
     samples = {name: [] for name in forms}
     changes = {name: [] for name in forms}
     for _ in range(rounds):
-        for name, (run, inputs, per_call) in forms.items():
+        for name, (run, inputs) in forms.items():
             before = sok.tier_counts(table) if table is not None else None
             start = time.perf_counter()
             for one_input in inputs:
