@@ -568,3 +568,75 @@ def test_stage_times_are_parts_of_the_lookups_measured_outside(device):
     stages = ("take_up_seconds", "move_down_seconds", "move_up_seconds")
     assert all(spent[name] > 0 for name in stages), spent
     assert sum(spent[name] for name in stages) <= spent["lookup_seconds"]
+
+
+
+def training_lookup(tables, keys, device):
+    """One training lookup of `keys` (one id a sample) in each table; the tier counts'
+    change it made in the first."""
+    before = sok.tier_counts(tables[0])
+    with tf.device(f"{device}:0"):
+        ragged = tf.RaggedTensor.from_uniform_row_length(tf.constant(keys, dtype=tf.int64), 1)
+        for table in tables:
+            sok.lookup_sparse([table], [ragged], combiners=["sum"], training=True)[0].numpy()
+    after = sok.tier_counts(tables[0])
+    return {name: after[name] - before[name] for name in ("hot_hits", "moved_up", "moved_down")}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_often_used_rows_stay_hot_while_rows_used_once_pass_through(device):
+    # 100 rows of budget. Every third batch uses 30 regular keys 16 times each; every batch
+    # brings 60 keys never seen before. Between two uses of the regulars 120 new rows arrive:
+    # ranked by last use, the regulars would move down each time; ranked by use count (halved
+    # about every other batch here, as 100 rows move down), the rows used once go first and
+    # the regulars hit.
+    tiered, plain = make_pair(device, 4, "regulars", budget_rows=100, state_floats=0)
+    regulars = np.repeat(np.arange(30, dtype=np.int64), 16)
+    for step in range(30):
+        keys = np.arange(1000 + 60 * step, 1060 + 60 * step, dtype=np.int64)
+        if step % 3 == 0:
+            keys = np.concatenate([regulars, keys])
+        moved = training_lookup([tiered, plain], keys, device)
+        assert moved["moved_up"] >= 60  # the new keys
+        if step % 3 == 0 and step >= 6:
+            assert moved["hot_hits"] == regulars.size, (step, moved)
+    assert sok.tier_counts(tiered)["moved_down"] > 1000
+    assert_same(tiered, plain, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_used_often_long_ago_give_way_as_the_hot_tier_turns_over(device):
+    # A key used 64 times in one batch outranks every key used once since, until the use
+    # counts have halved often enough: each time as many rows as the budget holds moved down.
+    tiered, plain = make_pair(device, 4, "aging", budget_rows=100, state_floats=0)
+    popular = np.full(64, 7, dtype=np.int64)
+    training_lookup([tiered, plain], popular, device)
+    for step, turnovers in ((0, 2), (1, 10)):
+        start = 1000 + 100000 * step
+        while True:  # batches of 60 new keys until the rows moved down reach `turnovers` x 100
+            keys = np.arange(start, start + 60, dtype=np.int64)
+            start += 60
+            training_lookup([tiered, plain], keys, device)
+            if sok.tier_counts(tiered)["moved_down"] >= turnovers * 100:
+                break
+        again = training_lookup([tiered, plain], popular[:1], device)
+        # After 2 turnovers its count (65, halved twice) still outranks the rest: a hit. After
+        # 10 it has fallen to the others' and it moved down: it comes back up.
+        assert (again["hot_hits"], again["moved_up"]) == ((1, 0) if step == 0 else (0, 1))
+    assert_same(tiered, plain, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_lookup_never_moves_its_own_rows_down(device):
+    # The batch's hot rows have the lowest use counts (used once) and room for its misses
+    # must be made: rows used more, not in the batch, move down instead.
+    tiered, plain = make_pair(device, 4, "own_rows", budget_rows=100, state_floats=0)
+    busy = np.repeat(np.arange(100, 190, dtype=np.int64), 3)  # 90 rows used 3 times
+    once = np.arange(500, 510, dtype=np.int64)  # 10 rows used once
+    training_lookup([tiered, plain], np.concatenate([busy, once]), device)
+    batch = np.concatenate([once, np.arange(2000, 2040, dtype=np.int64)])  # and 40 new keys
+    moved = training_lookup([tiered, plain], batch, device)
+    assert moved == {"hot_hits": 10, "moved_up": 40, "moved_down": 40 + 100 // 16}
+    again = training_lookup([tiered, plain], batch, device)
+    assert again == {"hot_hits": 50, "moved_up": 0, "moved_down": 0}
+    assert_same(tiered, plain, device)

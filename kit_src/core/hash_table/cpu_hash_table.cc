@@ -357,11 +357,13 @@ Status CpuHashTable::HostAllocation(const std::function<void()>& allocate, int64
   return Status::Ok();
 }
 
-std::vector<int64_t> CpuHashTable::LowestScoredKeys(int64_t count) const {
+std::vector<int64_t> CpuHashTable::LowestScoredKeys(int64_t count,
+                                                   const std::vector<uint8_t>* kept) const {
   std::vector<std::pair<uint64_t, int64_t>> scored;
   scored.reserve(size_);
   for (int64_t s = 0; s <= mask_; ++s) {
-    if (Occupied(s)) scored.emplace_back(Score(s), slots_[s].key);
+    if (!Occupied(s) || (kept != nullptr && (*kept)[s])) continue;
+    scored.emplace_back(Score(s), slots_[s].key);
   }
   count = std::min<int64_t>(count, scored.size());
   std::vector<int64_t> keys;
@@ -754,10 +756,17 @@ Status CpuHashTable::Absent(const TableKeys& keys, uint8_t* absent, const TableC
   return Status::Ok();
 }
 
-Status CpuHashTable::EvictLowest(int64_t count, const ExportOutputs& outputs,
-                                 const TableContext&) {
+Status CpuHashTable::EvictLowest(int64_t count, const TableKeys& keep,
+                                 const ExportOutputs& outputs, const TableContext&) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  const std::vector<int64_t> lowest = LowestScoredKeys(count);
+  std::vector<uint8_t> kept(mask_ + 1, 0);  // by slot
+  for (int64_t i = 0; i < keep.n; ++i) {
+    if (keep.stride == 2 && keep.data[2 * i] != keep.table) continue;
+    const int64_t key = keep.data[i * keep.stride + keep.stride - 1];
+    const int64_t slot = FindSlot(key, Home(key));
+    if (slot >= 0) kept[slot] = 1;
+  }
+  const std::vector<int64_t> lowest = LowestScoredKeys(count, &kept);
   const int64_t n = static_cast<int64_t>(lowest.size()), dim = options_.dim;
   const int64_t state_dim = options_.state_dim;
   int64_t* keys = nullptr;
@@ -770,6 +779,21 @@ Status CpuHashTable::EvictLowest(int64_t count, const ExportOutputs& outputs,
     if (state != nullptr) std::memcpy(state + j * state_dim, State(slot), state_dim * sizeof(float));
     EraseSlot(slot);
   }
+  return Status::Ok();
+}
+
+Status CpuHashTable::AgeScores(const TableContext& context) {
+  if (options_.evict != EvictStrategy::kLfu) return Status::Ok();
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  context.parallel_for(mask_ + 1, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s) {
+      if (!Occupied(s)) continue;
+      std::atomic<uint64_t>& meta = slots_[s].meta;
+      const uint64_t seen = meta.load(std::memory_order_relaxed);
+      meta.store((seen & ~kScoreBits) | ((Score(s) >> 1) << kScoreShift),
+                 std::memory_order_relaxed);
+    }
+  });
   return Status::Ok();
 }
 

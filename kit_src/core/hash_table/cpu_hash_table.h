@@ -297,8 +297,10 @@ class CpuHashTable final : public DynamicTable {
   void Touch(int64_t slot, uint64_t clock);
   // Distinct keys among keys[i] with missing[i] that are not in the table.
   int64_t CountNewKeys(const int64_t* keys, const std::vector<uint8_t>& missing) const;
-  // The `count` lowest-scored keys (all, when fewer are held), in no order. Lock held.
-  std::vector<int64_t> LowestScoredKeys(int64_t count) const;
+  // The `count` lowest-scored keys (all, when fewer are held), in no order, none in a slot
+  // that `kept` (one a slot, when given) marks. Lock held.
+  std::vector<int64_t> LowestScoredKeys(int64_t count,
+                                        const std::vector<uint8_t>* kept = nullptr) const;
   // Makes room for `incoming` new keys (an upper bound is fine unless it would overflow
   // max_capacity): evicts or fails; grows the slot array. Exclusive lock.
   // Makes room for `incoming` new keys (evicting, growing); growth rehashes with parallel_for.

@@ -156,10 +156,15 @@ class DynamicTable {
   // absent[i] = 1 when key i is selected and not held, else 0 ([keys.n] bytes). A read only.
   virtual Status Absent(const TableKeys& keys, uint8_t* absent, const TableContext& context) = 0;
 
-  // Removes the `count` lowest-scored keys (all, when fewer are held) and hands them out with
-  // their values and state (`outputs` is called once, with the count removed).
-  virtual Status EvictLowest(int64_t count, const ExportOutputs& outputs,
+  // Removes the `count` lowest-scored keys other than the selected keys of `keep` (all of
+  // those, when fewer are held) and hands them out with their values and state (`outputs` is
+  // called once, with the count removed).
+  virtual Status EvictLowest(int64_t count, const TableKeys& keep, const ExportOutputs& outputs,
                              const TableContext& context) = 0;
+
+  // With LFU scores, halves every key's use count, so that keys used often long ago give way
+  // to keys in use now; other scores stay as they are.
+  virtual Status AgeScores(const TableContext& context) = 0;
 
   // A tiered table's counts; false for a table of one tier.
   virtual bool Tiers(TierCounts* counts, const TableContext& context) { return false; }
@@ -186,8 +191,9 @@ class DynamicTable {
   Status Take(const int64_t* keys, int64_t n, float* values, float* state, uint8_t* found,  \
               const TableContext& context) override;                                       \
   Status Absent(const TableKeys& keys, uint8_t* absent, const TableContext& context) override; \
-  Status EvictLowest(int64_t count, const ExportOutputs& outputs,                           \
-                     const TableContext& context) override
+  Status EvictLowest(int64_t count, const TableKeys& keep, const ExportOutputs& outputs,     \
+                     const TableContext& context) override;                                  \
+  Status AgeScores(const TableContext& context) override
 
 inline constexpr int64_t kExportAll = INT64_MIN;  // Export's written_after_us: every row
 

@@ -77,7 +77,9 @@ class GpuHashTable final : public DynamicTable {
                  cudaStream_t stream, EvictedRows* evicted = nullptr);
   Status CountNewKeys(const TableKeys& keys, float admit_probability, uint64_t clock,
                       int64_t* count, cudaStream_t stream);
-  Status Evict(int64_t count, int64_t next_row, cudaStream_t stream, EvictedRows* evicted);
+  // Evicts the `count` lowest-scored rows, none of `keep`'s keys (when given).
+  Status Evict(int64_t count, int64_t next_row, cudaStream_t stream, EvictedRows* evicted,
+               const TableKeys* keep = nullptr);
   Status Rebuild(int64_t slots, int64_t next_row, cudaStream_t stream);
   Status GrowRows(int64_t rows, int64_t next_row, cudaStream_t stream);
   void SetBounds(const Exact& exact);

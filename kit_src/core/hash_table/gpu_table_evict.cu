@@ -44,6 +44,27 @@ __global__ void ScoreRows(const uint64_t* row_meta, int64_t n, uint64_t* scores,
     rows[r] = r;
   }
 }
+// The rows of `keep`'s selected keys score above every live row: an eviction of no more
+// than the rows outside `keep` takes none of them.
+__global__ void ProtectRows(TableKeys keep, const Slot* slots, int64_t mask, uint64_t* scores) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < keep.n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t key;
+    if (!KeyAt(keep, i, &key)) continue;
+    const int64_t row = FindRow(slots, mask, key);
+    if (row >= 0) scores[row] = ~0ull - 1;
+  }
+}
+// Halves the use count of every live row (LFU scores).
+__global__ void HalveScores(uint64_t* row_meta, int64_t n) {
+  for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r < n;
+       r += int64_t{gridDim.x} * blockDim.x) {
+    const uint64_t meta = row_meta[r];
+    if (!(meta & kRowLive)) continue;
+    const uint64_t halved = ((meta & kScoreBits) >> (kScoreShift + 1)) << kScoreShift;
+    row_meta[r] = (meta & ~kScoreBits) | halved;
+  }
+}
 // Evicts the `count` lowest-scored keys (ties: lower rows first).
 // The keys and widened rows of the rows about to be evicted, before EvictRows frees them.
 template <typename V>
@@ -142,8 +163,8 @@ Status GpuHashTable::Absent(const TableKeys& keys, uint8_t* absent, const TableC
   return status;
 }
 
-Status GpuHashTable::EvictLowest(int64_t count, const ExportOutputs& outputs,
-                                 const TableContext& context) {
+Status GpuHashTable::EvictLowest(int64_t count, const TableKeys& keep,
+                                 const ExportOutputs& outputs, const TableContext& context) {
   const cudaStream_t stream = StreamOf(context);
   std::lock_guard<std::mutex> lock(mutex_);
   SOK_RETURN_IF_ERROR(init_status_);
@@ -165,7 +186,7 @@ Status GpuHashTable::EvictLowest(int64_t count, const ExportOutputs& outputs,
     *state = state_out;
     return Status::Ok();
   };
-  Status status = Evict(count, e.next_row, stream, &sink);
+  Status status = Evict(count, e.next_row, stream, &sink, &keep);
   if (status.ok()) {
     e.size -= count;
     e.free_count += count;
@@ -176,7 +197,7 @@ Status GpuHashTable::EvictLowest(int64_t count, const ExportOutputs& outputs,
 }
 
 Status GpuHashTable::Evict(int64_t count, int64_t next_row, cudaStream_t stream,
-                           EvictedRows* evicted) {
+                           EvictedRows* evicted, const TableKeys* keep) {
   uint64_t *scores = nullptr, *sorted_scores = nullptr;
   int64_t *rows = nullptr, *sorted_rows = nullptr;
   SOK_RETURN_IF_ERROR(Scratch(next_row, &scores));
@@ -184,6 +205,10 @@ Status GpuHashTable::Evict(int64_t count, int64_t next_row, cudaStream_t stream,
   SOK_RETURN_IF_ERROR(Scratch(next_row, &rows));
   SOK_RETURN_IF_ERROR(Scratch(next_row, &sorted_rows));
   ScoreRows<<<Blocks(next_row), kThreads, 0, stream>>>(row_meta_, next_row, scores, rows);
+  if (keep != nullptr && keep->n > 0) {
+    ProtectRows<<<Blocks(keep->n), kThreads, 0, stream>>>(*keep, static_cast<const Slot*>(slots_),
+                                                           num_slots_ - 1, scores);
+  }
   size_t bytes = 0;
   const int items = static_cast<int>(next_row);
   cub::DeviceRadixSort::SortPairs(nullptr, bytes, scores, sorted_scores, rows, sorted_rows, items,
@@ -215,6 +240,15 @@ Status GpuHashTable::Evict(int64_t count, int64_t next_row, cudaStream_t stream,
                                                     counters_, free_rows_, row_meta_);
   return CudaStatus(cudaGetLastError(), "evict");
 }
+Status GpuHashTable::AgeScores(const TableContext& context) {
+  if (options_.evict != EvictStrategy::kLfu) return Status::Ok();
+  const cudaStream_t stream = StreamOf(context);
+  std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(init_status_);
+  HalveScores<<<Blocks(row_capacity_ + 1), kThreads, 0, stream>>>(row_meta_, row_capacity_ + 1);
+  return CudaStatus(cudaGetLastError(), "age scores");
+}
+
 Status GpuHashTable::Erase(const int64_t* keys, int64_t n, int64_t* erased_device,
                            const TableContext& context) {
   const cudaStream_t stream = StreamOf(context);

@@ -143,7 +143,9 @@ HashTableOptions HotTierOptions(const HashTableOptions& options, int64_t hot_byt
   HashTableOptions hot = options;
   hot.max_capacity = hot_bytes / TieredTable::RowBytes(options.dim, options.value_type, 0);
   hot.init_capacity = std::max<int64_t>(1, std::min(options.init_capacity, hot.max_capacity));
-  hot.evict = EvictStrategy::kLru;  // scores only: the tiered table keeps it below capacity
+  // Scores only (the tiered table keeps it below capacity): use counts, aged as rows turn
+  // over, keep the often-used rows hot (docs/design.md says why not recency).
+  hot.evict = EvictStrategy::kLfu;
   return hot;
 }
 
@@ -289,7 +291,7 @@ int64_t TieredTable::DemoteCount(int64_t incoming, int64_t keep) const {
   return std::min(overflow + hot_row_budget() / 16, hot_size() - keep);
 }
 
-Status TieredTable::Demote(int64_t batch, const TableContext& context) {
+Status TieredTable::Demote(int64_t batch, const TableKeys& keep, const TableContext& context) {
   const int64_t dim = options_.dim, state_dim = hot_->state_dim();
   if (batch <= 0) return Status::Ok();
   // Host memory for the rows first (the table's and the copies'): when it runs out, nothing
@@ -302,7 +304,8 @@ Status TieredTable::Demote(int64_t batch, const TableContext& context) {
   SOK_RETURN_IF_ERROR(Stage(kDownState, batch * state_dim, &host_state));
   HotBuffer buffer(memory_.get());
   HotBuffer::Rows moved;
-  SOK_RETURN_IF_ERROR(hot_->EvictLowest(batch, buffer.Receiver(dim, state_dim, &moved), context));
+  SOK_RETURN_IF_ERROR(
+      hot_->EvictLowest(batch, keep, buffer.Receiver(dim, state_dim, &moved), context));
   const int64_t n = moved.n;  // at most batch
   SOK_RETURN_IF_ERROR(memory_->ToHost(host_keys, moved.keys, n * 8, context));
   SOK_RETURN_IF_ERROR(memory_->ToHost(host_values, moved.values, n * dim * 4, context));
@@ -310,8 +313,14 @@ Status TieredTable::Demote(int64_t batch, const TableContext& context) {
   hot_size_ -= n;
   counts_.moved_down += n;
   LendCapacity();
-  return cold_->InsertNew(host_keys, n, host_values, state_dim ? host_state : nullptr,
-                          HostContext(context));
+  SOK_RETURN_IF_ERROR(cold_->InsertNew(host_keys, n, host_values, state_dim ? host_state : nullptr,
+                                       HostContext(context)));
+  // Once as many rows as the hot tier holds have moved down, use counts halve: rows used
+  // often long ago give way to rows in use now.
+  moved_since_aging_ += n;
+  if (moved_since_aging_ < hot_row_budget()) return Status::Ok();
+  moved_since_aging_ = 0;
+  return hot_->AgeScores(context);
 }
 
 Status TieredTable::TakeUp(const std::vector<int64_t>& keys, float admit_probability,
@@ -484,8 +493,6 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
   }
   counts_.ids_looked_up += selected;
   counts_.hot_hits += hits;
-  // A use of each of the batch's hot keys (nothing is admitted), so they are the newest.
-  SOK_RETURN_IF_ERROR(hot_->FindOrInsert(keys, values, 0.0f, nullptr, context));
   // Host memory for the misses and the rows moving down, before anything changes.
   const int64_t demoted = DemoteCount(misses, batch_hot);
   if (demoted < hot_size() + misses - budget) {
@@ -517,7 +524,7 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
   Status demoted_status;
   {
     ScopedNanos move_down_time(&counts_.move_down_ns);
-    demoted_status = Demote(demoted, context);
+    demoted_status = Demote(demoted, keys, context);  // none of the batch's rows
   }
   if (!demoted_status.ok()) {  // the misses' rows go back where they were
     if (!missing.empty()) SOK_RETURN_IF_ERROR(PutBack(missing, up, context));
@@ -528,7 +535,9 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
     SOK_RETURN_IF_ERROR(MoveUp(missing, up, context));
   }
   SOK_RETURN_IF_ERROR(HandOutEvicted(evicted_keys, evicted_values, evicted, context));
-  return hot_->Find(keys, values, context);
+  // Every row of the batch is hot now: a use of each id (nothing is admitted) gives the rows
+  // and counts the uses, of the rows that moved up too.
+  return hot_->FindOrInsert(keys, values, 0.0f, nullptr, context);
 }
 
 Status TieredTable::InsertOrAssign(const int64_t* keys, int64_t n, const float* values,
@@ -757,14 +766,23 @@ Status TieredTable::Absent(const TableKeys& keys, uint8_t* absent, const TableCo
   return memory_->FromHost(absent, out.data(), keys.n, context);
 }
 
-Status TieredTable::EvictLowest(int64_t count, const ExportOutputs& outputs,
-                                const TableContext& context) {
-  // The host tier holds the least recently used rows: they go first.
+Status TieredTable::AgeScores(const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(hot_->AgeScores(context));
+  return cold_->AgeScores(HostContext(context));
+}
+
+Status TieredTable::EvictLowest(int64_t count, const TableKeys& keep, const ExportOutputs& outputs,
+                                const TableContext& context) {
+  // The host tier holds the least used rows: they go first.
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int64_t> kept(keep.n * keep.stride);
+  SOK_RETURN_IF_ERROR(memory_->ToHost(kept.data(), keep.data, kept.size() * 8, context));
   HostRows rows;
   const int64_t dim = options_.dim, state_dim = cold_->state_dim();
+  const TableKeys host_keep{kept.data(), keep.n, keep.stride, keep.table};
   SOK_RETURN_IF_ERROR(
-      cold_->EvictLowest(count, rows.Receiver(dim, state_dim), HostContext(context)));
+      cold_->EvictLowest(count, host_keep, rows.Receiver(dim, state_dim), HostContext(context)));
   const int64_t n = static_cast<int64_t>(rows.keys.size());
   int64_t* out_keys = nullptr;
   float *out_values = nullptr, *out_state = nullptr;

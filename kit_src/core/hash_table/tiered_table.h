@@ -1,15 +1,17 @@
 // A dynamic table over two tiers: a budgeted hot table (GPU memory on a GPU) holds the rows
 // in use, with their optimizer state, and a host table holds the rest. A row lives in exactly
 // one tier. Every find-or-insert first brings the batch's rows into the hot tier: the hot
-// table marks the batch's keys it lacks and counts its own keys as used; keys new to the
+// table marks the batch's keys it lacks and counts its uses of its own keys; keys new to the
 // whole table are admitted and initialised by the host table, which keeps the whole table's
 // max_capacity (it holds the coldest rows, so the keys it evicts are the whole table's least
-// recently used); when the hot tier is full, its least-recently-used rows move down to the
-// host with their state (write-back), a sixteenth of the budget at once so that the sort
-// that picks them runs rarely; then the batch's host rows move up. Updates run on the hot
-// tier, where the batch's rows are, at the hot table's speed; an update of a row that moved
-// down since its lookup is applied on the host. Moving a row copies its floats, so the tiers
-// change where a row lives, never its value.
+// used); when the hot tier is full, its least-used rows other than the batch's move down to
+// the host with their state (write-back), a sixteenth of the budget at once so that the sort
+// that picks them runs rarely; then the batch's host rows move up. The hot tier ranks rows by
+// use count, halved each time as many rows as it holds have moved down: often-used rows stay
+// hot, and rows used often long ago give way. Updates run on the hot tier, where the batch's
+// rows are, at the hot table's speed; an update of a row that moved down since its lookup is
+// applied on the host. Moving a row copies its floats, so the tiers change where a row
+// lives, never its value.
 //
 // Only the batch's misses cross to the host: the hot table says which keys it lacks, and
 // the host table's work is on those. Calls take and hand out pointers in the hot tier's
@@ -148,10 +150,10 @@ class TieredTable final : public DynamicTable {
                std::vector<uint8_t>* absent, std::vector<int64_t>* position,
                const TableContext& context);
   // How many hot rows to move down so that `incoming` more fit: the overflow and a sixteenth
-  // of the budget more, none of the newest `keep` (fewer than the overflow: no room).
+  // of the budget more, none of the batch's `keep` (fewer than the overflow: no room).
   int64_t DemoteCount(int64_t incoming, int64_t keep) const;
-  // Moves the `count` least recently used hot rows to the host.
-  Status Demote(int64_t count, const TableContext& context);
+  // Moves the `count` least used hot rows, none of `keep`'s keys, to the host.
+  Status Demote(int64_t count, const TableKeys& keep, const TableContext& context);
   // The misses' rows on their way up (keys distinct, on the host, none hot), in the staging
   // buffers.
   struct RowsUp {
@@ -197,6 +199,7 @@ class TieredTable final : public DynamicTable {
   int64_t hot_size_ = 0;
   bool hot_size_exact_ = true;
   TierCounts counts_;  // the movement counts; the key counts are filled in by Tiers
+  int64_t moved_since_aging_ = 0;  // rows moved down since the hot tier's counts last halved
 };
 
 }  // namespace sok
