@@ -363,7 +363,10 @@ std::vector<int64_t> CpuHashTable::LowestScoredKeys(int64_t count,
   scored.reserve(size_);
   for (int64_t s = 0; s <= mask_; ++s) {
     if (!Occupied(s) || (kept != nullptr && (*kept)[s])) continue;
-    scored.emplace_back(Score(s), slots_[s].key);
+    const uint64_t order = options_.evict_newest_of_equals
+                               ? (Score(s) << 32) | (~uint64_t{WriteStamp(s)} & kStampBits)
+                               : Score(s);
+    scored.emplace_back(order, slots_[s].key);
   }
   count = std::min<int64_t>(count, scored.size());
   std::vector<int64_t> keys;

@@ -38,6 +38,10 @@ struct HashTableOptions {
   // row per slot found from the slot's position (speed: a probe fetches slot and row at
   // once). A tiered table's host tier pools its rows.
   bool pooled_rows = false;
+  // Eviction among keys of equal score: the most recently written first (the hot tier of a
+  // tiered table: of rows used equally often, one that just arrived is the likelier to be
+  // used once), rather than in table order.
+  bool evict_newest_of_equals = false;
 };
 
 // Where a table call runs: the GPU stream (a cudaStream_t) for a GPU table, the threads for a

@@ -36,11 +36,15 @@ __global__ void EvictRows(const int64_t* sorted_rows, int64_t count, const int64
   }
 }
 // Eviction order: live rows by score, then free rows last.
-__global__ void ScoreRows(const uint64_t* row_meta, int64_t n, uint64_t* scores, int64_t* rows) {
+// With `newest_first`, rows of equal score order by write stamp, the newest first.
+__global__ void ScoreRows(const uint64_t* row_meta, int64_t n, bool newest_first,
+                          uint64_t* scores, int64_t* rows) {
   for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r < n;
        r += int64_t{gridDim.x} * blockDim.x) {
     const uint64_t meta = row_meta[r];
-    scores[r] = (meta & kRowLive) ? (meta & kScoreBits) >> kScoreShift : ~0ull;
+    const uint64_t score = (meta & kScoreBits) >> kScoreShift;
+    const uint64_t order = newest_first ? (score << 32) | (~meta & kStampBits) : score;
+    scores[r] = (meta & kRowLive) ? order : ~0ull;
     rows[r] = r;
   }
 }
@@ -204,7 +208,8 @@ Status GpuHashTable::Evict(int64_t count, int64_t next_row, cudaStream_t stream,
   SOK_RETURN_IF_ERROR(Scratch(next_row, &sorted_scores));
   SOK_RETURN_IF_ERROR(Scratch(next_row, &rows));
   SOK_RETURN_IF_ERROR(Scratch(next_row, &sorted_rows));
-  ScoreRows<<<Blocks(next_row), kThreads, 0, stream>>>(row_meta_, next_row, scores, rows);
+  ScoreRows<<<Blocks(next_row), kThreads, 0, stream>>>(
+      row_meta_, next_row, options_.evict_newest_of_equals, scores, rows);
   if (keep != nullptr && keep->n > 0) {
     ProtectRows<<<Blocks(keep->n), kThreads, 0, stream>>>(*keep, static_cast<const Slot*>(slots_),
                                                            num_slots_ - 1, scores);

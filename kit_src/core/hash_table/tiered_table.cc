@@ -144,8 +144,10 @@ HashTableOptions HotTierOptions(const HashTableOptions& options, int64_t hot_byt
   hot.max_capacity = hot_bytes / TieredTable::RowBytes(options.dim, options.value_type, 0);
   hot.init_capacity = std::max<int64_t>(1, std::min(options.init_capacity, hot.max_capacity));
   // Scores only (the tiered table keeps it below capacity): use counts, aged as rows turn
-  // over, keep the often-used rows hot (docs/design.md says why not recency).
+  // over, keep the often-used rows hot; of rows used equally often, the newest go first
+  // (docs/design.md says why).
   hot.evict = EvictStrategy::kLfu;
+  hot.evict_newest_of_equals = true;
   return hot;
 }
 

@@ -7,8 +7,9 @@
 // used); when the hot tier is full, its least-used rows other than the batch's move down to
 // the host with their state (write-back), a sixteenth of the budget at once so that the sort
 // that picks them runs rarely; then the batch's host rows move up. The hot tier ranks rows by
-// use count, halved each time as many rows as it holds have moved down: often-used rows stay
-// hot, and rows used often long ago give way. Updates run on the hot tier, where the batch's
+// use count, halved each time as many rows as it holds have moved down, and among equal
+// counts the most recently written go first: often-used rows stay hot, rows used once pass
+// through, and rows used often long ago give way. Updates run on the hot tier, where the batch's
 // rows are, at the hot table's speed; an update of a row that moved down since its lookup is
 // applied on the host. Moving a row copies its floats, so the tiers change where a row
 // lives, never its value.
