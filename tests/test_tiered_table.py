@@ -640,3 +640,21 @@ def test_a_lookup_never_moves_its_own_rows_down(device):
     again = training_lookup([tiered, plain], batch, device)
     assert again == {"hot_hits": 50, "moved_up": 0, "moved_down": 0}
     assert_same(tiered, plain, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_of_rows_used_equally_often_the_newest_move_down_first(device):
+    # 100 rows of budget: 50 keys arrive, then (later by more than the write stamps' 1 ms)
+    # 50 more, each used once. Room for 10 new keys moves 16 rows down, all of equal count:
+    # the later arrivals go, the earlier ones stay hot.
+    tiered, plain = make_pair(device, 4, "newest_first", budget_rows=100, state_floats=0)
+    earlier = np.arange(0, 50, dtype=np.int64)
+    later = np.arange(50, 100, dtype=np.int64)
+    training_lookup([tiered, plain], earlier, device)
+    time.sleep(0.01)
+    training_lookup([tiered, plain], later, device)
+    moved = training_lookup([tiered, plain], np.arange(1000, 1010, dtype=np.int64), device)
+    assert moved == {"hot_hits": 0, "moved_up": 10, "moved_down": 10 + 100 // 16}
+    assert training_lookup([tiered, plain], earlier, device)["hot_hits"] == earlier.size
+    assert training_lookup([tiered, plain], later, device)["moved_up"] == 16
+    assert_same(tiered, plain, device)
