@@ -762,14 +762,14 @@ Status CpuHashTable::Absent(const TableKeys& keys, uint8_t* absent, const TableC
 Status CpuHashTable::EvictLowest(int64_t count, const TableKeys& keep,
                                  const ExportOutputs& outputs, const TableContext&) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  std::vector<uint8_t> kept(mask_ + 1, 0);  // by slot
+  std::vector<uint8_t> kept(keep.n > 0 ? mask_ + 1 : 0, 0);  // by slot, when there are keys
   for (int64_t i = 0; i < keep.n; ++i) {
     if (keep.stride == 2 && keep.data[2 * i] != keep.table) continue;
     const int64_t key = keep.data[i * keep.stride + keep.stride - 1];
     const int64_t slot = FindSlot(key, Home(key));
     if (slot >= 0) kept[slot] = 1;
   }
-  const std::vector<int64_t> lowest = LowestScoredKeys(count, &kept);
+  const std::vector<int64_t> lowest = LowestScoredKeys(count, keep.n > 0 ? &kept : nullptr);
   const int64_t n = static_cast<int64_t>(lowest.size()), dim = options_.dim;
   const int64_t state_dim = options_.state_dim;
   int64_t* keys = nullptr;
