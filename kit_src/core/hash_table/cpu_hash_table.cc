@@ -752,9 +752,8 @@ Status CpuHashTable::ReserveRows(int64_t takes) {
 Status CpuHashTable::Absent(const TableKeys& keys, uint8_t* absent, const TableContext&) {
   std::shared_lock<std::shared_mutex> lock(mutex_);
   for (int64_t i = 0; i < keys.n; ++i) {
-    const bool selected = keys.stride == 1 || keys.data[2 * i] == keys.table;
-    const int64_t key = keys.data[i * keys.stride + keys.stride - 1];
-    absent[i] = selected && FindSlot(key, Home(key)) < 0;
+    int64_t key = 0;
+    absent[i] = KeyAt(keys, i, &key) && FindSlot(key, Home(key)) < 0;
   }
   return Status::Ok();
 }
@@ -764,8 +763,8 @@ Status CpuHashTable::EvictLowest(int64_t count, const TableKeys& keep,
   std::unique_lock<std::shared_mutex> lock(mutex_);
   std::vector<uint8_t> kept(keep.n > 0 ? mask_ + 1 : 0, 0);  // by slot, when there are keys
   for (int64_t i = 0; i < keep.n; ++i) {
-    if (keep.stride == 2 && keep.data[2 * i] != keep.table) continue;
-    const int64_t key = keep.data[i * keep.stride + keep.stride - 1];
+    int64_t key = 0;
+    if (!KeyAt(keep, i, &key)) continue;
     const int64_t slot = FindSlot(key, Home(key));
     if (slot >= 0) kept[slot] = 1;
   }
@@ -851,9 +850,10 @@ Status CpuHashTable::LookupKeys(const TableKeys& keys, bool insert, float* value
   } else {  // the pairs naming this table, looked up together and put back in place
     std::vector<int64_t> positions, own_keys;
     for (int64_t i = 0; i < keys.n; ++i) {
-      if (keys.data[2 * i] != keys.table) continue;
+      int64_t key = 0;
+      if (!KeyAt(keys, i, &key)) continue;
       positions.push_back(i);
-      own_keys.push_back(keys.data[2 * i + 1]);
+      own_keys.push_back(key);
     }
     const int64_t dim = options_.dim, count = static_cast<int64_t>(own_keys.size());
     std::vector<float> rows(count * dim);

@@ -60,6 +60,23 @@ struct TableKeys {
   int64_t table = 0;
 };
 
+#ifdef __CUDACC__
+#define SOK_TABLE_KEYS_FN __host__ __device__ __forceinline__
+#else
+#define SOK_TABLE_KEYS_FN inline
+#endif
+
+// Whether key i of `keys` is the call's (stride 2: of its table), and which.
+SOK_TABLE_KEYS_FN bool KeyAt(const TableKeys& keys, int64_t i, int64_t* key) {
+  if (keys.stride == 1) {
+    *key = keys.data[i];
+    return true;
+  }
+  if (keys.data[2 * i] != keys.table) return false;
+  *key = keys.data[2 * i + 1];
+  return true;
+}
+
 // Hands out the arrays for `count` evicted keys and their rows ([count, dim], float32);
 // called at most once, only when a find-or-insert evicts. With `allocate_state`, called
 // after `allocate`, the rows' optimizer state ([count, state_dim]) is handed out too.

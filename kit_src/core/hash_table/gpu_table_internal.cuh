@@ -51,15 +51,6 @@ __device__ __forceinline__ unsigned long long LoadRowAcquire(const Slot* slot) {
 __device__ __forceinline__ long long LoadKey(const Slot* slot) {
   return *reinterpret_cast<const volatile long long*>(&slot->key);
 }
-__device__ __forceinline__ bool KeyAt(const TableKeys& keys, int64_t i, int64_t* key) {
-  if (keys.stride == 1) {
-    *key = keys.data[i];
-    return true;
-  }
-  if (keys.data[2 * i] != keys.table) return false;
-  *key = keys.data[2 * i + 1];
-  return true;
-}
 // The slot holding `key`, or -1. Stops at an empty slot (the load limit keeps some) or after
 // visiting every slot. Plain loads, the key and row of a slot in one: for kernels where no
 // thread claims slots.

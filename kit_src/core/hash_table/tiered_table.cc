@@ -26,13 +26,6 @@ class ScopedNanos {
   Clock::time_point start_;
 };
 
-// Whether key i of `keys` is the call's (stride 2: of its table), and which.
-bool SelectedKey(const TableKeys& keys, int64_t i, int64_t* key) {
-  if (keys.stride == 2 && keys.data[2 * i] != keys.table) return false;
-  *key = keys.data[i * keys.stride + keys.stride - 1];
-  return true;
-}
-
 class HostTierMemory final : public TierMemory {
  public:
   Status Allocate(int64_t bytes, void** out) override {
@@ -64,7 +57,7 @@ class HostTierMemory final : public TierMemory {
     *selected = *flagged = 0;
     int64_t key;
     for (int64_t i = 0; i < keys.n; ++i) {
-      if (!SelectedKey(keys, i, &key)) continue;
+      if (!KeyAt(keys, i, &key)) continue;
       ++*selected;
       *flagged += flags[i] != 0;
     }
@@ -77,7 +70,7 @@ class HostTierMemory final : public TierMemory {
     if (positions != nullptr) positions->clear();
     int64_t key;
     for (int64_t i = 0; i < keys.n; ++i) {
-      if (!SelectedKey(keys, i, &key) || !flags[i]) continue;
+      if (!KeyAt(keys, i, &key) || !flags[i]) continue;
       out->push_back(key);
       if (positions != nullptr) positions->push_back(i);
     }
@@ -278,9 +271,11 @@ Status TieredTable::Split(const TableKeys& keys, const uint8_t* hot_flags,
   }
   SOK_RETURN_IF_ERROR(memory_->ToHost(raw.data(), keys.data, raw.size() * sizeof(int64_t), context));
   SOK_RETURN_IF_ERROR(memory_->ToHost(flags.data(), hot_flags, keys.n, context));
+  const TableKeys host_keys{raw.data(), keys.n, keys.stride, keys.table};
   for (int64_t i = 0; i < keys.n; ++i) {
-    if (keys.stride == 2 && raw[2 * i] != keys.table) continue;
-    key->push_back(raw[i * keys.stride + keys.stride - 1]);
+    int64_t selected = 0;
+    if (!KeyAt(host_keys, i, &selected)) continue;
+    key->push_back(selected);
     absent->push_back(flags[i]);
     if (position != nullptr) position->push_back(i);
   }
