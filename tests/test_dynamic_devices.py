@@ -252,6 +252,27 @@ def test_eviction_choices_agree_across_devices(strategy, lru_uses):
     assert_same_tables(tables)
 
 
+@pytest.mark.parametrize("strategy", ["lru", "lfu"])
+def test_eviction_from_a_large_table_takes_exactly_the_lowest_scored(strategy):
+    # Over a million rows: the GPU narrows the candidates by score digits before sorting them.
+    rows, evicted = 3 << 19, 100_000
+    rng = np.random.default_rng(7)
+    keys = rng.permutation(np.unique(rng.integers(0, 1 << 40, size=rows + rows // 8)))[:rows]
+    low = keys[rng.choice(rows, size=evicted, replace=False)]
+    used = np.setdiff1d(keys, low)
+    fresh = np.arange(1 << 41, (1 << 41) + evicted, dtype=np.int64)
+    tables = [make(device, 1, f"evict_large_{strategy}", initializer="zeros",
+                   max_capacity=rows, evict_strategy=strategy, init_capacity=rows)
+              for device in DEVICES]
+    for table in tables:
+        read(table, keys)
+        read(table, used)  # every key but the `low` ones scores higher (used later, or twice)
+        with tf.device(table.handle.device):
+            _, gone, _ = sok.sparse_read_and_evict(table, keys_of(fresh))
+        np.testing.assert_array_equal(np.sort(gone.numpy()), np.sort(low))
+        np.testing.assert_array_equal(export_sorted(table)[0], np.sort(np.r_[used, fresh]))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_full_table_without_eviction_refuses_and_changes_nothing(device):
     table = make(device, 2, "full", max_capacity=50, initializer="ones", evict_strategy=None)

@@ -80,6 +80,10 @@ class GpuHashTable final : public DynamicTable {
   // Evicts the `count` lowest-scored rows, none of `keep`'s keys (when given).
   Status Evict(int64_t count, int64_t next_row, cudaStream_t stream, EvictedRows* evicted,
                const TableKeys* keep = nullptr);
+  // *lowest (scratch): the rows of the `count` lowest of `scores` ([n], row r's at r), lowest
+  // first, equal scores by row.
+  Status LowestRows(const uint64_t* scores, const int64_t* rows, int64_t n, int64_t count,
+                    cudaStream_t stream, int64_t** lowest);
   Status Rebuild(int64_t slots, int64_t next_row, cudaStream_t stream);
   Status GrowRows(int64_t rows, int64_t next_row, cudaStream_t stream);
   void SetBounds(const Exact& exact);
