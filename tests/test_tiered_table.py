@@ -658,3 +658,38 @@ def test_of_rows_used_equally_often_the_newest_move_down_first(device):
     assert training_lookup([tiered, plain], earlier, device)["hot_hits"] == earlier.size
     assert training_lookup([tiered, plain], later, device)["moved_up"] == 16
     assert_same(tiered, plain, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_call_after_a_lookup_that_moved_rows_down_finds_them_on_the_host(device):
+    # The host table inserts the rows a lookup moved down while the step goes on; whatever
+    # call comes next, it sees them there. 60,000 rows move down: their insertion takes
+    # long enough that a call not waiting for it would miss some.
+    dim, budget, gone = 2, 60_000, np.arange(60_000, dtype=np.int64)
+    probe = tf.constant(np.r_[gone[::97], 10**9 + 1])
+    first_calls = {
+        "size": lambda table: table.size.numpy(),
+        "find": lambda table: table.sparse_read(probe, insert=False).numpy(),
+        "export": lambda table: export_sorted(table)[0],
+        "erase": lambda table: raw_ops.sok_dynamic_table_erase(table.handle, probe).numpy(),
+        "counts": lambda table: sum(sok.tier_counts(table)[name]
+                                    for name in ("hot_keys", "host_keys")),
+    }
+    for name, first_call in first_calls.items():
+        tiered, plain = make_pair(device, dim, f"write_back_{name}", budget_rows=budget,
+                                  state_floats=0, initializer="ones")
+        results = []
+        for table in (tiered, plain):
+            with tf.device(f"{device}:0"):
+                for keys in (gone, gone + budget):  # fills the budget, then moves it down
+                    ragged = tf.RaggedTensor.from_uniform_row_length(tf.constant(keys), 1)
+                    sok.lookup_sparse([table], [ragged], combiners=["sum"],
+                                      training=True)[0].numpy()
+                results.append(first_call(table) if name != "counts" else None)
+        if name == "counts":
+            results = [first_call(tiered), plain.size.numpy()[0]]
+        else:
+            assert_equal_rows(*results, device)
+        np.testing.assert_array_equal(results[0], results[1], err_msg=name)
+        assert sok.tier_counts(tiered)["moved_down"] >= budget // 2, name
+        assert_same(tiered, plain, device)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <string>
 #include <utility>
 
@@ -203,6 +204,7 @@ TieredTable::TieredTable(const HashTableOptions& options, int64_t hot_bytes,
       memory_(std::move(memory)) {}
 
 TieredTable::~TieredTable() {
+  (void)FinishWriteBack();  // the staging arrays it reads are freed below
   for (void* pointer : staging_) {
     if (pointer != nullptr) memory_->FreeHost(pointer);
   }
@@ -288,6 +290,11 @@ int64_t TieredTable::DemoteCount(int64_t incoming, int64_t keep) const {
   return std::min(overflow + hot_row_budget() / 16, hot_size() - keep);
 }
 
+Status TieredTable::FinishWriteBack() {
+  if (!write_back_.valid()) return Status::Ok();
+  return write_back_.get();
+}
+
 Status TieredTable::Demote(int64_t batch, const TableKeys& keep, const TableContext& context) {
   const int64_t dim = options_.dim, state_dim = hot_->state_dim();
   if (batch <= 0) return Status::Ok();
@@ -310,8 +317,14 @@ Status TieredTable::Demote(int64_t batch, const TableKeys& keep, const TableCont
   hot_size_ -= n;
   counts_.moved_down += n;
   LendCapacity();
-  SOK_RETURN_IF_ERROR(cold_->InsertNew(host_keys, n, host_values, state_dim ? host_state : nullptr,
-                                       HostContext(context)));
+  // The host inserts them while the GPU goes on (the rest of this lookup, the step's forward
+  // and backward); every call that reads the host tier waits for it first. GrowFor made room.
+  const float* staged_state = state_dim ? host_state : nullptr;
+  const TableContext host = HostContext(context);
+  write_back_ = std::async(std::launch::async, [this, host_keys, n, host_values, staged_state,
+                                                host] {
+    return cold_->InsertNew(host_keys, n, host_values, staged_state, host);
+  });
   // Once as many rows as the hot tier holds have moved down, use counts halve: rows used
   // often long ago give way to rows in use now.
   moved_since_aging_ += n;
@@ -411,7 +424,7 @@ Status TieredTable::HotTierAlone(int64_t incoming, const TableContext& context, 
 
 bool TieredTable::Tiers(TierCounts* counts, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!ExactHotSize(context).ok()) return false;
+  if (!FinishWriteBack().ok() || !ExactHotSize(context).ok()) return false;
   *counts = counts_;
   counts->hot_keys = hot_size();
   counts->host_keys = cold_size();
@@ -420,6 +433,7 @@ bool TieredTable::Tiers(TierCounts* counts, const TableContext& context) {
 
 Status TieredTable::Size(int64_t* size, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(FinishWriteBack());
   SOK_RETURN_IF_ERROR(ExactHotSize(context));
   const int64_t total = hot_size() + cold_size();
   return memory_->FromHost(size, &total, sizeof(total), context);
@@ -427,6 +441,7 @@ Status TieredTable::Size(int64_t* size, const TableContext& context) {
 
 Status TieredTable::Find(const TableKeys& keys, float* values, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(FinishWriteBack());
   SOK_RETURN_IF_ERROR(hot_->Find(keys, values, context));
   if (cold_size() == 0 || keys.n == 0) return Status::Ok();
   HotBuffer flags_buffer(memory_.get());
@@ -449,7 +464,8 @@ Status TieredTable::Find(const TableKeys& keys, float* values, const TableContex
 Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float admit_probability,
                                  EvictedRows* evicted, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
-  ScopedNanos lookup_time(&counts_.lookup_ns);
+  ScopedNanos lookup_time(&counts_.lookup_ns);  // a wait for the last write-back included
+  SOK_RETURN_IF_ERROR(FinishWriteBack());
   bool alone = false;
   SOK_RETURN_IF_ERROR(HotTierAlone(keys.stride == 1 ? keys.n : INT64_MAX / 4, context, &alone));
   if (alone) {
@@ -524,6 +540,7 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
     demoted_status = Demote(demoted, keys, context);  // none of the batch's rows
   }
   if (!demoted_status.ok()) {  // the misses' rows go back where they were
+    SOK_RETURN_IF_ERROR(FinishWriteBack());
     if (!missing.empty()) SOK_RETURN_IF_ERROR(PutBack(missing, up, context));
     return demoted_status;
   }
@@ -540,6 +557,7 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
 Status TieredTable::InsertOrAssign(const int64_t* keys, int64_t n, const float* values,
                                    const float* state, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(FinishWriteBack());
   bool alone = false;
   SOK_RETURN_IF_ERROR(HotTierAlone(n, context, &alone));
   if (alone) {
@@ -575,6 +593,7 @@ Status TieredTable::InsertOrAssign(const int64_t* keys, int64_t n, const float* 
 Status TieredTable::Replace(const int64_t* keys, int64_t n, const float* values,
                             const float* state, int64_t state_dim, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(FinishWriteBack());
   if (n > options_.max_capacity) {
     return Status::ResourceExhausted("restoring " + std::to_string(n) +
                                      " keys into a table whose max_capacity is " +
@@ -601,6 +620,7 @@ Status TieredTable::Replace(const int64_t* keys, int64_t n, const float* values,
 Status TieredTable::Erase(const int64_t* keys, int64_t n, int64_t* erased,
                           const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(FinishWriteBack());
   std::vector<int64_t> key(n);
   SOK_RETURN_IF_ERROR(memory_->ToHost(key.data(), keys, n * 8, context));
   HotBuffer buffer(memory_.get());
@@ -618,6 +638,7 @@ Status TieredTable::Erase(const int64_t* keys, int64_t n, int64_t* erased,
 Status TieredTable::Export(int64_t written_after_us, bool with_state, const ExportOutputs& outputs,
                            const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(FinishWriteBack());
   HotBuffer buffer(memory_.get());
   const int64_t dim = options_.dim, state_dim = with_state ? hot_->state_dim() : 0;
   HotBuffer::Rows hot;
@@ -646,6 +667,7 @@ Status TieredTable::MatchColdState(const SparseUpdate& update, const TableContex
   options_.state_dim = hot_->state_dim();
   options_.state_initial_value = hot_->options().state_initial_value;
   if (cold_->state_dim() >= hot_->state_dim()) return Status::Ok();
+  SOK_RETURN_IF_ERROR(FinishWriteBack());
   std::vector<float> hyper(update.hyper_count);
   SOK_RETURN_IF_ERROR(memory_->ToHost(hyper.data(), update.hyper, hyper.size() * 4, context));
   SparseUpdate widen = update;
@@ -659,7 +681,9 @@ Status TieredTable::MatchColdState(const SparseUpdate& update, const TableContex
 
 Status TieredTable::ApplySparseUpdate(const SparseUpdate& update, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (cold_size() == 0) {  // every row is hot
+  // A training step's update follows its lookup, whose rows are all hot: the host tier's
+  // write-back goes on beside it unless the update needs host rows.
+  if (!write_back_.valid() && cold_size() == 0) {  // every row is hot
     SOK_RETURN_IF_ERROR(hot_->ApplySparseUpdate(update, context));
     return MatchColdState(update, context);
   }
@@ -673,6 +697,7 @@ Status TieredTable::ApplySparseUpdate(const SparseUpdate& update, const TableCon
     SOK_RETURN_IF_ERROR(hot_->ApplySparseUpdate(update, context));
     return MatchColdState(update, context);
   }
+  SOK_RETURN_IF_ERROR(FinishWriteBack());
   std::vector<int64_t> key;
   std::vector<uint8_t> absent;
   SOK_RETURN_IF_ERROR(Split(keys, hot_flags, &key, &absent, nullptr, context));
@@ -709,6 +734,7 @@ Status TieredTable::ApplySparseUpdate(const SparseUpdate& update, const TableCon
 Status TieredTable::Take(const int64_t* keys, int64_t n, float* values, float* state,
                          uint8_t* found, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(FinishWriteBack());
   const int64_t dim = options_.dim, state_dim = state != nullptr ? hot_->state_dim() : 0;
   std::vector<int64_t> key;
   std::vector<uint8_t> absent;
@@ -749,6 +775,7 @@ Status TieredTable::Take(const int64_t* keys, int64_t n, float* values, float* s
 
 Status TieredTable::Absent(const TableKeys& keys, uint8_t* absent, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(FinishWriteBack());
   std::vector<int64_t> key, position;
   std::vector<uint8_t> hot_absent;
   SOK_RETURN_IF_ERROR(Split(keys, nullptr, &key, &hot_absent, &position, context));
@@ -765,6 +792,7 @@ Status TieredTable::Absent(const TableKeys& keys, uint8_t* absent, const TableCo
 
 Status TieredTable::AgeScores(const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(FinishWriteBack());
   SOK_RETURN_IF_ERROR(hot_->AgeScores(context));
   return cold_->AgeScores(HostContext(context));
 }
@@ -773,6 +801,7 @@ Status TieredTable::EvictLowest(int64_t count, const TableKeys& keep, const Expo
                                 const TableContext& context) {
   // The host tier holds the least used rows: they go first.
   std::lock_guard<std::mutex> lock(mutex_);
+  SOK_RETURN_IF_ERROR(FinishWriteBack());
   std::vector<int64_t> kept(keep.n * keep.stride);
   SOK_RETURN_IF_ERROR(memory_->ToHost(kept.data(), keep.data, kept.size() * 8, context));
   HostRows rows;

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -153,7 +154,9 @@ class TieredTable final : public DynamicTable {
   // How many hot rows to move down so that `incoming` more fit: the overflow and a sixteenth
   // of the budget more, none of the batch's `keep` (fewer than the overflow: no room).
   int64_t DemoteCount(int64_t incoming, int64_t keep) const;
-  // Moves the `count` least used hot rows, none of `keep`'s keys, to the host.
+  // Moves the `count` least used hot rows, none of `keep`'s keys, to the host: their copy
+  // down before it returns, their insertion into the host table in the background
+  // (`write_back_`).
   Status Demote(int64_t count, const TableKeys& keep, const TableContext& context);
   // The misses' rows on their way up (keys distinct, on the host, none hot), in the staging
   // buffers.
@@ -200,6 +203,11 @@ class TieredTable final : public DynamicTable {
   int64_t hot_size_ = 0;
   bool hot_size_exact_ = true;
   TierCounts counts_;  // the movement counts; the key counts are filled in by Tiers
+  // The host table's insertion of the rows last moved down (from the kDown staging arrays),
+  // when one may still run: every call but a hot update waits for it before it reads the
+  // host tier or the staging.
+  std::future<Status> write_back_;
+  Status FinishWriteBack();
   int64_t moved_since_aging_ = 0;  // rows moved down since the hot tier's counts last halved
 };
 
