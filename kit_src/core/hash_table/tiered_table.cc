@@ -5,6 +5,7 @@
 #include <cstring>
 #include <future>
 #include <string>
+#include <system_error>
 #include <utility>
 
 namespace sok {
@@ -321,10 +322,14 @@ Status TieredTable::Demote(int64_t batch, const TableKeys& keep, const TableCont
   // and backward); every call that reads the host tier waits for it first. GrowFor made room.
   const float* staged_state = state_dim ? host_state : nullptr;
   const TableContext host = HostContext(context);
-  write_back_ = std::async(std::launch::async, [this, host_keys, n, host_values, staged_state,
-                                                host] {
+  const auto write_back = [this, host_keys, n, host_values, staged_state, host] {
     return cold_->InsertNew(host_keys, n, host_values, staged_state, host);
-  });
+  };
+  try {
+    write_back_ = std::async(std::launch::async, write_back);
+  } catch (const std::system_error&) {  // no thread to be had: in the step, then
+    SOK_RETURN_IF_ERROR(write_back());
+  }
   // Once as many rows as the hot tier holds have moved down, use counts halve: rows used
   // often long ago give way to rows in use now.
   moved_since_aging_ += n;
