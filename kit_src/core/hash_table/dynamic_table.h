@@ -112,8 +112,9 @@ struct TierCounts {
   int64_t moved_up = 0, moved_down = 0;  // rows moved host -> hot and hot -> host
   // Nanoseconds the training lookups took, and of them the miss path's stages: the host
   // table's take of the misses (with admission and eviction), the rows moving down (the hot
-  // tier's eviction, the copies, the host table's inserts) and the rows moving up (copies
-  // and the hot tier's inserts). Each includes the waits for the GPU it makes.
+  // tier's eviction and the copies; a tiered table's host inserts run beside the step, and a
+  // lookup that has to wait for them counts the wait in the whole only) and the rows moving
+  // up (copies and the hot tier's inserts). Each includes the waits for the GPU it makes.
   int64_t lookup_ns = 0, take_up_ns = 0, move_down_ns = 0, move_up_ns = 0;
 };
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <future>
 #include <string>
 #include <system_error>
@@ -293,7 +295,11 @@ int64_t TieredTable::DemoteCount(int64_t incoming, int64_t keep) const {
 
 Status TieredTable::FinishWriteBack() {
   if (!write_back_.valid()) return Status::Ok();
-  return write_back_.get();
+  const Status status = write_back_.get();
+  std::function<Status()> retry = std::move(pending_write_back_);
+  pending_write_back_ = nullptr;
+  // A failed insertion changed nothing and the rows are still staged: once more, here.
+  return status.ok() ? status : retry();
 }
 
 Status TieredTable::Demote(int64_t batch, const TableKeys& keep, const TableContext& context) {
@@ -322,12 +328,19 @@ Status TieredTable::Demote(int64_t batch, const TableKeys& keep, const TableCont
   // and backward); every call that reads the host tier waits for it first. GrowFor made room.
   const float* staged_state = state_dim ? host_state : nullptr;
   const TableContext host = HostContext(context);
-  const auto write_back = [this, host_keys, n, host_values, staged_state, host] {
-    return cold_->InsertNew(host_keys, n, host_values, staged_state, host);
+  pending_write_back_ = [this, host_keys, n, host_values, staged_state, host]() -> Status {
+    try {
+      return cold_->InsertNew(host_keys, n, host_values, staged_state, host);
+    } catch (const std::exception& error) {
+      return Status::ResourceExhausted(std::string("moving rows to host memory: ") +
+                                       error.what());
+    }
   };
   try {
-    write_back_ = std::async(std::launch::async, write_back);
+    write_back_ = std::async(std::launch::async, pending_write_back_);
   } catch (const std::system_error&) {  // no thread to be had: in the step, then
+    const std::function<Status()> write_back = std::move(pending_write_back_);
+    pending_write_back_ = nullptr;
     SOK_RETURN_IF_ERROR(write_back());
   }
   // Once as many rows as the hot tier holds have moved down, use counts halve: rows used
@@ -545,8 +558,9 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
     demoted_status = Demote(demoted, keys, context);  // none of the batch's rows
   }
   if (!demoted_status.ok()) {  // the misses' rows go back where they were
-    SOK_RETURN_IF_ERROR(FinishWriteBack());
+    const Status written = FinishWriteBack();
     if (!missing.empty()) SOK_RETURN_IF_ERROR(PutBack(missing, up, context));
+    SOK_RETURN_IF_ERROR(written);
     return demoted_status;
   }
   if (!missing.empty()) {
@@ -671,6 +685,7 @@ Status TieredTable::Export(int64_t written_after_us, bool with_state, const Expo
 Status TieredTable::MatchColdState(const SparseUpdate& update, const TableContext& context) {
   options_.state_dim = hot_->state_dim();
   options_.state_initial_value = hot_->options().state_initial_value;
+  // A write-back reads the host table's state width, never changes it: no wait to read it.
   if (cold_->state_dim() >= hot_->state_dim()) return Status::Ok();
   SOK_RETURN_IF_ERROR(FinishWriteBack());
   std::vector<float> hyper(update.hyper_count);

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -207,6 +208,7 @@ class TieredTable final : public DynamicTable {
   // when one may still run: every call but a hot update waits for it before it reads the
   // host tier or the staging.
   std::future<Status> write_back_;
+  std::function<Status()> pending_write_back_;  // that insertion, to retry should it fail
   Status FinishWriteBack();
   int64_t moved_since_aging_ = 0;  // rows moved down since the hot tier's counts last halved
 };
