@@ -538,14 +538,16 @@ def tier_counts(variable):
     from host memory to the hot tier and back), and seconds: lookup_seconds (in training
     lookups) and of them take_up_seconds (the host table handing out the misses' rows),
     move_down_seconds and move_up_seconds (rows crossing between the tiers), each with the
-    waits for the GPU it makes."""
+    waits for the GPU it makes; write_back_seconds (the host inserts of the rows moved down,
+    which run beside the step) and write_back_wait_seconds (calls waiting for them)."""
     if not isinstance(variable, DynamicVariable):
         raise TypeError(f"tier_counts takes a sok.DynamicVariable, got {type(variable).__name__}")
     counts = raw_ops.sok_dynamic_table_tier_counts(variable.handle).numpy().tolist()
     if not counts[0]:
         return None
     names = ("hot_keys", "host_keys", "ids_looked_up", "hot_hits", "moved_up", "moved_down")
-    times = ("lookup_seconds", "take_up_seconds", "move_down_seconds", "move_up_seconds")
+    times = ("lookup_seconds", "take_up_seconds", "move_down_seconds", "move_up_seconds",
+             "write_back_seconds", "write_back_wait_seconds")
     result = dict(zip(names, counts[1:7]))
     result.update((name, nanos * 1e-9) for name, nanos in zip(times, counts[7:]))
     return result

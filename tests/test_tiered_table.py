@@ -312,7 +312,8 @@ def test_a_budget_that_holds_the_whole_table_gives_the_one_tier_table(device):
     assert sok.tier_counts(tiered) == {
         "hot_keys": 0, "host_keys": 0, "ids_looked_up": 0, "hot_hits": 0, "moved_up": 0,
         "moved_down": 0, "lookup_seconds": 0.0, "take_up_seconds": 0.0,
-        "move_down_seconds": 0.0, "move_up_seconds": 0.0}
+        "move_down_seconds": 0.0, "move_up_seconds": 0.0, "write_back_seconds": 0.0,
+        "write_back_wait_seconds": 0.0}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -547,7 +548,8 @@ def test_t6_benchmark_times_every_form_over_whole_passes_of_the_batches():
 def test_stage_times_are_parts_of_the_lookups_measured_outside(device):
     """sok.tier_counts' seconds: the training lookups' time fits in the wall time around
     them, and the miss path's stages (take up, move down, move up) fit in it, each taking
-    time when rows moved both ways."""
+    time when rows moved both ways; the host inserts of the rows moved down, and the waits
+    for them, took time within the calls."""
     dim, batch = 8, 64
     tiered, _ = make_pair(device, dim, "stage_times", state_floats=0)
     rng = np.random.default_rng(8)
@@ -561,13 +563,16 @@ def test_stage_times_are_parts_of_the_lookups_measured_outside(device):
             ragged = tf.RaggedTensor.from_uniform_row_length(tf.constant(ids), 1)
             sok.lookup_sparse([tiered], [ragged], combiners=["sum"], training=True)[0].numpy()
         wall = time.perf_counter() - started
-    after = sok.tier_counts(tiered)
+    after = sok.tier_counts(tiered)  # waits for the last host insert
+    wall_with_counts = time.perf_counter() - started
     spent = {name: after[name] - before[name] for name in after if name.endswith("_seconds")}
     assert after["moved_up"] > before["moved_up"] and after["moved_down"] > before["moved_down"]
     assert 0 < spent["lookup_seconds"] <= wall
     stages = ("take_up_seconds", "move_down_seconds", "move_up_seconds")
     assert all(spent[name] > 0 for name in stages), spent
     assert sum(spent[name] for name in stages) <= spent["lookup_seconds"]
+    assert 0 < spent["write_back_seconds"] <= wall_with_counts
+    assert 0 <= spent["write_back_wait_seconds"] <= wall_with_counts
 
 
 
@@ -663,8 +668,9 @@ def test_of_rows_used_equally_often_the_newest_move_down_first(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_call_after_a_lookup_that_moved_rows_down_finds_them_on_the_host(device):
     # The host table inserts the rows a lookup moved down while the step goes on; whatever
-    # call comes next, it sees them there. 60,000 rows move down: their insertion takes
-    # long enough that a call not waiting for it would miss some.
+    # call comes next, it sees them there, also after a lookup of hot rows only (which does
+    # not wait). 60,000 rows move down: their insertion takes long enough that a call not
+    # waiting for it would miss some.
     dim, budget, gone = 2, 60_000, np.arange(60_000, dtype=np.int64)
     probe = tf.constant(np.r_[gone[::97], 10**9 + 1])
     first_calls = {
@@ -674,6 +680,9 @@ def test_the_call_after_a_lookup_that_moved_rows_down_finds_them_on_the_host(dev
         "erase": lambda table: raw_ops.sok_dynamic_table_erase(table.handle, probe).numpy(),
         "counts": lambda table: sum(sok.tier_counts(table)[name]
                                     for name in ("hot_keys", "host_keys")),
+        "lookup": lambda table: sok.lookup_sparse(
+            [table], [tf.RaggedTensor.from_uniform_row_length(probe, 1)], combiners=["sum"],
+            training=True)[0].numpy(),
     }
     for name, first_call in first_calls.items():
         tiered, plain = make_pair(device, dim, f"write_back_{name}", budget_rows=budget,
@@ -681,7 +690,8 @@ def test_the_call_after_a_lookup_that_moved_rows_down_finds_them_on_the_host(dev
         results = []
         for table in (tiered, plain):
             with tf.device(f"{device}:0"):
-                for keys in (gone, gone + budget):  # fills the budget, then moves it down
+                # Fills the budget, moves it down, then looks up hot rows only.
+                for keys in (gone, gone + budget, gone[:1000] + budget):
                     ragged = tf.RaggedTensor.from_uniform_row_length(tf.constant(keys), 1)
                     sok.lookup_sparse([table], [ragged], combiners=["sum"],
                                       training=True)[0].numpy()

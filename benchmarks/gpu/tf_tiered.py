@@ -19,7 +19,9 @@ other forms whose lookups move rows); `rows_moved_per_step` the rows copied up a
 down, `host_gbps` the bytes those rows (value and state) moved a second, `pcie_floor_ms` the
 time those rows take at PCIe 5.0 x16's 64 GB/s each way and `pcie_floor_fraction` its share of
 the step, and `<stage>_ms_per_step` the training lookup's time a step and its miss path's
-stages' (sok.tier_counts' seconds: take_up, move_down, move_up). Where the table fits the GPU
+stages' (sok.tier_counts' seconds: take_up, move_down, move_up), with `write_back_ms_per_step`
+the host inserts of the rows moved down (beside the step) and `write_back_wait_ms_per_step`
+the calls' waits for them. Where the table fits the GPU
 whole, the same steps on the one-tier GPU table give `hbm_train_ms` / `hbm_train_call_ms` and
 `slowdown` / `slowdown_call`.
 dynamicemb's published H100 figures of the same shapes (`caching` on) stand beside each row.
@@ -55,7 +57,8 @@ DYNAMICEMB_H100 = {  # docs/benchmarks.md: dynamicemb caching, H100, ms
     "T6d": {"train_ms": 11.48, "eval_ms": 3.30},
     "T6e": {"train_ms": 1.281, "eval_ms": 0.240},
 }
-STAGES = ("lookup", "take_up", "move_down", "move_up")  # sok.tier_counts' *_seconds
+# sok.tier_counts' *_seconds
+STAGES = ("lookup", "take_up", "move_down", "move_up", "write_back", "write_back_wait")
 PCIE_GBPS = 64.0  # PCIe 5.0 x16 between host and an H100 / H200, GB/s each way
 OPTIMIZERS = {"sgd": (lambda: tf.keras.optimizers.legacy.SGD(0.01), 0),
               "adam": (lambda: tf.keras.optimizers.legacy.Adam(0.001), 2)}

@@ -112,10 +112,12 @@ struct TierCounts {
   int64_t moved_up = 0, moved_down = 0;  // rows moved host -> hot and hot -> host
   // Nanoseconds the training lookups took, and of them the miss path's stages: the host
   // table's take of the misses (with admission and eviction), the rows moving down (the hot
-  // tier's eviction and the copies; a tiered table's host inserts run beside the step, and a
-  // lookup that has to wait for them counts the wait in the whole only) and the rows moving
+  // tier's eviction and the copies down; the host inserts are write_back_ns) and the rows moving
   // up (copies and the hot tier's inserts). Each includes the waits for the GPU it makes.
   int64_t lookup_ns = 0, take_up_ns = 0, move_down_ns = 0, move_up_ns = 0;
+  // The host inserts of the rows moved down, run beside the step, and the time calls spent
+  // waiting for them (the part of the inserts the step did not hide).
+  int64_t write_back_ns = 0, write_back_wait_ns = 0;
 };
 
 class DynamicTable {

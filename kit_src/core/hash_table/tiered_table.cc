@@ -295,7 +295,12 @@ int64_t TieredTable::DemoteCount(int64_t incoming, int64_t keep) const {
 
 Status TieredTable::FinishWriteBack() {
   if (!write_back_.valid()) return Status::Ok();
-  const Status status = write_back_.get();
+  Status status;
+  {
+    ScopedNanos wait(&counts_.write_back_wait_ns);
+    status = write_back_.get();
+  }
+  counts_.write_back_ns += write_back_ns_;  // the future's get() ordered its write
   std::function<Status()> retry = std::move(pending_write_back_);
   pending_write_back_ = nullptr;
   // A failed insertion changed nothing and the rows are still staged: once more, here.
@@ -329,6 +334,8 @@ Status TieredTable::Demote(int64_t batch, const TableKeys& keep, const TableCont
   const float* staged_state = state_dim ? host_state : nullptr;
   const TableContext host = HostContext(context);
   pending_write_back_ = [this, host_keys, n, host_values, staged_state, host]() -> Status {
+    write_back_ns_ = 0;
+    ScopedNanos insert_time(&write_back_ns_);
     try {
       return cold_->InsertNew(host_keys, n, host_values, staged_state, host);
     } catch (const std::exception& error) {
@@ -338,10 +345,8 @@ Status TieredTable::Demote(int64_t batch, const TableKeys& keep, const TableCont
   };
   try {
     write_back_ = std::async(std::launch::async, pending_write_back_);
-  } catch (const std::system_error&) {  // no thread to be had: in the step, then
-    const std::function<Status()> write_back = std::move(pending_write_back_);
-    pending_write_back_ = nullptr;
-    SOK_RETURN_IF_ERROR(write_back());
+  } catch (const std::system_error&) {  // no thread to be had: the first wait runs it
+    write_back_ = std::async(std::launch::deferred, pending_write_back_);
   }
   // Once as many rows as the hot tier holds have moved down, use counts halve: rows used
   // often long ago give way to rows in use now.
@@ -430,7 +435,8 @@ Status TieredTable::ExactHotSize(const TableContext& context) {
 
 Status TieredTable::HotTierAlone(int64_t incoming, const TableContext& context, bool* alone) {
   const auto fits = [&] {
-    return cold_size() == 0 && hot_size_ + incoming <= hot_row_budget() &&
+    return !write_back_.valid() && cold_size() == 0 &&
+           hot_size_ + incoming <= hot_row_budget() &&
            hot_size_ + incoming <= options_.max_capacity;
   };
   *alone = fits();
@@ -482,8 +488,9 @@ Status TieredTable::Find(const TableKeys& keys, float* values, const TableContex
 Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float admit_probability,
                                  EvictedRows* evicted, const TableContext& context) {
   std::lock_guard<std::mutex> lock(mutex_);
-  ScopedNanos lookup_time(&counts_.lookup_ns);  // a wait for the last write-back included
-  SOK_RETURN_IF_ERROR(FinishWriteBack());
+  // The last write-back goes on while the hot tier sorts the batch into hits and misses;
+  // the lookup waits for it (the wait counted here too) just before it reads the host tier.
+  ScopedNanos lookup_time(&counts_.lookup_ns);
   bool alone = false;
   SOK_RETURN_IF_ERROR(HotTierAlone(keys.stride == 1 ? keys.n : INT64_MAX / 4, context, &alone));
   if (alone) {
@@ -533,6 +540,7 @@ Status TieredTable::FindOrInsert(const TableKeys& keys, float* values, float adm
   std::vector<int64_t> evicted_keys;
   std::vector<float> evicted_values;
   RowsUp up;
+  SOK_RETURN_IF_ERROR(FinishWriteBack());
   {
     ScopedNanos take_up_time(&counts_.take_up_ns);
     // Room for the rows moving down, and for the misses' rows should they have to go back.

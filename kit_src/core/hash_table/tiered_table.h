@@ -209,6 +209,7 @@ class TieredTable final : public DynamicTable {
   // host tier or the staging.
   std::future<Status> write_back_;
   std::function<Status()> pending_write_back_;  // that insertion, to retry should it fail
+  int64_t write_back_ns_ = 0;  // its time, written by it and read once it is joined
   Status FinishWriteBack();
   int64_t moved_since_aging_ = 0;  // rows moved down since the hot tier's counts last halved
 };

@@ -126,7 +126,8 @@ class DynamicTableTierCountsOp : public TableOp<Device> {
     const int64_t all[] = {tiered, counts.hot_keys, counts.host_keys, counts.ids_looked_up,
                            counts.hot_hits, counts.moved_up, counts.moved_down,
                            counts.lookup_ns, counts.take_up_ns, counts.move_down_ns,
-                           counts.move_up_ns};
+                           counts.move_up_ns, counts.write_back_ns,
+                           counts.write_back_wait_ns};
     constexpr int64_t kCounts = sizeof(all) / sizeof(all[0]);
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({kCounts}), &out));
     auto values = out->flat<int64_t>();
