@@ -1,5 +1,9 @@
 # The README's commands. Each one does its own set-up (idempotent, seconds the second time).
 PY := .venv/bin/python
+# Test processes (pytest-xdist), the tests spread over them; TEST_WORKERS=0 runs them all in
+# one process.
+TEST_WORKERS ?= 2
+PYTEST := -m pytest -q -n $(TEST_WORKERS)
 
 .PHONY: setup setup-tf2.16 setup-tf2.21 build test test-tf2.15 test-tf2.16 test-tf2.21 \
 	test-tf2.21-keras3 test-tf2.21-tf-keras smoke bench dlrm clean
@@ -25,17 +29,17 @@ test: test-tf2.15 test-tf2.21-keras3 test-tf2.21-tf-keras smoke
 discard = if [ -n "$${SOK_DISCARD_VENVS:-}" ]; then rm -rf $(1); fi
 
 test-tf2.15: setup
-	$(PY) -m pytest -q tests
+	$(PY) $(PYTEST) tests
 	$(call discard,.venv build/tf2.15)
 
 test-tf2.16: setup-tf2.16
-	TF_USE_LEGACY_KERAS=1 .venv-tf2.16/bin/python -m pytest -q tests
+	TF_USE_LEGACY_KERAS=1 .venv-tf2.16/bin/python $(PYTEST) tests
 
 test-tf2.21: setup-tf2.21
-	TF_USE_LEGACY_KERAS=1 .venv-tf2.21/bin/python -m pytest -q tests
+	TF_USE_LEGACY_KERAS=1 .venv-tf2.21/bin/python $(PYTEST) tests
 
 test-tf2.21-keras3: setup-tf2.21
-	env -u TF_USE_LEGACY_KERAS .venv-tf2.21/bin/python -m pytest -q tests
+	env -u TF_USE_LEGACY_KERAS .venv-tf2.21/bin/python $(PYTEST) tests
 
 # The tests whose subject is Keras (optimizers, layers and models, checkpoints, the SOK v2
 # drop-in script, the API surface, the version check): what changes when tf_keras replaces
@@ -48,7 +52,7 @@ KERAS_TESTS := tests/test_api.py tests/test_optimizers.py tests/test_shared_opti
 # A SOK v2 script's results are compared with TensorFlow 2.16.2's (what the GPU machines run).
 test-tf2.21-tf-keras: setup-tf2.21 setup-tf2.16
 	TF_USE_LEGACY_KERAS=1 SOK_REFERENCE_PYTHON=.venv-tf2.16/bin/python \
-	  .venv-tf2.21/bin/python -m pytest -q $(KERAS_TESTS)
+	  .venv-tf2.21/bin/python $(PYTEST) $(KERAS_TESTS)
 	$(call discard,.venv-tf2.21 build/tf2.21)
 
 # TensorFlow 2.16 (what the GPU machines run) to 2.20 with tf_keras: the op library and
@@ -64,7 +68,7 @@ SMOKE_TESTS := tests/test_api.py tests/test_dynamic.py tests/test_optimizer_surf
 smoke:
 	for line in 2.16 2.17 2.18 2.19 2.20; do \
 	  SOK_TF=$$line bash scripts/setup_env.sh && \
-	  TF_USE_LEGACY_KERAS=1 .venv-tf$$line/bin/python -m pytest -q $(SMOKE_TESTS) || exit 1; \
+	  TF_USE_LEGACY_KERAS=1 .venv-tf$$line/bin/python $(PYTEST) $(SMOKE_TESTS) || exit 1; \
 	  $(call discard,.venv-tf$$line build/tf$$line); \
 	done
 

@@ -38,7 +38,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 
-stamp_deps="$VENV/.deps-v1"
+stamp_deps="$VENV/.deps-v2"
 if [ ! -f "$stamp_deps" ]; then
   echo "[setup] installing pinned Python dependencies ($REQUIREMENTS)"
   "$PY" -m pip install -q --upgrade pip
