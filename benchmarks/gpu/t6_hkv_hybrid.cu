@@ -4,9 +4,10 @@
 // on the same keys: that script writes each variant's batches (--keys-dir) and this program
 // reads them, prefills the same keys, then times per step over the batches cycled:
 //   eval   find of the batch's keys (rows copied out);
-//   train  an SGD step of a sum loss, as a user of HierarchicalKV writes it: find_or_insert
-//          (row addresses), the rows gathered, each distinct row updated once by its
-//          gradient (lr x the key's count), through the addresses.
+//   train  an SGD step of a sum loss, as a user of HierarchicalKV writes it: the batch's
+//          keys made distinct, find_or_insert of those (row addresses), each id's row
+//          gathered, each distinct row updated once by its gradient (lr x the key's count),
+//          through the addresses.
 // HierarchicalKV is built from its source (github.com/NVIDIA-Merlin/HierarchicalKV; its
 // include folder is HKV_INCLUDE). Build and run: benchmarks/gpu/t6_hkv_on_device.sh.
 //
@@ -46,17 +47,26 @@ __global__ void PrefillKeys(uint64_t* keys, float* values, int64_t n, int64_t fi
   }
 }
 
-__global__ void GatherRows(float* const* rows, int64_t n, float* out) {
+// out[position[j]] = the row of sorted id j, whose distinct key is run[j] (inclusive count
+// of run heads, so one more than its index).
+__global__ void GatherRows(float* const* rows, const int* run, const int* position, int64_t n,
+                           float* out) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * kDim;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float* row = rows[i / kDim];
-    out[i] = row ? row[i % kDim] : 0.0f;
+    const float* row = rows[run[i / kDim] - 1];
+    out[position[i / kDim] * kDim + i % kDim] = row ? row[i % kDim] : 0.0f;
   }
 }
 
-// Each distinct row (address) moves by lr x its uses: the SGD step of a sum loss.
-__global__ void UpdateRows(float* const* rows, const int* uses, const int* distinct, float lr) {
-  const int64_t n = *distinct;
+__global__ void RunHeads(const uint64_t* sorted, int64_t n, int* head) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    head[i] = i == 0 || sorted[i] != sorted[i - 1];
+  }
+}
+
+// Each distinct row moves by lr x its uses: the SGD step of a sum loss.
+__global__ void UpdateRows(float* const* rows, const int* uses, int64_t n, float lr) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * kDim;
        i += int64_t{gridDim.x} * blockDim.x) {
     float* row = rows[i / kDim];
@@ -64,61 +74,93 @@ __global__ void UpdateRows(float* const* rows, const int* uses, const int* disti
   }
 }
 
+__global__ void Iota(int* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = static_cast<int>(i);
+  }
+}
+
+int Blocks(int64_t elements) {
+  return static_cast<int>(std::min<int64_t>((elements + 255) / 256, 8192));
+}
+
 // Device buffers of one train step, sized for `batch` keys.
 struct TrainScratch {
-  float** rows = nullptr;
-  float** sorted_rows = nullptr;
-  float** distinct_rows = nullptr;
-  int* uses = nullptr;
-  int* distinct = nullptr;
+  uint64_t* sorted = nullptr;     // the batch's keys, sorted
+  int* iota = nullptr;
+  int* position = nullptr;        // their places in the batch
+  uint64_t* distinct = nullptr;   // the distinct keys
+  int* uses = nullptr;            // each one's count
+  int* distinct_count = nullptr;
+  int* run = nullptr;             // sorted id j's distinct key, counted from 1
+  float** rows = nullptr;         // each distinct key's row
   bool* found = nullptr;
   float* out = nullptr;
+  int* pinned_count = nullptr;
   void* temp = nullptr;
   size_t temp_bytes = 0;
 
   explicit TrainScratch(int64_t batch) {
-    CHECK_CUDA(cudaMalloc(&rows, batch * sizeof(float*)));
-    CHECK_CUDA(cudaMalloc(&sorted_rows, batch * sizeof(float*)));
-    CHECK_CUDA(cudaMalloc(&distinct_rows, batch * sizeof(float*)));
+    CHECK_CUDA(cudaMalloc(&sorted, batch * sizeof(uint64_t)));
+    CHECK_CUDA(cudaMalloc(&iota, batch * sizeof(int)));
+    CHECK_CUDA(cudaMalloc(&position, batch * sizeof(int)));
+    CHECK_CUDA(cudaMalloc(&distinct, batch * sizeof(uint64_t)));
     CHECK_CUDA(cudaMalloc(&uses, batch * sizeof(int)));
-    CHECK_CUDA(cudaMalloc(&distinct, sizeof(int)));
+    CHECK_CUDA(cudaMalloc(&distinct_count, sizeof(int)));
+    CHECK_CUDA(cudaMalloc(&run, batch * sizeof(int)));
+    CHECK_CUDA(cudaMalloc(&rows, batch * sizeof(float*)));
     CHECK_CUDA(cudaMalloc(&found, batch));
     CHECK_CUDA(cudaMalloc(&out, batch * kDim * sizeof(float)));
-    const auto* addresses = reinterpret_cast<const uint64_t*>(rows);
-    size_t sort_bytes = 0, encode_bytes = 0;
-    cub::DeviceRadixSort::SortKeys(nullptr, sort_bytes, addresses,
-                                   reinterpret_cast<uint64_t*>(sorted_rows),
-                                   static_cast<int>(batch));
-    cub::DeviceRunLengthEncode::Encode(nullptr, encode_bytes,
-                                       reinterpret_cast<uint64_t*>(sorted_rows),
-                                       reinterpret_cast<uint64_t*>(distinct_rows), uses,
-                                       distinct, static_cast<int>(batch));
-    temp_bytes = std::max(sort_bytes, encode_bytes);
+    CHECK_CUDA(cudaMallocHost(&pinned_count, sizeof(int)));
+    Iota<<<Blocks(batch), 256>>>(iota, batch);
+    const int n = static_cast<int>(batch);
+    size_t sort_bytes = 0, encode_bytes = 0, scan_bytes = 0;
+    cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, sorted, sorted, iota, position, n);
+    cub::DeviceRunLengthEncode::Encode(nullptr, encode_bytes, sorted, distinct, uses,
+                                       distinct_count, n);
+    cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, run, run, n);
+    temp_bytes = std::max({sort_bytes, encode_bytes, scan_bytes});
     CHECK_CUDA(cudaMalloc(&temp, temp_bytes));
+    CHECK_CUDA(cudaDeviceSynchronize());
   }
 };
 
+// An SGD step of a sum loss as HierarchicalKV's users write it (SOK, dynamicemb): the batch's
+// keys made distinct (sorted, run-length encoded; the count read back, as the table's API
+// takes it from the host), find_or_insert of the distinct keys (row addresses), each id's
+// row gathered, each distinct row updated once through its address.
 void TrainStep(Hkv& table, const uint64_t* keys, int64_t n, TrainScratch& s,
                cudaStream_t stream) {
-  table.find_or_insert(n, keys, s.rows, s.found, nullptr, stream, /*unique_key=*/false);
-  const int blocks = static_cast<int>(std::min<int64_t>((n * kDim + 255) / 256, 8192));
-  GatherRows<<<blocks, 256, 0, stream>>>(s.rows, n, s.out);
+  const int count = static_cast<int>(n);
   size_t bytes = s.temp_bytes;
-  cub::DeviceRadixSort::SortKeys(s.temp, bytes, reinterpret_cast<const uint64_t*>(s.rows),
-                                 reinterpret_cast<uint64_t*>(s.sorted_rows),
-                                 static_cast<int>(n), 0, 64, stream);
+  cub::DeviceRadixSort::SortPairs(s.temp, bytes, keys, s.sorted, s.iota, s.position, count, 0,
+                                  64, stream);
   bytes = s.temp_bytes;
-  cub::DeviceRunLengthEncode::Encode(s.temp, bytes, reinterpret_cast<uint64_t*>(s.sorted_rows),
-                                     reinterpret_cast<uint64_t*>(s.distinct_rows), s.uses,
-                                     s.distinct, static_cast<int>(n), stream);
-  UpdateRows<<<blocks, 256, 0, stream>>>(s.distinct_rows, s.uses, s.distinct, kLearningRate);
+  cub::DeviceRunLengthEncode::Encode(s.temp, bytes, s.sorted, s.distinct, s.uses,
+                                     s.distinct_count, count, stream);
+  CHECK_CUDA(cudaMemcpyAsync(s.pinned_count, s.distinct_count, sizeof(int),
+                             cudaMemcpyDeviceToHost, stream));
+  RunHeads<<<Blocks(n), 256, 0, stream>>>(s.sorted, n, s.run);
+  bytes = s.temp_bytes;
+  cub::DeviceScan::InclusiveSum(s.temp, bytes, s.run, s.run, count, stream);
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  const int64_t distinct = *s.pinned_count;
+  table.find_or_insert(distinct, s.distinct, s.rows, s.found, nullptr, stream,
+                       /*unique_key=*/true);
+  GatherRows<<<Blocks(n * kDim), 256, 0, stream>>>(s.rows, s.run, s.position, n, s.out);
+  UpdateRows<<<Blocks(distinct * kDim), 256, 0, stream>>>(s.rows, s.uses, distinct,
+                                                          kLearningRate);
 }
 
 // Median over `rounds` passes of the wall time a step of `step(batch index)` over every batch.
 template <typename Step>
 double MedianStepMs(Step step, int64_t batches, int rounds, cudaStream_t stream) {
+  const auto warm_start = std::chrono::steady_clock::now();
   for (int64_t b = 0; b < batches; ++b) step(b);  // warm-up pass
   CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::fprintf(stderr, "warm-up pass of %ld steps in %.2f s\n", static_cast<long>(batches),
+               SecondsSince(warm_start));
   std::vector<double> ms;
   for (int r = 0; r < rounds; ++r) {
     const auto start = std::chrono::steady_clock::now();
@@ -172,6 +214,8 @@ int main(int argc, char** argv) {
   options.max_capacity = keys;
   options.dim = kDim;
   options.max_hbm_for_vectors = hbm_bytes;
+  std::fprintf(stderr, "initialising a table of %ld keys, %zu bytes of HBM for vectors\n",
+               static_cast<long>(keys), hbm_bytes);
   const auto init_start = std::chrono::steady_clock::now();
   Hkv table;
   table.init(options);
@@ -197,6 +241,7 @@ int main(int argc, char** argv) {
   const std::chrono::duration<double> prefill_s =
       std::chrono::steady_clock::now() - prefill_start;
   const int64_t size_after_prefill = static_cast<int64_t>(table.size(stream));
+  std::fprintf(stderr, "%ld keys held after the prefill\n", static_cast<long>(size_after_prefill));
 
   TrainScratch scratch(batch);
   float* eval_out = nullptr;
@@ -206,6 +251,7 @@ int main(int argc, char** argv) {
         table.find(batch, device_keys + b * batch, eval_out, scratch.found, nullptr, stream);
       },
       batches, rounds, stream);
+  std::fprintf(stderr, "eval: %.4f ms a step\n", eval_ms);
   const double train_ms = MedianStepMs(
       [&](int64_t b) { TrainStep(table, device_keys + b * batch, batch, scratch, stream); },
       batches, rounds, stream);

@@ -5,10 +5,10 @@
 # HierarchicalKV on those batches, and merges its figures into tf_tiered.json ("hkv_hybrid",
 # "vs_hkv_hybrid"). BUILD_ONLY=1 stops after the builds.
 # Needs what tf_on_device.sh needs, and HKV_INCLUDE: the include folder of a HierarchicalKV
-# checkout (github.com/NVIDIA-Merlin/HierarchicalKV). Results land in $OUT.
+# checkout (github.com/NVIDIA-Merlin/HierarchicalKV), or HKV_BINARY: that program already
+# built (nvcc takes about a minute over it). Results land in $OUT.
 set -uo pipefail
 source "$(dirname "$0")/device_prologue.sh"
-: "${HKV_INCLUDE:?set HKV_INCLUDE to the include folder of a HierarchicalKV checkout}"
 NOISE="Unable to register\|C-API\|importlib\|DeprecationWarning"
 VARIANTS=${VARIANTS:-T6a}
 ROUNDS=${ROUNDS:-2}
@@ -16,8 +16,9 @@ KEYS_DIR=/tmp/t6_keys
 mkdir -p "$KEYS_DIR"
 build_plugin "$OUT/tf_gpu_build.log"
 # Built once a source version (under /tmp, kept while the machine is).
-HKV_BINARY=/tmp/t6_hkv_hybrid_$(md5sum < benchmarks/gpu/t6_hkv_hybrid.cu | cut -c1-12)
+HKV_BINARY=${HKV_BINARY:-/tmp/t6_hkv_hybrid_$(md5sum < benchmarks/gpu/t6_hkv_hybrid.cu | cut -c1-12)}
 if [ ! -x "$HKV_BINARY" ]; then
+  : "${HKV_INCLUDE:?set HKV_INCLUDE to the include folder of a HierarchicalKV checkout}"
   nvcc -std=c++17 -O3 -arch=sm_${SOK_CUDA_ARCHS:-90} --expt-relaxed-constexpr -I. -I"$HKV_INCLUDE" \
     benchmarks/gpu/t6_hkv_hybrid.cu -o "$HKV_BINARY" > "$OUT/t6_hkv_build.log" 2>&1 \
     || { tail -20 "$OUT/t6_hkv_build.log"; exit 1; }
@@ -28,7 +29,7 @@ python3 benchmarks/gpu/tf_tiered.py --variants "$VARIANTS" --rounds "$ROUNDS" \
 for name in ${VARIANTS//,/ }; do
   read -r keys batch budget < <(python3 -c "import sys; sys.path.insert(0, 'benchmarks/gpu')
 import tf_tiered as t; k, g, b, _ = t.VARIANTS['$name']; print(k, b, int(g * t.GIB))" 2>/dev/null)
-  "$HKV_BINARY" "$KEYS_DIR/${name}_keys.bin" "$keys" "$batch" "$budget" "$ROUNDS" \
+  timeout ${HKV_TIMEOUT:-300} "$HKV_BINARY" "$KEYS_DIR/${name}_keys.bin" "$keys" "$batch" "$budget" "$ROUNDS" \
     | tee "$KEYS_DIR/${name}_hkv.json" | tee -a "$OUT/tf_tiered_bench.log"
 done
 python3 benchmarks/gpu/tf_tiered.py --merge-hkv "$KEYS_DIR" 2>&1 | grep -v "$NOISE" \
