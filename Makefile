@@ -45,10 +45,10 @@ test-tf2.21-keras3: setup-tf2.21
 # drop-in script, the API surface, the version check): what changes when tf_keras replaces
 # Keras 3 on the same TensorFlow. The rest runs under 2.15.1 with tf_keras and 2.21.0 with
 # Keras 3 (`make test-tf2.21` runs all of it with tf_keras).
-KERAS_TESTS := tests/test_api.py tests/test_optimizers.py tests/test_shared_optimizer.py \
-	tests/test_optimizer_surface.py tests/test_optimizer_rules.py tests/test_layers.py \
-	tests/test_checkpoint_files.py tests/test_dynamic_variable_api.py \
-	tests/test_sok_dropin_script.py tests/test_sok_surface.py tests/test_info.py
+KERAS_TESTS := tests/optimizers tests/models/test_layers.py \
+	tests/checkpoints/test_checkpoint_files.py tests/dynamic/test_dynamic_variable_api.py \
+	tests/sok_dropin/test_sok_dropin_script.py tests/package/test_api.py \
+	tests/package/test_sok_surface.py tests/package/test_info.py
 # A SOK v2 script's results are compared with TensorFlow 2.16.2's (what the GPU machines run).
 test-tf2.21-tf-keras: setup-tf2.21 setup-tf2.16
 	TF_USE_LEGACY_KERAS=1 SOK_REFERENCE_PYTHON=.venv-tf2.16/bin/python \
@@ -59,12 +59,13 @@ test-tf2.21-tf-keras: setup-tf2.21 setup-tf2.16
 # Horovod built against each, and the API, dynamic-table, optimizer-surface, layer and
 # interaction tests run, with 2 Horovod workers against one on static and dynamic tables, a
 # localized dump and load, and a mixed plan.
-SMOKE_TESTS := tests/test_api.py tests/test_dynamic.py tests/test_optimizer_surface.py \
-	tests/test_layers.py tests/test_interaction.py \
-	'tests/test_multiworker.py::test_static_tables_match_single_worker_reference[True-adagrad]' \
-	'tests/test_multiworker.py::test_dynamic_tables_match_single_worker_reference[True-adagrad]' \
-	tests/test_multiworker.py::test_unnamed_localized_dynamic_tables_dump_and_load_on_two_workers \
-	tests/test_multiworker.py::test_plan_with_dp_localized_and_distributed_groups_matches_single_worker
+SMOKE_TESTS := tests/package/test_api.py tests/dynamic/test_dynamic.py \
+	tests/optimizers/test_optimizer_surface.py tests/models/test_layers.py \
+	tests/models/test_interaction.py \
+	'tests/multiworker/test_multiworker.py::test_static_tables_match_single_worker_reference[True-adagrad]' \
+	'tests/multiworker/test_multiworker.py::test_dynamic_tables_match_single_worker_reference[True-adagrad]' \
+	tests/multiworker/test_multiworker.py::test_unnamed_localized_dynamic_tables_dump_and_load_on_two_workers \
+	tests/multiworker/test_multiworker.py::test_plan_with_dp_localized_and_distributed_groups_matches_single_worker
 smoke:
 	for line in 2.16 2.17 2.18 2.19 2.20; do \
 	  SOK_TF=$$line bash scripts/setup_env.sh && \

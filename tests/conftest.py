@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -10,6 +12,36 @@ import sparse_operation_kit as sok  # noqa: E402
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, "tests")
+# The devices a test with a `device` argument runs on: the CPU, and the GPU where there is one.
+DEVICES = ["CPU"] + (["GPU"] if tf.config.list_physical_devices("GPU") else [])
+# horovodrun, or its module where Horovod was installed with pip --target (the GPU machine).
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+LAUNCH = "import sys; from horovod.runner.launch import run_commandline; sys.exit(run_commandline())"
+LAUNCHER = [HOROVODRUN] if os.path.exists(HOROVODRUN) else [sys.executable, "-c", LAUNCH]
+
+
+def horovodrun(script, *args, num_workers=2, timeout=300, expect_success=True, **env_extra):
+    """Runs `script` (tests/multiworker) on `num_workers` workers (Gloo launch; on GPUs one
+    each, exchanging through NCCL); returns the combined output."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+               TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1", **env_extra)
+    command = LAUNCHER + ["-np", str(num_workers), "-H", f"localhost:{num_workers}", "--gloo",
+                          sys.executable, os.path.join(TESTS, "multiworker", script), *args]
+    result = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=timeout)
+    output = result.stdout + result.stderr
+    if expect_success:
+        assert result.returncode == 0, output[-6000:]
+    else:
+        assert result.returncode != 0, output[-3000:]
+    return output
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """"CPU", then "GPU" where there is one: a test taking it runs once on each."""
+    return request.param
 
 
 def subprocess_env(**extra):
@@ -53,3 +85,16 @@ def poison(device):
             block = tf.fill([16 << 20], float("nan"))
             block.numpy()
             del block
+
+
+def on(device, fn, *args):
+    """fn(*args) with its ops on `device` ("CPU" or "GPU"), the device's memory poisoned first."""
+    poison(device)
+    with tf.device(f"{device}:0"):
+        return fn(*args)
+
+
+def graph_nodes(fn):
+    """The nodes of fn traced as a tf.function, its library functions' included."""
+    graph_def = tf.function(fn).get_concrete_function().graph.as_graph_def()
+    return list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]

@@ -29,3 +29,21 @@ def summed_duplicates(grad):
     unique, position = tf.unique(grad.indices)
     values = tf.math.unsorted_segment_sum(grad.values, position, tf.size(unique))
     return tf.IndexedSlices(values, unique, grad.dense_shape)
+
+
+class LazyMomentum:
+    """Keras SGD-with-momentum on touched rows only (the new Keras SGD also moves untouched
+    rows by their momentum): m = momentum m - lr g; w += m, or with nesterov
+    w += momentum m - lr g."""
+
+    def __init__(self, optimizer):
+        self.lr, self.momentum, self.m = optimizer.learning_rate.numpy(), optimizer.momentum, {}
+        self.nesterov = optimizer.nesterov
+
+    def apply(self, table, rows, grads):
+        values = table.numpy()
+        for row, grad in zip(rows, grads):
+            self.m[row] = self.momentum * self.m.get(row, 0.0) - self.lr * grad
+            values[row] += (self.momentum * self.m[row] - self.lr * grad if self.nesterov
+                            else self.m[row])
+        table.assign(values)

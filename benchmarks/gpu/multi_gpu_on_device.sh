@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two or more GPUs: builds the op library with its GPU kernels, then, by STAGES (default
 # "tests bench dlrm"):
-#   tests  tests/test_multiworker.py on 2 GPUs (SOK_TEST_EXPECT_GPU=1: tables on each worker's
+#   tests  tests/multiworker/test_multiworker.py on 2 GPUs (SOK_TEST_EXPECT_GPU=1: tables on each worker's
 #          GPU, exchanges through NCCL), every multi-worker test against its reference
 #   suite  the single-process tests that start Horovod jobs or child processes (DLRM smoke,
 #          two-worker checkpoints, SOK's scripts, SavedModel serving), with the GPUs in view
@@ -27,17 +27,17 @@ build_plugin "$OUT/tf_multi_gpu_build.log"
 echo "build: $(( $(date +%s) - start )) s"
 
 if [[ $STAGES == *tests* ]]; then
-  echo "== tests/test_multiworker.py on 2 GPUs" | tee "$OUT/tf_multi_gpu_tests.log"
+  echo "== tests/multiworker/test_multiworker.py on 2 GPUs" | tee "$OUT/tf_multi_gpu_tests.log"
   SOK_TEST_EXPECT_GPU=1 timeout 540 python3 -m pytest -q -rf --tb=short -p no:cacheprovider \
-    tests/test_multiworker.py 2>&1 | grep -v "$NOISE" >> "$OUT/tf_multi_gpu_tests.log"
+    tests/multiworker/test_multiworker.py 2>&1 | grep -v "$NOISE" >> "$OUT/tf_multi_gpu_tests.log"
   tail -4 "$OUT/tf_multi_gpu_tests.log"
 fi
 
 if [[ $STAGES == *suite* ]]; then
   echo "== child-process and Horovod tests of the suite, GPUs in view" | tee "$OUT/tf_multi_gpu_suite.log"
-  timeout 400 python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/test_dlrm_smoke.py \
-    tests/test_checkpoint_files.py tests/test_optimizer_surface.py tests/test_sok_surface.py \
-    tests/test_dynamic_variable_api.py tests/test_readme.py 2>&1 | grep -v "$NOISE" \
+  timeout 400 python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/dlrm/test_dlrm_smoke.py \
+    tests/checkpoints/test_checkpoint_files.py tests/optimizers/test_optimizer_surface.py tests/package/test_sok_surface.py \
+    tests/dynamic/test_dynamic_variable_api.py tests/package/test_readme.py 2>&1 | grep -v "$NOISE" \
     >> "$OUT/tf_multi_gpu_suite.log"
   tail -8 "$OUT/tf_multi_gpu_suite.log"
 fi

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One GPU: builds the op library with its GPU kernels against the installed TensorFlow and
 # prints its build report, then, by STAGES (default "tests suite bench"):
-#   tests  tests/test_devices.py, tests/test_dynamic_devices.py, tests/test_lookup_sparse.py,
-#          tests/test_packed_features.py, tests/test_staged_features.py,
-#          tests/test_pool_from_tables.py and tests/test_tiered_table.py (or $GPU_TESTS)
+#   tests  tests/lookup, tests/dynamic/test_dynamic_devices.py, tests/dynamic/test_tiered_table.py,
+#          tests/optimizers/test_static_apply.py and tests/models/test_interaction.py
+#          (or $GPU_TESTS)
 #          (every test on CPU and GPU)
 #   suite  the rest of the single-process suite, ops and tables placed by TensorFlow (the GPU)
-#   capi   the C ABI GPU tests (tests/gpu, needs PyTorch)
+#   capi   the C ABI GPU tests (tests/capi, needs PyTorch)
 #   bench  the TF-on-GPU benchmarks (BENCH=static: tf_gpu.py; BENCH=dynamic: tf_gpu_dynamic.py;
 #          both by default; BENCH=tiered: tf_tiered.py with $TIERED_ARGS), then benchmarks/run.py's comparison with the baselines
 #   dlrm   tutorials/DLRM_Benchmark/main.py on generated Criteo-format data, one worker: on
@@ -25,9 +25,9 @@ build_plugin "$OUT/tf_gpu_build.log"
 python3 -m sparse_operation_kit.info 2>/dev/null | tee -a "$OUT/tf_gpu_build.log"
 
 if [[ $STAGES == *tests* ]]; then
-  GPU_TESTS=${GPU_TESTS:-"tests/test_devices.py tests/test_dynamic_devices.py tests/test_lookup_sparse.py
-    tests/test_packed_features.py tests/test_staged_features.py tests/test_pool_from_tables.py
-    tests/test_tiered_table.py"}
+  GPU_TESTS=${GPU_TESTS:-"tests/lookup tests/dynamic/test_dynamic_devices.py
+    tests/dynamic/test_tiered_table.py tests/optimizers/test_static_apply.py
+    tests/models/test_interaction.py"}
   echo "== "$GPU_TESTS" (CPU and GPU)" | tee "$OUT/tf_gpu_tests$KERAS_TAG.log"
   timeout 540 python3 -m pytest -q -rf --tb=short -p no:cacheprovider $GPU_TESTS 2>&1 \
     | grep -v "$NOISE" >> "$OUT/tf_gpu_tests$KERAS_TAG.log"
@@ -37,10 +37,10 @@ fi
 if [[ $STAGES == *suite* ]]; then
   # The multi-worker tests run on several GPUs in multi_gpu_on_device.sh.
   echo "== the single-process suite, ops placed by TensorFlow (the GPU)" | tee "$OUT/tf_gpu_suite$KERAS_TAG.log"
-  timeout 540 python3 -m pytest -q -rf --tb=line -p no:cacheprovider tests --ignore=tests/gpu \
-    --ignore=tests/test_devices.py --ignore=tests/test_dynamic_devices.py \
-    --ignore=tests/test_lookup_sparse.py --ignore=tests/test_packed_features.py \
-    --ignore=tests/test_staged_features.py --ignore=tests/test_pool_from_tables.py --ignore=tests/test_tiered_table.py --ignore=tests/test_multiworker.py 2>&1 \
+  timeout 540 python3 -m pytest -q -rf --tb=line -p no:cacheprovider tests --ignore=tests/capi \
+    --ignore=tests/lookup --ignore=tests/dynamic/test_dynamic_devices.py \
+    --ignore=tests/dynamic/test_tiered_table.py --ignore=tests/optimizers/test_static_apply.py \
+    --ignore=tests/models/test_interaction.py --ignore=tests/multiworker 2>&1 \
     | grep -v "$NOISE" >> "$OUT/tf_gpu_suite$KERAS_TAG.log"
   tail -3 "$OUT/tf_gpu_suite$KERAS_TAG.log"
 fi
@@ -50,7 +50,7 @@ if [[ $STAGES == *capi* ]]; then
     -DCMAKE_CUDA_ARCHITECTURES=${SOK_CUDA_ARCHS:-90} -DSOK_OUTPUT_DIR="$PWD/build-gpu/lib" > "$OUT/capi_build.log" 2>&1 \
     && cmake --build build-gpu >> "$OUT/capi_build.log" 2>&1 || tail -20 "$OUT/capi_build.log"
   env -u PYTHONPATH -u LD_LIBRARY_PATH python3 -m pytest -q --noconftest -p no:cacheprovider \
-    tests/gpu 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
+    tests/capi 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
 fi
 
 if [[ $STAGES == *bench* ]]; then

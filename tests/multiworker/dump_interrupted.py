@@ -1,7 +1,7 @@
 """Run under `horovodrun -np 2 --gloo`: dumps the crash tables with every value 1.0 to
 argv[1], then again with 2.0 while worker argv[2] dies (SIGKILL) at step argv[3] of its part
 of the dump: a file-system step on rank 0 (which writes), a gather on rank 1.
-tests/test_checkpoint_crash.py then loads the folder."""
+tests/checkpoints/test_checkpoint_crash.py then loads the folder."""
 import os
 import signal
 import sys

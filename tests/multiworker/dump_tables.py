@@ -1,6 +1,6 @@
 """Run under `horovodrun -np 2 --gloo`: each worker holds its shard of a distributed static
 table and the keys it owns of a dynamic table; sok.dump gathers them into one set of files
-(argv[1]). tests/test_checkpoint_files.py loads them into one worker."""
+(argv[1]). tests/checkpoints/test_checkpoint_files.py loads them into one worker."""
 import sys
 
 import horovod.tensorflow as hvd

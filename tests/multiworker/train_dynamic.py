@@ -12,8 +12,8 @@ import numpy as np
 import tensorflow as tf
 
 import sparse_operation_kit as sok
-from verdict import (KERAS_3, keras_optimizer, placement_failures, report, start_worker,
-                     summed_duplicates)
+from verdict import (KERAS_3, LazyMomentum, keras_optimizer, placement_failures, report,
+                     start_worker, summed_duplicates)
 
 DIM = 6
 UNIVERSE = 40
@@ -55,7 +55,6 @@ def main():
     ref_opt = optimizer(args.optimizer)
     lazy = None  # Keras 3's momentum moves every row: the wrapper's lazy rule, one per table
     if KERAS_3 and args.optimizer == "sgd_momentum":
-        from test_optimizers import LazyMomentum  # noqa: PLC0415  (tests/: verdict's path)
         lazy = [LazyMomentum(ref_opt) for _ in ref_tables]
 
     def train_step(ids):

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 # The workers' optimizers, named as the suite names them (tests/keras_optimizers.py).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from keras_optimizers import KERAS_3, keras_optimizer, summed_duplicates  # noqa: E402,F401
+from keras_optimizers import KERAS_3, LazyMomentum, keras_optimizer, summed_duplicates  # noqa: E402,F401
 
 
 def start_worker(hvd, sok):

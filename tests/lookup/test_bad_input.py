@@ -102,7 +102,7 @@ def test_table_of_wrong_dtype_or_rank():
 
 
 def test_sp_ids_of_a_list_of_tables_must_be_a_list_or_a_packed_batch():
-    # One RaggedTensor is a packed batch (tests/test_packed_features.py); one SparseTensor is
+    # One RaggedTensor is a packed batch (tests/lookup/test_packed_features.py); one SparseTensor is
     # neither form.
     with pytest.raises(TypeError, match="sp_ids must be a list, got SparseTensor"):
         sok.lookup_sparse([tf.Variable(np.ones([3, 2], np.float32))],

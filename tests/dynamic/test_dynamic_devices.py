@@ -15,10 +15,9 @@ import tensorflow as tf
 
 import sparse_operation_kit as sok
 from sparse_operation_kit import raw_ops
-from conftest import poison
+from conftest import DEVICES, poison
 from keras_optimizers import KERAS_3, keras_optimizer, summed_duplicates
 
-DEVICES = ["CPU"] + (["GPU"] if tf.config.list_physical_devices("GPU") else [])
 I64 = np.iinfo(np.int64)
 EXTREME_KEYS = [I64.min, I64.min + 1, I64.min + 2, -3, -2, -1, 0, 1, 2, I64.max - 1, I64.max]
 MASK64 = (1 << 64) - 1
@@ -85,7 +84,6 @@ def initial_rows(name, keys, dim, kind, a, b):
     return rows
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("initializer, kind, a, b", [
     (None, "normal", 0.0, 0.05), ("uniform", "uniform", -0.05, 0.05),
     (tf.keras.initializers.RandomNormal(0.5, 2.0), "normal", 0.5, 2.0)])
@@ -101,7 +99,6 @@ def test_new_rows_follow_the_seeded_initializer(device, initializer, kind, a, b)
                                                       initializer=initializer), keys))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
 def test_assign_read_erase_reinsert_against_a_dict(device, dtype):
     rng = np.random.default_rng(3)
@@ -131,7 +128,6 @@ def test_assign_read_erase_reinsert_against_a_dict(device, dtype):
     assert table.size.numpy()[0] == len(reference)  # reading without insert stores nothing
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dim", [4, 8, 16, 64, 136, 6])
 def test_rows_of_every_copy_width_against_a_dict(device, dim):
     """The GPU copies float rows 16 bytes at a time, a lane group per row with several rows
@@ -195,7 +191,6 @@ def colliding_keys(count, low_bits=24):
     return np.array([k - (1 << 64) if k >= 1 << 63 else k for k in keys], np.int64)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_heavy_collisions_growth_and_duplicates_in_one_batch(device):
     table = make(device, 3, "collide", init_capacity=16)
     keys = colliding_keys(3000)
@@ -215,7 +210,6 @@ def test_heavy_collisions_growth_and_duplicates_in_one_batch(device):
     assert table.size.numpy()[0] == 3000
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_erase_reinsert_cycles_do_not_leak_capacity(device):
     # A table of 1000 keys at most, filled to 90%, then 300 rounds of erasing and inserting
     # 300 keys: erased slots must be reused or cleared, never let the table fill up.
@@ -273,7 +267,6 @@ def test_eviction_from_a_large_table_takes_exactly_the_lowest_scored(strategy):
         np.testing.assert_array_equal(export_sorted(table)[0], np.sort(np.r_[used, fresh]))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_full_table_without_eviction_refuses_and_changes_nothing(device):
     table = make(device, 2, "full", max_capacity=50, initializer="ones", evict_strategy=None)
     read(table, range(40))
@@ -342,7 +335,7 @@ def test_training_agrees_across_devices_and_with_tf(name, dtype, chain, dim):
     not_lazy = ("adam", "rmsprop_centered") + (("momentum", "ftrl") if KERAS_3 else ())
     if dtype != tf.float32 or name in not_lazy:
         return  # 16-bit rows (rounded after every step), and Adam and RMSprop (Keras' sparse
-                # updates move untouched rows; tests/test_optimizers.py has lazy references),
+                # updates move untouched rows; tests/optimizers/test_optimizers.py has lazy references),
                 # under Keras 3 momentum and Ftrl too (Ftrl zeroes the rows not yet touched)
     # Against TensorFlow: a tf.Variable over the universe, the same steps, its optimizer's
     # sparse update (lazy for these rules), on the CPU (TF has no GPU kernel for some).
@@ -382,7 +375,6 @@ def one_step_on_hot_keys(device, name, inner_optimizer, universe, picks, cotange
     return table, initial
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dim", [4, 16, 128])
 def test_plain_sgd_on_hot_keys_over_many_tiles(device, dim):
     """Plain SGD on a stateless float table (on a GPU: each sorted tile of 256 uses sums a
@@ -402,7 +394,6 @@ def test_plain_sgd_on_hot_keys_over_many_tiles(device, dim):
     assert int(table.size[0]) == 50
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dim", [3, 4, 16, 128])
 def test_adam_on_hot_keys_over_many_tiles(device, dim):
     """Adam sums each key's gradients over the batch before its one step (on a GPU: uses
@@ -432,7 +423,6 @@ def test_adam_on_hot_keys_over_many_tiles(device, dim):
     np.testing.assert_allclose(state, expected_state[order], rtol=1e-4, atol=1e-5)  # sum order
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_export_import_and_written_since(device, tmp_path):
     table = make(device, 3, "io", initializer="uniform")
     keys = list(range(-50, 50))
@@ -463,7 +453,6 @@ def test_export_import_and_written_since(device, tmp_path):
     np.testing.assert_array_equal(values, np.ones([2, 3]))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dim,optimizer", [(4, "sgd"), (3, "adam")])
 def test_updates_stamp_keys_used_many_times_in_one_step(device, dim, optimizer):
     # A power-law batch: key 5 used 500 times, key 6 once, key 7 only read. The update stamps
@@ -486,7 +475,6 @@ def test_updates_stamp_keys_used_many_times_in_one_step(device, dim, optimizer):
     assert sorted(written.tolist()) == [5, 6]
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_low_frequency_filter_agrees_with_the_cpu_draw(device):
     tables = [make(d, 2, "admit", initializer="ones", filter_ratio=0.3) for d in sorted({"CPU", device})]
     keys = np.arange(2000)
@@ -503,7 +491,6 @@ def test_low_frequency_filter_agrees_with_the_cpu_draw(device):
     np.testing.assert_array_equal(outs[0], outs[-1])
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_pair_reads_and_gradient_split_against_each_table(device):
     """The owner's side of a distributed lookup: (table, key) pairs read from the table each
     names (as each table's own read), and their gradient split back by table in pair order."""
@@ -531,7 +518,6 @@ def test_pair_reads_and_gradient_split_against_each_table(device):
     assert sorted(export_sorted(tables[0])[0]) == sorted(set(keys[owners == 0]))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_bad_input_is_refused_and_changes_nothing(device):
     table = make(device, 4, "bad", initializer="ones")
     read(table, range(10))
@@ -571,7 +557,6 @@ def test_bad_input_is_refused_and_changes_nothing(device):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("device", DEVICES)
 def test_sparse_read_and_evict_reports_the_evicted_keys_and_rows(device, dtype):
     # SOK's contract: find-or-insert rows, plus what the insertion evicted from a full table.
     table = make(device, 3, f"read_evict_{dtype}", initializer="zeros", max_capacity=4,

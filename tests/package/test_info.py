@@ -8,9 +8,8 @@ import subprocess
 import sys
 
 import tensorflow as tf
-from conftest import subprocess_env
+from conftest import ROOT, subprocess_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def report(*args, env=None):

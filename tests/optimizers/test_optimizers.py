@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import sparse_operation_kit as sok
-from keras_optimizers import KERAS_3, keras_2_only, keras_optimizer, summed_duplicates
+from keras_optimizers import KERAS_3, LazyMomentum, keras_2_only, keras_optimizer, summed_duplicates
 
 OPTIMIZERS = {
     "legacy_sgd": lambda: tf.keras.optimizers.legacy.SGD(0.1),
@@ -51,24 +51,6 @@ OPTIMIZERS = {
 if KERAS_3:  # no legacy optimizers to compare with
     OPTIMIZERS = {name: make for name, make in OPTIMIZERS.items() if not name.startswith("legacy")}
 VOCAB, DIM, STEPS = 25, 4, 20
-
-
-class LazyMomentum:
-    """Keras SGD-with-momentum on touched rows only (the new Keras SGD also moves untouched
-    rows by their momentum): m = momentum m - lr g; w += m, or with nesterov
-    w += momentum m - lr g."""
-
-    def __init__(self, optimizer):
-        self.lr, self.momentum, self.m = optimizer.learning_rate.numpy(), optimizer.momentum, {}
-        self.nesterov = optimizer.nesterov
-
-    def apply(self, table, rows, grads):
-        values = table.numpy()
-        for row, grad in zip(rows, grads):
-            self.m[row] = self.momentum * self.m.get(row, 0.0) - self.lr * grad
-            values[row] += (self.momentum * self.m[row] - self.lr * grad if self.nesterov
-                            else self.m[row])
-        table.assign(values)
 
 
 class LazyRmsprop:
@@ -388,7 +370,7 @@ def test_fused_updates_read_their_hyper_parameters_on_the_host(name):
     """Tables on the host: the wrapper makes a legacy optimizer's hyper variables and step
     counter there and computes the fused ops' hyper vectors there, even in a step placed on a
     GPU (the CPU kernels read them on the host; a copy back from the GPU would make each step
-    wait for it). GPU tables: tests/test_devices.py and test_dynamic_devices.py. The updates'
+    wait for it). GPU tables: tests/lookup/test_devices.py and test_dynamic_devices.py. The updates'
     values are checked against Keras by the tests above."""
     optimizer = OPTIMIZERS[name]()
     wrapper = sok.OptimizerWrapper(optimizer)

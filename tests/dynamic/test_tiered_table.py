@@ -18,10 +18,9 @@ import tensorflow as tf
 
 import sparse_operation_kit as sok
 from sparse_operation_kit import dynamic_variable, raw_ops
-from conftest import poison, subprocess_env
+from conftest import ROOT, poison, subprocess_env
 from keras_optimizers import keras_optimizer
 
-DEVICES = ["CPU"] + (["GPU"] if tf.config.list_physical_devices("GPU") else [])
 UNIVERSE = 1500  # distinct keys the tests cycle through
 BUDGET_ROWS = 160  # rows (value and state) the hot tier holds: about a tenth of them
 
@@ -105,7 +104,6 @@ def train(table, optimizer, data, device):
             step(ids)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("distribution", ["powerlaw", "uniform"])
 @pytest.mark.parametrize("rule", sorted(RULES))
 def test_training_gives_the_rows_and_state_of_a_one_tier_table(device, distribution, rule):
@@ -131,7 +129,6 @@ def test_training_gives_the_rows_and_state_of_a_one_tier_table(device, distribut
                           plain.sparse_read(probe, insert=False).numpy(), device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_thousands_of_rows_a_step_move_between_a_large_host_tier_and_the_hot_tier(device):
     # 120,000 keys, 24,000 rows of budget: each batch of 16,384 ids (repeats included)
     # brings thousands of rows up from a host table of over 90,000 keys, whose slot array
@@ -152,7 +149,6 @@ def test_thousands_of_rows_a_step_move_between_a_large_host_tier_and_the_hot_tie
     assert_same(tiered, plain, device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_16_bit_rows_move_between_tiers_unchanged(device):
     tiered, plain = make_pair(device, 8, "bf16_tiers", dtype=tf.bfloat16)
     data = batches(np.random.default_rng(6), "powerlaw", steps=16)
@@ -161,7 +157,6 @@ def test_16_bit_rows_move_between_tiers_unchanged(device):
     assert_same(tiered, plain, device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_assign_erase_import_with_rows_in_both_tiers(device, tmp_path):
     tiered, plain = make_pair(device, 4, "edits", budget_rows=40, state_floats=0)
     rng = np.random.default_rng(7)
@@ -222,7 +217,6 @@ def test_low_frequency_filter_admits_misses_with_the_rows_of_a_one_tier_table():
     assert counts["host_keys"] > 0 and counts["moved_up"] > 0, counts
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_eviction_at_max_capacity_removes_the_least_recently_used_of_both_tiers(device):
     tiered, plain = make_pair(device, 4, "evict", budget_rows=100, state_floats=0,
                               max_capacity=300, evict_strategy="lru")
@@ -240,7 +234,6 @@ def test_eviction_at_max_capacity_removes_the_least_recently_used_of_both_tiers(
     assert_same(tiered, plain, device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_a_full_tiered_table_without_eviction_refuses_new_keys_and_changes_nothing(device):
     tiered, plain = make_pair(device, 4, "full", budget_rows=100, state_floats=0,
                               max_capacity=300, evict_strategy=None)
@@ -276,7 +269,6 @@ def test_budget_options_and_bad_budgets():
             sok.DynamicVariable(4, var_type=config.pop("var_type", "hybrid"), **config)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_a_batch_larger_than_the_budget_fails_and_changes_nothing(device):
     tiered, _ = make_pair(device, 4, "small_budget", budget_rows=20, state_floats=0)
     with tf.device(f"{device}:0"):
@@ -300,7 +292,6 @@ def test_hybrid_on_the_cpu_is_the_host_table(monkeypatch):
     assert sok.tier_counts(table) is None
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_a_budget_that_holds_the_whole_table_gives_the_one_tier_table(device):
     with tf.device(f"{device}:0"):
         # max_capacity rows with the widest state (3 x dim floats) fit: no host tier.
@@ -316,7 +307,6 @@ def test_a_budget_that_holds_the_whole_table_gives_the_one_tier_table(device):
         "write_back_wait_seconds": 0.0}
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_dump_load_and_incremental_dump_with_rows_in_both_tiers(device, tmp_path):
     tiered, plain = make_pair(device, 8, "dumped")
     optimizers = {}
@@ -451,7 +441,6 @@ def test_keras_fit_trains_a_tiered_layer_table_as_a_one_tier_one():
                                   plain.predict(x, batch_size=16, verbose=0))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_a_table_within_its_budget_stays_in_the_hot_tier(device):
     # Until the hot tier fills, the hot table serves every call alone (as a one-tier table);
     # the first lookup past the budget starts moving rows.
@@ -476,8 +465,7 @@ def test_a_table_within_its_budget_stays_in_the_hot_tier(device):
 def test_t6_benchmark_movement_splits_the_counts_and_prices_the_larger_direction():
     """tf_tiered.py's per-step movement (hit rate, rows up and down, PCIe floor) from two
     sok.tier_counts readings around training lookups that move rows both ways."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                    "benchmarks", "gpu"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "gpu"))
     import tf_tiered
     dim, batch, steps = 8, 64, 6
     tiered, _ = make_pair("CPU", dim, "t6_movement", state_floats=0)
@@ -515,8 +503,7 @@ def test_t6_benchmark_times_every_form_over_whole_passes_of_the_batches():
     hit rate instead of batches another form has just brought up: every form whose lookups
     count looks up each batch once a round, and the forms' movement adds up to what the
     table counted over the timed passes."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                    "benchmarks", "gpu"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "gpu"))
     import tf_tiered
     dim, batch, loop, rounds = 8, 64, 3, 2
     tiered, _ = make_pair("CPU", dim, "t6_passes", state_floats=0)
@@ -544,7 +531,6 @@ def test_t6_benchmark_times_every_form_over_whole_passes_of_the_batches():
     assert 0 < up_in_passes <= end["moved_up"] - start["moved_up"]
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_stage_times_are_parts_of_the_lookups_measured_outside(device):
     """sok.tier_counts' seconds: the training lookups' time fits in the wall time around
     them, and the miss path's stages (take up, move down, move up) fit in it, each taking
@@ -588,7 +574,6 @@ def training_lookup(tables, keys, device):
     return {name: after[name] - before[name] for name in ("hot_hits", "moved_up", "moved_down")}
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_often_used_rows_stay_hot_while_rows_used_once_pass_through(device):
     # 100 rows of budget. Every third batch uses 30 regular keys 16 times each; every batch
     # brings 60 keys never seen before. Between two uses of the regulars 120 new rows arrive:
@@ -609,7 +594,6 @@ def test_often_used_rows_stay_hot_while_rows_used_once_pass_through(device):
     assert_same(tiered, plain, device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_rows_used_often_long_ago_give_way_as_the_hot_tier_turns_over(device):
     # A key used 64 times in one batch outranks every key used once since, until the use
     # counts have halved often enough: each time as many rows as the budget holds moved down.
@@ -631,7 +615,6 @@ def test_rows_used_often_long_ago_give_way_as_the_hot_tier_turns_over(device):
     assert_same(tiered, plain, device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_a_lookup_never_moves_its_own_rows_down(device):
     # The batch's hot rows have the lowest use counts (used once) and room for its misses
     # must be made: rows used more, not in the batch, move down instead.
@@ -647,7 +630,6 @@ def test_a_lookup_never_moves_its_own_rows_down(device):
     assert_same(tiered, plain, device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_of_rows_used_equally_often_the_newest_move_down_first(device):
     # 100 rows of budget: 50 keys arrive, then (later by more than the write stamps' 1 ms)
     # 50 more, each used once. Room for 10 new keys moves 16 rows down, all of equal count:
@@ -665,7 +647,6 @@ def test_of_rows_used_equally_often_the_newest_move_down_first(device):
     assert_same(tiered, plain, device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_the_call_after_a_lookup_that_moved_rows_down_finds_them_on_the_host(device):
     # The host table inserts the rows a lookup moved down while the step goes on; whatever
     # call comes next, it sees them there, also after a lookup of hot rows only (which does

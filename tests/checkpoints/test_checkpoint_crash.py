@@ -14,7 +14,7 @@ import pytest
 
 import sparse_operation_kit as sok
 from sparse_operation_kit import checkpoint
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, horovodrun, subprocess_env
 from multiworker.crash_tables import count_dump_steps, fill, make_tables, values_held
 
 KEYS = 2000
@@ -160,7 +160,6 @@ FILES = 4 * 3  # four tables, each with keys, rows and Adagrad's accumulator
 ])
 def test_a_worker_dying_mid_dump_leaves_one_whole_dump(tmp_path, crash_tables, dying_rank,
                                                        step_to_die, expected):
-    from test_multiworker import horovodrun  # noqa: PLC0415
 
     output = horovodrun("dump_interrupted.py", str(tmp_path), str(dying_rank), str(step_to_die),
                         expect_success=False)

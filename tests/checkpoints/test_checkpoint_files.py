@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import sparse_operation_kit as sok
+from conftest import horovodrun
 from keras_optimizers import KERAS_3, keras_optimizer
 
 
@@ -121,7 +122,6 @@ def test_truncated_or_mismatched_files_change_nothing(tmp_path):
 
 
 def test_dump_from_two_workers_loads_into_one(tmp_path):
-    from test_multiworker import horovodrun  # noqa: PLC0415
 
     output = horovodrun("dump_tables.py", str(tmp_path))
     assert output.count("DUMPED rank=") == 2

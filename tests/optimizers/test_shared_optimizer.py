@@ -47,7 +47,7 @@ def test_dynamic_table_under_wrapper_equals_tf_variable_under_the_same_optimizer
     shared = generation == "legacy" or name in LAZY_IN_NEW_KERAS
     if KERAS_3 and not shared:
         pytest.skip("no legacy optimizer to be the lazy reference under Keras 3 "
-                    "(tests/test_optimizers.py checks these rules against NumPy's)")
+                    "(tests/optimizers/test_optimizers.py checks these rules against NumPy's)")
     keras = tf.keras.optimizers.legacy if generation == "legacy" else tf.keras.optimizers
     optimizer = OPTIMIZERS[name](keras)
     wrapper = sok.OptimizerWrapper(optimizer)

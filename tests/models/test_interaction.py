@@ -5,6 +5,7 @@ import tensorflow as tf
 
 import sparse_operation_kit as sok
 from sparse_operation_kit.interaction import dot_interaction_reference
+from conftest import on
 
 
 @pytest.mark.parametrize("batch, num_features, dim", [(1, 2, 1), (5, 3, 4), (7, 27, 16),
@@ -66,3 +67,41 @@ def test_inside_tf_function_and_bad_input():
         sok.dot_interaction(tf.ones([2, 3]))
     with pytest.raises(TypeError, match="float32 or float16 features, got float64"):
         sok.dot_interaction(tf.ones([2, 3, 4], tf.float64))
+
+
+# On every device TensorFlow has here (the GPU's memory poisoned first).
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16])
+@pytest.mark.parametrize("batch, features, dim", [(5, 3, 4), (64, 27, 128), (3, 27, 512),
+                                                  (0, 4, 8), (4, 1, 6)])
+def test_interaction_matches_tf_ops(device, dtype, batch, features, dim):
+    rng = np.random.default_rng(features)
+    x = tf.constant(rng.normal(size=[batch, features, dim]), dtype)
+
+    def run():
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = sok.dot_interaction(x)
+            loss = tf.reduce_sum(tf.cast(out, tf.float32) ** 2)
+        return out, tape.gradient(loss, x)
+
+    out, grad = on(device, run)
+    x32 = tf.cast(x, tf.float32)
+    with tf.device("CPU:0"), tf.GradientTape() as tape:  # float32 matmuls (not TF32)
+        tape.watch(x32)
+        dots = tf.matmul(x32, x32, transpose_b=True)
+        lower = tf.constant(np.tril(np.ones([features, features]), -1).astype(bool))
+        ref = tf.concat([x32[:, 0], tf.boolean_mask(dots, lower, axis=1)], 1)
+        ref_loss = tf.reduce_sum(ref ** 2)
+    ref_grad = tape.gradient(ref_loss, x32)
+    tol = 1e-4 if dtype == tf.float32 else 3e-2
+    np.testing.assert_allclose(tf.cast(out, tf.float32).numpy(), ref.numpy(), rtol=tol, atol=tol * 10)
+    np.testing.assert_allclose(tf.cast(grad, tf.float32).numpy(), ref_grad.numpy(), rtol=tol,
+                               atol=tol * 100)
+
+
+# ---- bad input: the same errors on every device, nothing written
+
+
+def test_interaction_without_features_is_refused(device):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="at least one vector"):
+        on(device, lambda: sok.dot_interaction(tf.zeros([4, 0, 8])).numpy())

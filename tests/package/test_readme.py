@@ -8,9 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import subprocess_env
+from conftest import ROOT, subprocess_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md", "CHANGELOG.md", "tutorials/DLRM_Benchmark/README.md"] + sorted(
     os.path.join("docs", name) for name in os.listdir(os.path.join(ROOT, "docs"))
     if name.endswith(".md"))

@@ -1,38 +1,11 @@
 """Multi-worker tests: real Horovod workers (horovodrun --gloo) launched from the suite."""
-import os
-import subprocess
-import sys
-
 import pytest
 import tensorflow as tf
 
+from conftest import horovodrun
 from keras_optimizers import keras_2_only
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-if not os.path.exists(HOROVODRUN):  # Horovod installed with pip --target (the GPU machine)
-    HOROVODRUN = None
-LAUNCH = "import sys; from horovod.runner.launch import run_commandline; sys.exit(run_commandline())"
 NUM_GPUS = len(tf.config.list_physical_devices("GPU"))
-LAUNCHER = [HOROVODRUN] if HOROVODRUN else [sys.executable, "-c", LAUNCH]
-
-
-def horovodrun(script, *args, num_workers=2, timeout=300, expect_success=True, **env_extra):
-    """Runs `script` on `num_workers` workers (Gloo launch; on GPUs one each, exchanging
-    through NCCL); returns the combined output."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-               TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1", **env_extra)
-    command = LAUNCHER + ["-np", str(num_workers), "-H", f"localhost:{num_workers}", "--gloo",
-                          sys.executable, os.path.join(HERE, "multiworker", script), *args]
-    result = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True,
-                            timeout=timeout)
-    output = result.stdout + result.stderr
-    if expect_success:
-        assert result.returncode == 0, output[-6000:]
-    else:
-        assert result.returncode != 0, output[-3000:]
-    return output
 
 
 def assert_both_workers_pass(script, *args):

@@ -7,11 +7,16 @@ import tensorflow as tf
 
 import sparse_operation_kit as sok
 from sparse_operation_kit._ops import raw_ops
-from conftest import run_mode
+from conftest import DEVICES, run_mode
 from keras_optimizers import keras_optimizer
 
 # The read-back runs on every device here: the CPU widens in host memory, a GPU after one copy.
-DEVICES = ["CPU:0"] + (["GPU:0"] if tf.config.list_physical_devices("GPU") else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """The suite's device, named as tf.device takes it here ("CPU:0", "GPU:0")."""
+    return f"{request.param}:0"
 
 
 def packed_ids(rng, vocabs, batch, max_len=4):
@@ -38,7 +43,6 @@ def expected_features(values, splits, num_features):
         yield values[first:last], splits[batch * f:batch * (f + 1) + 1] - first
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", ["small ids, short rows", "ids beyond int32",
                                   "rows of 256 ids and more", "int32 ids", "int32 row splits"])
 def test_staged_batch_reads_back_as_its_features(case, device):
@@ -65,7 +69,6 @@ def test_staged_batch_reads_back_as_its_features(case, device):
         np.testing.assert_array_equal(made_splits[f], want_splits)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_staged_batch_of_several_megabytes(device):
     """Features of small ids cross as int32 and lengths as bytes; one of large ids as it is."""
     rng = np.random.default_rng(12)
@@ -84,7 +87,6 @@ def test_staged_batch_of_several_megabytes(device):
         np.testing.assert_array_equal(made_splits[f], want_splits)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("features, batch", [(2, 600_000), (40, 3_000)])
 def test_staged_batch_of_many_samples_or_many_features(device, features, batch):
     """Row splits summed from length bytes across hundreds of tiles of one feature (a GPU scans
@@ -101,7 +103,6 @@ def test_staged_batch_of_many_samples_or_many_features(device, features, batch):
         np.testing.assert_array_equal(made_splits[f], want_splits)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_staged_batches_read_back_in_turn_behind_busy_work(device):
     """Batches of growing and shrinking size read back one after another in one function,
     each behind a long computation on the device: each equals its own batch. (On a GPU the
@@ -273,7 +274,6 @@ def _unstage_raw(staged, plan, num_features=2, dtype=tf.int64, device="CPU:0"):
                                                   num_features=num_features, T=dtype)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_unpack_staged_features_refuses_a_bad_plan(device):
     """A staged batch made by hand, or for other tables, is refused before anything is read
     outside its bytes; the tables' count and the bad entry are named."""
@@ -315,7 +315,6 @@ def test_unpack_staged_features_checks_row_splits_on_the_cpu():
         _unstage_raw(forged, plan)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_unpack_staged_features_checks_row_splits_that_cross_as_they_are(device):
     """A feature with a sample of 256 ids or more crosses its row splits as int64; splits
     that no longer end at the feature's ids are refused on every device, naming the feature."""
@@ -366,7 +365,6 @@ def staged_training(device, init, rows_of_dynamic=None):
     return tables, tf.function(squares_step(tables, keras_optimizer("SGD", 0.1), "sum"))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bad_id", [10, 1 << 40, -3])
 def test_staged_id_out_of_range_fails_its_step_at_once_and_updates_nothing(device, bad_id):
     """An id outside its static table in a staged batch fails the step itself (checked on the
@@ -427,7 +425,6 @@ def sequence_tables(device, inits, dynamic_rows=None):
     return tables
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("form", ["packed", "staged"])
 def test_sequence_lookup_of_a_packed_batch_matches_embedding_lookup(device, form):
     """all2all_dense_embedding of a packed or staged batch: one RaggedTensor [batch, None, dim]
@@ -488,7 +485,6 @@ def sequence_step(tables, optimizer):
     return step
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
 def test_staged_sequence_batches_from_a_pipeline_train_as_the_list_form(device, optimizer):
     """Staged batches read inside the step (one a call, then a loop of steps a call) train a
@@ -515,7 +511,6 @@ def test_staged_sequence_batches_from_a_pipeline_train_as_the_list_form(device, 
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_staged_sequence_id_out_of_range_fails_its_step_and_updates_nothing(device):
     init = np.arange(40, dtype=np.float32).reshape(10, 4)
     tables = sequence_tables(device, [init, init])

@@ -4,8 +4,7 @@ import re
 import subprocess
 import sys
 
-from test_multiworker import LAUNCHER, ROOT
-from conftest import subprocess_env
+from conftest import LAUNCHER, ROOT, subprocess_env
 
 DLRM = os.path.join(ROOT, "tutorials", "DLRM_Benchmark")
 sys.path.insert(0, DLRM)

@@ -1,6 +1,6 @@
 """The CUDA build (SOK_BUILD_CUDA=1): nvcc compiles the GPU OpKernels against TensorFlow's
 headers into libsok_ops.so, and that library loads into tensorflow-cpu with a GPU kernel
-registered for every op of the static and dynamic paths (they run on the GPU machine: tests/test_devices.py
+registered for every op of the static and dynamic paths (they run on the GPU machine: tests/lookup/test_devices.py
 and benchmarks/gpu/tf_on_device.sh). Skipped where nvcc is missing; built once per TensorFlow
 version in build/tfX.Y-cuda (sm_90 only here, to keep CI quick)."""
 import json
@@ -12,7 +12,8 @@ import sys
 import pytest
 import tensorflow as tf
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT
+
 STATIC_PATH_OPS = ["Sok>PartitionKeys", "Sok>GatherShardRows", "Sok>GatherSingleIds",
                    "Sok>SplitGradientByTable", "Sok>CombineForward", "Sok>CombineFromShards",
                    "Sok>CombineBackward", "Sok>StaticApply", "Sok>DotInteraction",

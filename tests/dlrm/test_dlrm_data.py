@@ -7,8 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-DLRM = os.path.join(os.path.dirname(HERE), "tutorials", "DLRM_Benchmark")
+from conftest import ROOT
+
+DLRM = os.path.join(ROOT, "tutorials", "DLRM_Benchmark")
 sys.path.insert(0, DLRM)
 
 import criteo_format  # noqa: E402
