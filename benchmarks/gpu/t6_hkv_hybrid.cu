@@ -4,22 +4,25 @@
 // on the same keys: that script writes each variant's batches (--keys-dir) and this program
 // reads them, prefills the same keys, then times per step over the batches cycled:
 //   eval   find of the batch's keys (rows copied out);
-//   train  an SGD step of a sum loss, as a user of HierarchicalKV writes it: the batch's
-//          keys made distinct, find_or_insert of those (row addresses), each id's row
-//          gathered, each distinct row updated once by its gradient (lr x the key's count),
-//          through the addresses.
+//   train  an SGD or Adam step of a sum loss, as a user of HierarchicalKV writes it: the
+//          batch's keys made distinct, find_or_insert of those (row addresses), each id's row
+//          gathered, each distinct row updated once by its gradient (the key's count),
+//          through the addresses. With Adam, a key's two moments follow its row in its value
+//          (dim 3 x 128), as SOK keeps an optimizer's state in HierarchicalKV.
 // HierarchicalKV is built from its source (github.com/NVIDIA-Merlin/HierarchicalKV; its
 // include folder is HKV_INCLUDE). Build and run: benchmarks/gpu/t6_hkv_on_device.sh.
 //
-// Usage: t6_hkv_hybrid KEYS_FILE KEYS BATCH HBM_BYTES ROUNDS  (prints one JSON object)
+// Usage: t6_hkv_hybrid KEYS_FILE KEYS BATCH HBM_BYTES ROUNDS [sgd|adam]  (one JSON object)
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cmath>
 #include <cstdlib>
 #include <cub/cub.cuh>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "benchmarks/gpu/cuda_check.h"
@@ -28,22 +31,26 @@
 namespace {
 
 constexpr int64_t kDim = 128;
-constexpr float kLearningRate = 0.01f;
+// tf_tiered.py's optimizers: legacy Keras SGD(0.01) and Adam(0.001).
+constexpr float kSgdRate = 0.01f, kAdamRate = 0.001f, kBeta1 = 0.9f, kBeta2 = 0.999f,
+                kEpsilon = 1e-7f;
 using Hkv = nv::merlin::HashTable<uint64_t, float, uint64_t, nv::merlin::EvictStrategy::kLru>;
 
-// tf_tiered.py's key_of: index times an odd constant, spread over the int64 range.
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-__global__ void PrefillKeys(uint64_t* keys, float* values, int64_t n, int64_t first) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * kDim;
+// Keys as tf_tiered.py's key_of makes them (index times an odd constant, spread over the
+// int64 range), rows uniform in [-0.05, 0.05], state (the floats past kDim of a `width`) 0.
+__global__ void PrefillKeys(uint64_t* keys, float* values, int64_t n, int64_t first,
+                            int64_t width) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * width;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t row = i / kDim;
-    if (i % kDim == 0) {
-      keys[row] = static_cast<uint64_t>(first + row) * 0x9E3779B97F4A7C15ull;
-    }
-    values[i] = 0.05f * static_cast<float>((i * 2654435761ull) % 2001) / 1000.0f - 0.05f;
+    const int64_t row = i / width, column = i % width;
+    if (column == 0) keys[row] = static_cast<uint64_t>(first + row) * 0x9E3779B97F4A7C15ull;
+    values[i] = column < kDim
+                    ? 0.05f * static_cast<float>((i * 2654435761ull) % 2001) / 1000.0f - 0.05f
+                    : 0.0f;
   }
 }
 
@@ -65,12 +72,24 @@ __global__ void RunHeads(const uint64_t* sorted, int64_t n, int* head) {
   }
 }
 
-// Each distinct row moves by lr x its uses: the SGD step of a sum loss.
-__global__ void UpdateRows(float* const* rows, const int* uses, int64_t n, float lr) {
+// The step of a sum loss on each distinct row, its gradient the key's uses: SGD (adam_rate
+// 0), or Adam with the moments after the row and the bias-corrected rate `adam_rate`.
+__global__ void UpdateRows(float* const* rows, const int* uses, int64_t n, float adam_rate) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * kDim;
        i += int64_t{gridDim.x} * blockDim.x) {
     float* row = rows[i / kDim];
-    if (row) row[i % kDim] -= lr * static_cast<float>(uses[i / kDim]);
+    if (row == nullptr) continue;
+    const int64_t column = i % kDim;
+    const float gradient = static_cast<float>(uses[i / kDim]);
+    if (adam_rate == 0.0f) {
+      row[column] -= kSgdRate * gradient;
+      continue;
+    }
+    float& m = row[kDim + column];
+    float& v = row[2 * kDim + column];
+    m = kBeta1 * m + (1.0f - kBeta1) * gradient;
+    v = kBeta2 * v + (1.0f - kBeta2) * gradient * gradient;
+    row[column] -= adam_rate * m / (sqrtf(v) + kEpsilon);
   }
 }
 
@@ -130,7 +149,7 @@ struct TrainScratch {
 // keys made distinct (sorted, run-length encoded; the count read back, as the table's API
 // takes it from the host), find_or_insert of the distinct keys (row addresses), each id's
 // row gathered, each distinct row updated once through its address.
-void TrainStep(Hkv& table, const uint64_t* keys, int64_t n, TrainScratch& s,
+void TrainStep(Hkv& table, const uint64_t* keys, int64_t n, float adam_rate, TrainScratch& s,
                cudaStream_t stream) {
   const int count = static_cast<int>(n);
   size_t bytes = s.temp_bytes;
@@ -150,7 +169,7 @@ void TrainStep(Hkv& table, const uint64_t* keys, int64_t n, TrainScratch& s,
                        /*unique_key=*/true);
   GatherRows<<<Blocks(n * kDim), 256, 0, stream>>>(s.rows, s.run, s.position, n, s.out);
   UpdateRows<<<Blocks(distinct * kDim), 256, 0, stream>>>(s.rows, s.uses, distinct,
-                                                          kLearningRate);
+                                                          adam_rate);
 }
 
 // Median over `rounds` passes of the wall time a step of `step(batch index)` over every batch.
@@ -177,10 +196,13 @@ double MedianStepMs(Step step, int64_t batches, int rounds, cudaStream_t stream)
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    std::fprintf(stderr, "usage: %s KEYS_FILE KEYS BATCH HBM_BYTES ROUNDS\n", argv[0]);
+  const bool adam = argc == 7 && std::string(argv[6]) == "adam";
+  if ((argc != 6 && argc != 7) || (argc == 7 && !adam && std::string(argv[6]) != "sgd")) {
+    std::fprintf(stderr, "usage: %s KEYS_FILE KEYS BATCH HBM_BYTES ROUNDS [sgd|adam]\n",
+                 argv[0]);
     return 2;
   }
+  const int64_t width = adam ? 3 * kDim : kDim;  // a value's floats: the row, then Adam's state
   const int64_t keys = std::atoll(argv[2]), batch = std::atoll(argv[3]);
   const size_t hbm_bytes = std::strtoull(argv[4], nullptr, 10);
   const int rounds = std::atoi(argv[5]);
@@ -212,7 +234,7 @@ int main(int argc, char** argv) {
   nv::merlin::HashTableOptions options;
   options.init_capacity = keys;
   options.max_capacity = keys;
-  options.dim = kDim;
+  options.dim = width;
   options.max_hbm_for_vectors = hbm_bytes;
   std::fprintf(stderr, "initialising a table of %ld keys, %zu bytes of HBM for vectors\n",
                static_cast<long>(keys), hbm_bytes);
@@ -224,11 +246,11 @@ int main(int argc, char** argv) {
   uint64_t* fill_keys = nullptr;
   float* fill_values = nullptr;
   CHECK_CUDA(cudaMalloc(&fill_keys, chunk * sizeof(uint64_t)));
-  CHECK_CUDA(cudaMalloc(&fill_values, chunk * kDim * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&fill_values, chunk * width * sizeof(float)));
   const auto prefill_start = std::chrono::steady_clock::now();
   for (int64_t first = 0; first < keys; first += chunk) {
     const int64_t n = std::min(chunk, keys - first);
-    PrefillKeys<<<8192, 256, 0, stream>>>(fill_keys, fill_values, n, first);
+    PrefillKeys<<<8192, 256, 0, stream>>>(fill_keys, fill_values, n, first, width);
     table.insert_or_assign(n, fill_keys, fill_values, nullptr, stream);
     if ((first / chunk) % 8 == 7 || first + n == keys) {  // progress: the prefill is long
       CHECK_CUDA(cudaStreamSynchronize(stream));
@@ -245,23 +267,30 @@ int main(int argc, char** argv) {
 
   TrainScratch scratch(batch);
   float* eval_out = nullptr;
-  CHECK_CUDA(cudaMalloc(&eval_out, batch * kDim * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&eval_out, batch * width * sizeof(float)));
   const double eval_ms = MedianStepMs(
       [&](int64_t b) {
         table.find(batch, device_keys + b * batch, eval_out, scratch.found, nullptr, stream);
       },
       batches, rounds, stream);
   std::fprintf(stderr, "eval: %.4f ms a step\n", eval_ms);
+  int64_t step = 0;
   const double train_ms = MedianStepMs(
-      [&](int64_t b) { TrainStep(table, device_keys + b * batch, batch, scratch, stream); },
+      [&](int64_t b) {
+        ++step;  // Keras' bias-corrected rate: lr sqrt(1 - beta2^t) / (1 - beta1^t)
+        const float rate = adam ? kAdamRate * std::sqrt(1.0 - std::pow(kBeta2, step)) /
+                                      (1.0 - std::pow(kBeta1, step))
+                                : 0.0f;
+        TrainStep(table, device_keys + b * batch, batch, rate, scratch, stream);
+      },
       batches, rounds, stream);
   CHECK_CUDA(cudaGetLastError());
-  std::printf("{\"keys\": %ld, \"batch\": %ld, \"hbm_for_vectors_bytes\": %zu, "
-              "\"batches_cycled\": %ld, \"prefill_s\": %.2f, \"size_after_prefill\": %ld, "
-              "\"size_after\": %ld, \"load_factor\": %.3f, \"eval_ms\": %.4f, "
-              "\"train_ms\": %.4f}\n",
-              static_cast<long>(keys), static_cast<long>(batch), hbm_bytes,
-              static_cast<long>(batches), prefill_s.count(),
+  std::printf("{\"optimizer\": \"%s\", \"keys\": %ld, \"batch\": %ld, "
+              "\"hbm_for_vectors_bytes\": %zu, \"batches_cycled\": %ld, \"prefill_s\": %.2f, "
+              "\"size_after_prefill\": %ld, \"size_after\": %ld, \"load_factor\": %.3f, "
+              "\"eval_ms\": %.4f, \"train_ms\": %.4f}\n",
+              adam ? "adam" : "sgd", static_cast<long>(keys), static_cast<long>(batch),
+              hbm_bytes, static_cast<long>(batches), prefill_s.count(),
               static_cast<long>(size_after_prefill), static_cast<long>(table.size(stream)),
               table.load_factor(stream), eval_ms, train_ms);
   return 0;

@@ -27,9 +27,11 @@ fi
 python3 benchmarks/gpu/tf_tiered.py --variants "$VARIANTS" --rounds "$ROUNDS" \
   --keys-dir "$KEYS_DIR" ${TIERED_ARGS:-} 2>&1 | grep -v "$NOISE" | tee "$OUT/tf_tiered_bench.log"
 for name in ${VARIANTS//,/ }; do
-  read -r keys batch budget < <(python3 -c "import sys; sys.path.insert(0, 'benchmarks/gpu')
-import tf_tiered as t; k, g, b, _ = t.VARIANTS['$name']; print(k, b, int(g * t.GIB))" 2>/dev/null)
-  timeout ${HKV_TIMEOUT:-300} "$HKV_BINARY" "$KEYS_DIR/${name}_keys.bin" "$keys" "$batch" "$budget" "$ROUNDS" \
+  read -r keys batch budget optimizer < <(python3 -c "import sys
+sys.path.insert(0, 'benchmarks/gpu')
+import tf_tiered as t; k, g, b, o = t.VARIANTS['$name']; print(k, b, int(g * t.GIB), o)" 2>/dev/null)
+  timeout ${HKV_TIMEOUT:-300} "$HKV_BINARY" "$KEYS_DIR/${name}_keys.bin" "$keys" "$batch" "$budget" \
+    "$ROUNDS" "$optimizer" \
     | tee "$KEYS_DIR/${name}_hkv.json" | tee -a "$OUT/tf_tiered_bench.log"
 done
 python3 benchmarks/gpu/tf_tiered.py --merge-hkv "$KEYS_DIR" 2>&1 | grep -v "$NOISE" \
