@@ -4,7 +4,7 @@
 // once with AVX2, worked in double to within an ulp or two of the exact value (checked against
 // libm at all 2^24 radii and angles), so a row rounded to float equals libm's and the GPU's
 // but where the exact value lies within a few double ulps of a float rounding boundary (none
-// in 16M values checked; tests/test_dynamic.py compares 320,000).
+// in 16M values checked; tests/dynamic/test_dynamic.py compares 320,000).
 #pragma once
 
 #include <cmath>
