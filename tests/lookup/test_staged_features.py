@@ -10,12 +10,10 @@ from sparse_operation_kit._ops import raw_ops
 from conftest import DEVICES, run_mode
 from keras_optimizers import keras_optimizer
 
-# The read-back runs on every device here: the CPU widens in host memory, a GPU after one copy.
-
-
 @pytest.fixture(params=DEVICES)
 def device(request):
-    """The suite's device, named as tf.device takes it here ("CPU:0", "GPU:0")."""
+    """The suite's device, named as tf.device takes it here ("CPU:0", "GPU:0"): the read-back
+    runs on each, the CPU widening in host memory, a GPU after one copy."""
     return f"{request.param}:0"
 
 
