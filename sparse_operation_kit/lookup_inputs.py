@@ -259,18 +259,26 @@ def _from_input_pipeline(tensor):
 HOST_CHECK_MAX_LOOKUPS = 4
 
 
-def ids_checked_on_host(lookups):
+def ids_checked_on_host(lookups, with_row_splits=False):
     """The lookups' ids checked against their static tables in host memory, on their way to
     the GPU (Sok>CheckIdsOnHost), where every lookup's ids come from an input pipeline and
-    they are few; then no step waits for the GPU's own check. None otherwise."""
+    they are few; then no step waits for the GPU's own check. (ids, row_splits): the checked
+    ids, copied into pinned memory in the same pass so that they cross in one DMA; with
+    with_row_splits and row splits from the pipeline too, those checked and copied likewise,
+    else None. None otherwise."""
     if len(lookups) > HOST_CHECK_MAX_LOOKUPS:
         return None
     if not all(_from_input_pipeline(lookup.ids) for lookup in lookups):
         return None
+    with_row_splits = with_row_splits and all(
+        _from_input_pipeline(lookup.row_splits) for lookup in lookups)
     dtypes = {lookup.ids.dtype for lookup in lookups}
     with tf.device("CPU:0"):  # ids of one dtype checked as they are: cast (if) on the device
-        return raw_ops.sok_check_ids_on_host(
+        ids, row_splits = raw_ops.sok_check_ids_on_host(
             ids=[lookup.ids if len(dtypes) == 1 else tf.cast(lookup.ids, tf.int64)
                  for lookup in lookups],
+            row_splits=[lookup.row_splits for lookup in lookups] if with_row_splits else [],
             rows=[placement_attrs(lookup.table)[0] for lookup in lookups],
             table_names=[lookup.table.name for lookup in lookups])
+    return ids, (row_splits if with_row_splits else None)
+

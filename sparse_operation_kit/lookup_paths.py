@@ -123,8 +123,9 @@ def single_id_path(lookups, dim, ids_checked=False):
         resource_variable_ops.variable_accessed(table)
     checked = None if ids_checked else ids_checked_on_host(lookups)
     ids_checked = ids_checked or checked is not None
+    checked_ids = checked[0] if checked else None
     ids = [tf.cast(i, tf.int64)  # int64: as fused_chain
-           for i in (checked or [lookup.ids for lookup in lookups])]
+           for i in (checked_ids or [lookup.ids for lookup in lookups])]
     names = [t.name for t in tables]
     outputs, check = raw_ops.sok_gather_single_ids(
         tables=[t.handle for t in tables], ids=ids, dtype=tf.float32, dim=dim,
@@ -149,12 +150,13 @@ def pool_from_tables_path(lookups, dim, stacked=False, ids_checked=False):
         resource_variable_ops.variable_accessed(table)
     names = [t.name for t in tables]
     empty = tf.zeros([0], tf.float32)
-    checked = None if ids_checked else ids_checked_on_host(lookups)
+    checked = None if ids_checked else ids_checked_on_host(lookups, with_row_splits=True)
     ids_checked = ids_checked or checked is not None
+    ids, row_splits = checked or (None, None)
     outputs, check = raw_ops.sok_pool_from_tables(
         tables=[t.handle for t in tables],
-        ids=[tf.cast(i, tf.int64) for i in (checked or [l.ids for l in lookups])],
-        row_splits=[lookup.row_splits for lookup in lookups],
+        ids=[tf.cast(i, tf.int64) for i in (ids or [l.ids for l in lookups])],
+        row_splits=row_splits or [lookup.row_splits for lookup in lookups],
         weights=[empty if lookup.weights is None else lookup.weights for lookup in lookups],
         num_outputs=1 if stacked else len(lookups), stacked=stacked,
         combiners=[lookup.combiner for lookup in lookups], dim=dim, table_names=names)

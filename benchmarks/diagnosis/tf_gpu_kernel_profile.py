@@ -202,27 +202,34 @@ def run(name):
         profiler(False)
 
 
-def timeline(name, logdir="/tmp/sok_timeline"):
+def timeline(name):
+    import tensorflow as tf
+    sys.path.insert(0, GPU_BENCHMARKS)
+    from tf_gpu import timed
+    with tf.device("GPU:0"):
+        call = tf.function(workload(name))
+        wall_ms = min(timed(call, NO_INPUT, 10) for _ in range(3))
+        space = profiled_space(lambda: call(NO_INPUT))
+    print_timeline(name, space, wall_ms)
+
+
+def profiled_space(call, logdir="/tmp/sok_timeline"):
+    """The XSpace of PROFILE_STEPS calls of `call` under TensorFlow's profiler (CUPTI)."""
     import glob
     import shutil
     import tensorflow as tf
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    sys.path.insert(0, GPU_BENCHMARKS)
-    from tf_gpu import timed
     shutil.rmtree(logdir, ignore_errors=True)
-    with tf.device("GPU:0"):
-        call = tf.function(workload(name))
-        wall_ms = min(timed(call, NO_INPUT, 10) for _ in range(3))
-        tf.profiler.experimental.start(
-            logdir, tf.profiler.experimental.ProfilerOptions(host_tracer_level=3))
-        for _ in range(PROFILE_STEPS):
-            result = call(NO_INPUT)
-        result.numpy()
-        tf.profiler.experimental.stop()
+    tf.profiler.experimental.start(
+        logdir, tf.profiler.experimental.ProfilerOptions(host_tracer_level=3))
+    for _ in range(PROFILE_STEPS):
+        result = call()
+    result.numpy()
+    tf.profiler.experimental.stop()
     space = xplane_pb2.XSpace()
     space.ParseFromString(open(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0],
                                "rb").read())
-    print_timeline(name, space, wall_ms)
+    return space
 
 
 def plane_events(plane, keep_line):

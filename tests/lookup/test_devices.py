@@ -541,17 +541,18 @@ def test_only_a_few_lookups_ids_are_checked_on_the_host():
 
 def test_check_ids_on_host_names_the_first_bad_id():
     """Sok>CheckIdsOnHost against NumPy: in-range ids pass through unchanged (int32 and
-    int64); the first id outside [0, rows) in order is named with its table, negative ids
-    and ids of 2^40 included; attrs of the wrong length are refused."""
+    int64, copied); the first id outside [0, rows) in order is
+    named with its table, negative ids and ids of 2^40 included; attrs of the wrong length are
+    refused."""
     rng = np.random.default_rng(21)
     ids = [rng.integers(0, 1000, size=100_000).astype(np.int64),
            rng.integers(0, 7, size=37).astype(np.int32)]
     for want, rows in zip(ids, [1000, 7]):  # one dtype a call
-        got = raw_ops.sok_check_ids_on_host(ids=[want, want[::-1]], rows=[rows, rows],
-                                            table_names=["a", "b"])
+        got, splits = raw_ops.sok_check_ids_on_host(ids=[want, want[::-1]], row_splits=[],
+                                                    rows=[rows, rows], table_names=["a", "b"])
         np.testing.assert_array_equal(got[0].numpy(), want)
         np.testing.assert_array_equal(got[1].numpy(), want[::-1])
-        assert got[0].dtype == want.dtype
+        assert got[0].dtype == want.dtype and splits == []
     for bad in ([-5], [1000], [1 << 40], [1000, -1]):
         values = ids[0].copy()
         positions = sorted(rng.choice(len(values), size=len(bad), replace=False))
@@ -559,9 +560,40 @@ def test_check_ids_on_host_names_the_first_bad_id():
         first = values[positions[0]]
         with pytest.raises(tf.errors.InvalidArgumentError,
                            match=rf"id {first} of table 'a' is out of range \[0, 1000\)"):
-            raw_ops.sok_check_ids_on_host(ids=[values], rows=[1000], table_names=["a"])
-    with pytest.raises(tf.errors.InvalidArgumentError, match="one entry an input"):
-        raw_ops.sok_check_ids_on_host(ids=ids[:1] * 2, rows=[1000], table_names=["a", "b"])
+            raw_ops.sok_check_ids_on_host(ids=[values], row_splits=[], rows=[1000],
+                                          table_names=["a"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one entry a lookup"):
+        raw_ops.sok_check_ids_on_host(ids=ids[:1] * 2, row_splits=[], rows=[1000],
+                                      table_names=["a", "b"])
+
+
+def test_check_ids_on_host_checks_row_splits():
+    """Sok>CheckIdsOnHost with row splits: they pass through unchanged beside the ids; splits
+    that do not start at 0 and end at the lookup's id count, or that decrease, fail naming
+    the lookup, as the CPU's pooled lookup names them; splits for some lookups only are
+    refused."""
+    rng = np.random.default_rng(22)
+    lengths = rng.integers(0, 4, size=500)
+    splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    values = rng.integers(0, 50, size=splits[-1]).astype(np.int64)
+    ones = np.arange(11, dtype=np.int64)
+    got, got_splits = raw_ops.sok_check_ids_on_host(
+        ids=[values, ones[:10]], row_splits=[splits, ones], rows=[50, 10],
+        table_names=["a", "b"])
+    np.testing.assert_array_equal(got[0].numpy(), values)
+    np.testing.assert_array_equal(got_splits[0].numpy(), splits)
+    np.testing.assert_array_equal(got_splits[1].numpy(), ones)
+    wrong_end, decreasing = splits.copy(), splits.copy()
+    wrong_end[-1] += 1
+    decreasing[7] = decreasing[8] + 1
+    for bad, message in ((wrong_end, "lookup 1: row_splits must start at 0 and end at"),
+                         (decreasing, "lookup 1: row_splits decrease at sample")):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            raw_ops.sok_check_ids_on_host(ids=[ones[:10], values], row_splits=[ones, bad],
+                                          rows=[10, 50], table_names=["b", "a"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="none or all of the 2 lookups"):
+        raw_ops.sok_check_ids_on_host(ids=[values, values], row_splits=[splits],
+                                      rows=[50, 50], table_names=["a", "b"])
 
 
 def test_one_id_gradients_guarded_on_the_device(device, monkeypatch):

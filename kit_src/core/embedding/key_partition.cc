@@ -131,12 +131,20 @@ Status IdOutOfRange(const std::string& table_name, int64_t id, int64_t rows) {
 
 template <typename Tindex>
 Status CheckIdsInRange(const Tindex* ids, int64_t n, int64_t rows, const std::string& table_name,
-                       const ParallelFor& parallel_for) {
+                       const ParallelFor& parallel_for, Tindex* copy_to) {
   std::atomic<int64_t> first_bad{n};
   parallel_for(n, 2, [&](int64_t begin, int64_t end) {
     bool any_bad = false;  // a branch-free pass first: it vectorises
-    for (int64_t i = begin; i < end; ++i) {
-      any_bad |= static_cast<uint64_t>(static_cast<int64_t>(ids[i])) >= static_cast<uint64_t>(rows);
+    if (copy_to != nullptr) {
+      for (int64_t i = begin; i < end; ++i) {
+        const Tindex id = ids[i];
+        copy_to[i] = id;
+        any_bad |= static_cast<uint64_t>(static_cast<int64_t>(id)) >= static_cast<uint64_t>(rows);
+      }
+    } else {
+      for (int64_t i = begin; i < end; ++i) {
+        any_bad |= static_cast<uint64_t>(static_cast<int64_t>(ids[i])) >= static_cast<uint64_t>(rows);
+      }
     }
     if (!any_bad) return;
     for (int64_t i = begin; i < end; ++i) {
@@ -152,9 +160,9 @@ Status CheckIdsInRange(const Tindex* ids, int64_t n, int64_t rows, const std::st
 }
 
 template Status CheckIdsInRange<int32_t>(const int32_t*, int64_t, int64_t, const std::string&,
-                                         const ParallelFor&);
+                                         const ParallelFor&, int32_t*);
 template Status CheckIdsInRange<int64_t>(const int64_t*, int64_t, int64_t, const std::string&,
-                                         const ParallelFor&);
+                                         const ParallelFor&, int64_t*);
 
 template <typename Tindex>
 Status PartitionKeys(const std::vector<LookupIds<Tindex>>& lookups,

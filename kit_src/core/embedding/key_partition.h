@@ -49,10 +49,11 @@ struct PartitionResult {
 Status IdOutOfRange(const std::string& table_name, int64_t id, int64_t rows);
 
 // IdOutOfRange for the first of `n` ids outside [0, rows), checked in shards run by
-// `parallel_for`; OK when all are inside.
+// `parallel_for`; OK when all are inside. With copy_to, the ids are also copied there in the
+// same pass (its contents are unspecified on an error).
 template <typename Tindex>
 Status CheckIdsInRange(const Tindex* ids, int64_t n, int64_t rows, const std::string& table_name,
-                       const ParallelFor& parallel_for);
+                       const ParallelFor& parallel_for, Tindex* copy_to = nullptr);
 
 // Fills `result`. Fails with InvalidArgument naming the table, the id and the valid range
 // when an id is outside [0, rows) of its table; `result` is then unspecified.

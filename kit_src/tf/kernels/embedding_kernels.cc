@@ -457,34 +457,64 @@ class EverySampleHoldsOneIdOp : public tf::OpKernel {
   }
 };
 
-// Sok>CheckIdsOnHost: pipeline ids checked on the host before they reach a device.
+// Sok>CheckIdsOnHost: pipeline ids (and row splits) checked on the host before they reach a
+// device, copied in the same pass into pinned memory, from which their crossing is one DMA.
 class CheckIdsOnHostOp : public tf::OpKernel {
  public:
   explicit CheckIdsOnHostOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ReadAttrs(ctx, "rows", &rows_, "table_names", &table_names_));
-    OP_REQUIRES(ctx, rows_.size() == table_names_.size() &&
-                         static_cast<int>(rows_.size()) == ctx->num_inputs(),
-                tf::errors::InvalidArgument("rows and table_names need one entry an input, got ",
+    int num_splits = 0;
+    OP_REQUIRES_OK(ctx, ReadAttrs(ctx, "rows", &rows_, "table_names", &table_names_, "N",
+                                  &num_lookups_, "M", &num_splits));
+    OP_REQUIRES(ctx, static_cast<int>(rows_.size()) == num_lookups_ &&
+                         static_cast<int>(table_names_.size()) == num_lookups_,
+                tf::errors::InvalidArgument("rows and table_names need one entry a lookup, got ",
                                             rows_.size(), " and ", table_names_.size(), " for ",
-                                            ctx->num_inputs()));
+                                            num_lookups_));
+    OP_REQUIRES(ctx, num_splits == 0 || num_splits == num_lookups_,
+                tf::errors::InvalidArgument("row_splits must be given for none or all of the ",
+                                            num_lookups_, " lookups, got ", num_splits));
+    with_splits_ = num_splits > 0;
   }
+
   void Compute(tf::OpKernelContext* ctx) override {
-    for (int l = 0; l < ctx->num_inputs(); ++l) {
+    tf::AllocatorAttributes host;
+    host.set_on_host(true);
+    host.set_gpu_compatible(true);  // pinned where a GPU is present
+    for (int l = 0; l < num_lookups_; ++l) {
       const tf::Tensor& ids = ctx->input(l);
+      tf::Tensor* checked = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(l, ids.shape(), &checked, host));
       const Status status =
           ids.dtype() == tf::DT_INT32
               ? CheckIdsInRange(ids.flat<int32_t>().data(), ids.NumElements(), rows_[l],
-                                table_names_[l], CpuParallelFor(ctx))
+                                table_names_[l], CpuParallelFor(ctx), checked->flat<int32_t>().data())
               : CheckIdsInRange(ids.flat<int64_t>().data(), ids.NumElements(), rows_[l],
-                                table_names_[l], CpuParallelFor(ctx));
+                                table_names_[l], CpuParallelFor(ctx), checked->flat<int64_t>().data());
       SOK_OP_REQUIRES_OK(ctx, status);
-      ctx->set_output(l, ids);
+      if (with_splits_) CheckSplits(ctx, l, ids.NumElements(), host);
+      if (!ctx->status().ok()) return;
     }
   }
 
  private:
+  void CheckSplits(tf::OpKernelContext* ctx, int l, int64_t num_ids, tf::AllocatorAttributes host) {
+    const tf::Tensor& splits = ctx->input(num_lookups_ + l);
+    OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(splits.shape()) && splits.NumElements() >= 1,
+                tf::errors::InvalidArgument("row_splits ", l, " must be a non-empty vector, got ",
+                                            splits.shape().DebugString()));
+    SOK_OP_REQUIRES_OK(ctx, ValidateRowSplits(splits.flat<int64_t>().data(),
+                                              splits.NumElements() - 1, num_ids,
+                                              "lookup " + std::to_string(l)));
+    tf::Tensor* checked = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(num_lookups_ + l, splits.shape(), &checked, host));
+    std::memcpy(checked->flat<int64_t>().data(), splits.flat<int64_t>().data(),
+                splits.NumElements() * sizeof(int64_t));
+  }
+
   std::vector<int64_t> rows_;
   std::vector<std::string> table_names_;
+  int num_lookups_ = 0;
+  bool with_splits_ = false;
 };
 
 REGISTER_KERNEL_BUILDER(Name("Sok>EverySampleHoldsOneId").Device(tf::DEVICE_CPU),

@@ -398,17 +398,22 @@ static Status OutputsShapedAsInputs(InferenceContext* c) {
 
 REGISTER_OP("Sok>CheckIdsOnHost")
     .Input("ids: N * Tindex")
+    .Input("row_splits: M * int64")
     .Output("checked: N * Tindex")
+    .Output("checked_splits: M * int64")
     .Attr("N: int >= 1")
+    .Attr("M: int >= 0")
     .Attr("Tindex: {int32, int64}")
     .Attr("rows: list(int)")
     .Attr("table_names: list(string)")
     .SetShapeFn(OutputsShapedAsInputs)
     .Doc(R"doc(
-The ids of N lookups, in host memory on their way to a GPU, checked there: fails with the
-out-of-range error (naming table_names[i], the id and [0, rows[i])) for the first id outside
-its table, else gives the ids on (no copy). A lookup whose ids pass it need not wait for the
-GPU's own check. CPU only.
+The ids of N lookups (and, M == N, their row splits), in host memory on their way to a GPU,
+checked there: fails with the out-of-range error (naming table_names[i], the id and
+[0, rows[i])) for the first id outside its table, or with the row splits' error, else gives
+the ids (and row splits) on, copied in the same pass into memory the GPU copies from
+directly (pinned, where a GPU is present), so their crossing does not stage them through
+pageable memory. A lookup whose ids pass it need not wait for the GPU's own check. CPU only.
 )doc");
 
 REGISTER_OP("Sok>GuardIds")
