@@ -281,4 +281,3 @@ def ids_checked_on_host(lookups, with_row_splits=False):
             rows=[placement_attrs(lookup.table)[0] for lookup in lookups],
             table_names=[lookup.table.name for lookup in lookups])
     return ids, (row_splits if with_row_splits else None)
-

@@ -484,12 +484,13 @@ class CheckIdsOnHostOp : public tf::OpKernel {
       const tf::Tensor& ids = ctx->input(l);
       tf::Tensor* checked = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(l, ids.shape(), &checked, host));
-      const Status status =
-          ids.dtype() == tf::DT_INT32
-              ? CheckIdsInRange(ids.flat<int32_t>().data(), ids.NumElements(), rows_[l],
-                                table_names_[l], CpuParallelFor(ctx), checked->flat<int32_t>().data())
-              : CheckIdsInRange(ids.flat<int64_t>().data(), ids.NumElements(), rows_[l],
-                                table_names_[l], CpuParallelFor(ctx), checked->flat<int64_t>().data());
+      const Status status = ids.dtype() == tf::DT_INT32
+                                ? CheckIdsInRange(ids.flat<int32_t>().data(), ids.NumElements(),
+                                                  rows_[l], table_names_[l], CpuParallelFor(ctx),
+                                                  checked->flat<int32_t>().data())
+                                : CheckIdsInRange(ids.flat<int64_t>().data(), ids.NumElements(),
+                                                  rows_[l], table_names_[l], CpuParallelFor(ctx),
+                                                  checked->flat<int64_t>().data());
       SOK_OP_REQUIRES_OK(ctx, status);
       if (with_splits_) CheckSplits(ctx, l, ids.NumElements(), host);
       if (!ctx->status().ok()) return;
