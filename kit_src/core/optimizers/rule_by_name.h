@@ -16,6 +16,10 @@ namespace sok {
 // Hyper-parameters each rule takes (its row of kRuleTable), or -1 for an unknown rule.
 int64_t RuleHyperCount(const std::string& rule);
 
+// kRuleTable as JSON ({rule: {"hyper": [...], "slots": [...], "last_slot_if": name or
+// null}}), for Python to pack `hyper` and name the slots by (Sok>OptimizerRules).
+std::string RuleTableJson();
+
 // The rule's hyper-parameter struct from its floats h[0 .. RuleHyperCount), read by name
 // through kRuleTable, on either side: the CPU kernels build it from host memory, the GPU
 // kernels from device memory.

@@ -18,6 +18,13 @@ namespace sok {
 
 class UploadRing;  // kit_src/core/embedding/upload_ring.cuh, in GPU builds
 
+// use(splits) with a packed batch's row splits as the int32 or int64 pointer they hold.
+template <typename Use>
+auto WithRowSplits(const ::tensorflow::Tensor& row_splits, Use use) {
+  return row_splits.dtype() == ::tensorflow::DT_INT32 ? use(row_splits.flat<int32_t>().data())
+                                                      : use(row_splits.flat<int64_t>().data());
+}
+
 namespace functor {
 
 template <typename Device>

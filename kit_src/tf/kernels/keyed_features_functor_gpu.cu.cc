@@ -28,13 +28,11 @@ tf::Status KeyedFeatures<GpuDevice>::Bounds(tf::OpKernelContext* ctx,
   TF_RETURN_IF_ERROR(memory.Device(ctx, num_features + 1, &device));
   TF_RETURN_IF_ERROR(memory.Pinned(ctx, num_features + 1, &host));
   const cudaStream_t stream = GpuStream(ctx);
-  TF_RETURN_IF_ERROR(CudaToTf(
-      row_splits.dtype() == tf::DT_INT32
-          ? FeatureBoundsGpu(row_splits.flat<int32_t>().data(), batch, num_features, device,
-                             stream)
-          : FeatureBoundsGpu(row_splits.flat<int64_t>().data(), batch, num_features, device,
-                             stream),
-      "feature bounds"));
+  TF_RETURN_IF_ERROR(CudaToTf(WithRowSplits(row_splits, [&](const auto* splits) {
+                                return FeatureBoundsGpu(splits, batch, num_features, device,
+                                                        stream);
+                              }),
+                              "feature bounds"));
   TF_RETURN_IF_ERROR(CudaToTf(cudaMemcpyAsync(host, device, (num_features + 1) * sizeof(int64_t),
                                               cudaMemcpyDeviceToHost, stream),
                               "feature bounds copy"));
@@ -55,13 +53,11 @@ tf::Status KeyedFeatures<GpuDevice>::Rebase(tf::OpKernelContext* ctx,
     for (int i = 0; i < targets.count; ++i) {
       targets.out[i] = outputs[first + i]->flat<int64_t>().data();
     }
-    TF_RETURN_IF_ERROR(CudaToTf(
-        row_splits.dtype() == tf::DT_INT32
-            ? RebaseFeatureRowSplitsGpu(row_splits.flat<int32_t>().data(), batch, targets,
-                                        GpuStream(ctx))
-            : RebaseFeatureRowSplitsGpu(row_splits.flat<int64_t>().data(), batch, targets,
-                                        GpuStream(ctx)),
-        "feature row splits"));
+    TF_RETURN_IF_ERROR(CudaToTf(WithRowSplits(row_splits, [&](const auto* splits) {
+                                  return RebaseFeatureRowSplitsGpu(splits, batch, targets,
+                                                                   GpuStream(ctx));
+                                }),
+                                "feature row splits"));
   }
   return tf::Status();
 }

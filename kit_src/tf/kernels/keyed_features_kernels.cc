@@ -23,11 +23,9 @@ tf::Status KeyedFeatures<CpuDevice>::Bounds(tf::OpKernelContext*, const tf::Tens
                                             int64_t batch, int64_t num_features,
                                             std::vector<int64_t>* bounds) {
   bounds->resize(num_features + 1);
-  if (row_splits.dtype() == tf::DT_INT32) {
-    FeatureBounds(row_splits.flat<int32_t>().data(), batch, num_features, bounds->data());
-  } else {
-    FeatureBounds(row_splits.flat<int64_t>().data(), batch, num_features, bounds->data());
-  }
+  WithRowSplits(row_splits, [&](const auto* splits) {
+    FeatureBounds(splits, batch, num_features, bounds->data());
+  });
   return tf::Status();
 }
 
@@ -36,12 +34,9 @@ tf::Status KeyedFeatures<CpuDevice>::Rebase(tf::OpKernelContext*, const tf::Tens
                                             int64_t batch,
                                             const std::vector<tf::Tensor*>& outputs) {
   for (size_t f = 0; f < outputs.size(); ++f) {
-    int64_t* out = outputs[f]->flat<int64_t>().data();
-    if (row_splits.dtype() == tf::DT_INT32) {
-      RebaseFeatureRowSplits(row_splits.flat<int32_t>().data(), batch, f, out);
-    } else {
-      RebaseFeatureRowSplits(row_splits.flat<int64_t>().data(), batch, f, out);
-    }
+    WithRowSplits(row_splits, [&](const auto* splits) {
+      RebaseFeatureRowSplits(splits, batch, f, outputs[f]->flat<int64_t>().data());
+    });
   }
   return tf::Status();
 }
@@ -60,12 +55,10 @@ CompactGroup PlanCompactGroupOnHost(tf::OpKernelContext* ctx, const tf::Tensor& 
   const char* source = static_cast<const char*>(packed_values.data());
   const int64_t element = tf::DataTypeSize(packed_values.dtype());
   const bool narrowable = packed_values.dtype() == tf::DT_INT64;
-  if (row_splits.dtype() == tf::DT_INT32) {
-    return PlanCompactGroup(source, element, narrowable, row_splits.flat<int32_t>().data(),
-                            bounds, batch, first, end, id_ranges, CpuParallelFor(ctx));
-  }
-  return PlanCompactGroup(source, element, narrowable, row_splits.flat<int64_t>().data(), bounds,
-                          batch, first, end, id_ranges, CpuParallelFor(ctx));
+  return WithRowSplits(row_splits, [&](const auto* splits) {
+    return PlanCompactGroup(source, element, narrowable, splits, bounds, batch, first, end,
+                            id_ranges, CpuParallelFor(ctx));
+  });
 }
 
 void StageCompactGroupOnHost(tf::OpKernelContext* ctx, const tf::Tensor& packed_values,
@@ -73,13 +66,10 @@ void StageCompactGroupOnHost(tf::OpKernelContext* ctx, const tf::Tensor& packed_
                              int64_t batch, const CompactGroup& group, char* staged) {
   const char* source = static_cast<const char*>(packed_values.data());
   const int64_t element = tf::DataTypeSize(packed_values.dtype());
-  if (row_splits.dtype() == tf::DT_INT32) {
-    StageCompactGroup(source, element, row_splits.flat<int32_t>().data(), bounds, batch, group,
-                      staged, CpuParallelFor(ctx));
-  } else {
-    StageCompactGroup(source, element, row_splits.flat<int64_t>().data(), bounds, batch, group,
-                      staged, CpuParallelFor(ctx));
-  }
+  WithRowSplits(row_splits, [&](const auto* splits) {
+    StageCompactGroup(source, element, splits, bounds, batch, group, staged,
+                      CpuParallelFor(ctx));
+  });
 }
 
 // Every feature of a staged group widened in host memory into `layout`; with `check`, each
@@ -120,12 +110,10 @@ static tf::Status StageWholeBatch(tf::OpKernelContext* ctx, const tf::Tensor& pa
   *group = CompactestGroup(bounds, batch, element, narrowable, 0, features);
   TF_RETURN_IF_ERROR(allocate());
   char* bytes = reinterpret_cast<char*>(staged->flat<int8_t>().data());
-  const bool staged_once =
-      row_splits.dtype() == tf::DT_INT32
-          ? StageIfCompactest(source, element, narrowable, row_splits.flat<int32_t>().data(),
-                              bounds, batch, group, bytes, CpuParallelFor(ctx))
-          : StageIfCompactest(source, element, narrowable, row_splits.flat<int64_t>().data(),
-                              bounds, batch, group, bytes, CpuParallelFor(ctx));
+  const bool staged_once = WithRowSplits(row_splits, [&](const auto* splits) {
+    return StageIfCompactest(source, element, narrowable, splits, bounds, batch, group, bytes,
+                             CpuParallelFor(ctx));
+  });
   if (staged_once) return tf::Status();
   *group = PlanCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, 0, features,
                                   /*id_ranges=*/true);

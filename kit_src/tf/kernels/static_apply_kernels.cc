@@ -8,9 +8,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kit_src/core/embedding/key_partition.h"
 #include "kit_src/core/optimizers/rule_by_name.h"
-#include "kit_src/core/optimizers/sum_duplicates.h"
 #include "kit_src/tf/kernels/register_kernels.h"
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/static_apply_functor.h"
@@ -23,75 +21,10 @@ namespace tf = ::tensorflow;
 
 namespace functor {
 
-namespace {
-
-// The first bad index or gradient row of any table (before anything is written).
-tf::Status CheckUpdate(const StaticApplyArgs& args) {
-  for (const StaticApplyTableArgs& table : args.tables) {
-    for (int64_t i = 0; i < table.n; ++i) {
-      if (table.indices[i] < 0 || table.indices[i] >= table.rows) {
-        return ToTfStatus(IdOutOfRange(table.name, table.indices[i], table.rows));
-      }
-    }
-  }
-  for (const StaticApplyTableArgs& table : args.tables) {
-    for (int64_t i = 0; table.grad_rows && i < table.n; ++i) {
-      if (table.grad_rows[i] < 0 || table.grad_rows[i] >= table.grad_source_rows) {
-        return tf::errors::InvalidArgument("gradient of table ", table.name, ": grad_rows[", i,
-                                           "] = ", table.grad_rows[i], " is outside the ",
-                                           table.grad_source_rows, " rows of grads");
-      }
-    }
-  }
-  return tf::Status();
-}
-
-}  // namespace
-
 template <>
-void StaticApply<CpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticApplyArgs& args,
+void StaticApply<CpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticApplyGroup& args,
                                         std::function<void(tf::Status)> finish) {
-  const tf::Status checked = CheckUpdate(args);
-  if (!checked.ok()) return finish(checked);
-  const int64_t dim = args.dim;
-  finish(ToTfStatus(VisitRule(args.rule, args.hyper, args.hyper_count, args.nesterov,
-                              [&](const auto& rule) {
-    // Each table's duplicate ids summed, the tables in parallel (as separate ops would run).
-    const int64_t count = static_cast<int64_t>(args.tables.size());
-    std::vector<std::vector<int64_t>> unique_rows_of(count);
-    std::vector<std::vector<float>> summed_of(count);
-    int64_t uses = 0;
-    for (const StaticApplyTableArgs& table : args.tables) uses += table.n;
-    CpuParallelFor(ctx)(count, std::max<int64_t>(1, uses / count) * dim,
-                        [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const StaticApplyTableArgs& table = args.tables[t];
-        SumDuplicates(table.indices,
-                      GradientUses{table.grads, table.grad_rows, table.grad_scales}, table.n,
-                      dim, &unique_rows_of[t], &summed_of[t]);
-      }
-    });
-    for (int64_t t = 0; t < count; ++t) {
-      const StaticApplyTableArgs& table = args.tables[t];
-      const std::vector<int64_t>& unique_rows = unique_rows_of[t];
-      const std::vector<float>& summed = summed_of[t];
-      const int num_slots = static_cast<int>(table.slots.size());
-      CpuParallelFor(ctx)(unique_rows.size(), dim * 16, [&](int64_t begin, int64_t end) {
-        // The rule reads a row's state packed slot after slot: gathered here, written back.
-        std::vector<float> state(num_slots * dim);
-        for (int64_t i = begin; i < end; ++i) {
-          const int64_t row = unique_rows[i];
-          for (int s = 0; s < num_slots; ++s) {
-            std::memcpy(state.data() + s * dim, table.slots[s] + row * dim, dim * sizeof(float));
-          }
-          ApplyRule(table.table + row * dim, state.data(), summed.data() + i * dim, dim, rule);
-          for (int s = 0; s < num_slots; ++s) {
-            std::memcpy(table.slots[s] + row * dim, state.data() + s * dim, dim * sizeof(float));
-          }
-        }
-      });
-    }
-  })));
+  finish(ToTfStatus(StaticApplyOnHost(args, CpuParallelFor(ctx))));
 }
 
 template <>
@@ -193,7 +126,7 @@ class StaticApplyOp : public tf::AsyncOpKernel {
     OP_REQUIRES_OK_ASYNC(ctx, locked.Lock(ctx, resources), done);
     const int repeated = locked.FirstRepeated();
     OP_REQUIRES_ASYNC(ctx, repeated < 0, RepeatedVariable(repeated), done);
-    StaticApplyArgs args;
+    StaticApplyGroup args;
     args.rule = rule_;
     args.hyper = hyper.flat<float>().data();
     args.hyper_count = hyper.NumElements();
@@ -207,20 +140,9 @@ class StaticApplyOp : public tf::AsyncOpKernel {
     // The CPU reads the values; on the GPU they stay in device memory (no step waits for
     // them): the state the rule's type needs with any values is checked here, and the
     // kernels write nothing for values that need more (a momentum without its slot).
-    bool fits = true;
-    const auto fit = [&](const auto& rule) {
-      fits = RuleStateFloats(rule, args.dim) <= num_slots_ * args.dim;
-    };
-    OP_REQUIRES_OK_ASYNC(ctx, ToTfStatus(std::is_same<Device, CpuDevice>::value
-                                             ? VisitRule(rule_, args.hyper, args.hyper_count,
-                                                         nesterov_, fit)
-                                             : VisitRuleType(rule_, args.hyper_count, fit)),
+    OP_REQUIRES_OK_ASYNC(ctx, ToTfStatus(CheckRuleFitsSlots(
+                                  args, num_slots_, std::is_same<Device, CpuDevice>::value)),
                          done);
-    OP_REQUIRES_ASYNC(ctx, fits,
-                      tf::errors::InvalidArgument(rule_, " of table ", table_names_[0],
-                                                  " needs more optimizer state than its ",
-                                                  num_slots_, " slots hold"),
-                      done);
     functor::StaticApply<Device>()(ctx, args, [ctx, done](tf::Status status) {
       ctx->SetStatus(status);
       done();
@@ -243,7 +165,7 @@ class StaticApplyOp : public tf::AsyncOpKernel {
   // Table t's variables made writable and its inputs checked into args.tables[t]; every
   // table has the first one's width.
   tf::Status TableArgs(tf::OpKernelContext* ctx, LockedVariables* locked, int t,
-                       StaticApplyArgs* args) {
+                       StaticApplyGroup* args) {
     const std::string& name = table_names_[t];
     tf::Tensor* table = nullptr;
     TF_RETURN_IF_ERROR(locked->Writable<Device>(ctx, t, &table));
@@ -257,7 +179,7 @@ class StaticApplyOp : public tf::AsyncOpKernel {
       return tf::errors::InvalidArgument("table ", name, " is ", table->dim_size(1),
                                          " wide, the update's first table ", args->dim);
     }
-    StaticApplyTableArgs& out = args->tables[t];
+    StaticApplyTable& out = args->tables[t];
     out.name = name;
     out.table = table->flat<float>().data();
     out.rows = table->dim_size(0);
@@ -321,27 +243,6 @@ class OptimizerRulesOp : public tf::OpKernel {
     out->scalar<tf::tstring>()() = RuleTableJson();
   }
 
- private:
-  template <size_t N>
-  static std::string NameList(const char* const (&names)[N]) {
-    std::string list = "[";
-    for (size_t i = 0; i < N && names[i] != nullptr; ++i) {
-      list += std::string(i > 0 ? ", " : "") + "\"" + names[i] + "\"";
-    }
-    return list + "]";
-  }
-  static std::string RuleTableJson() {
-    std::string json = "{";
-    for (int r = 0; r < kNumRules; ++r) {
-      const RuleSpec& rule = kRuleTable[r];
-      const std::string last_slot_if =
-          rule.last_slot_if ? "\"" + std::string(rule.last_slot_if) + "\"" : "null";
-      json += std::string(r > 0 ? ", " : "") + "\"" + rule.name + "\": {\"hyper\": " +
-              NameList(rule.hypers) + ", \"slots\": " + NameList(rule.slots) +
-              ", \"last_slot_if\": " + last_slot_if + "}";
-    }
-    return json + "}";
-  }
 };
 
 REGISTER_KERNEL_BUILDER(Name("Sok>OptimizerRules").Device(tf::DEVICE_CPU), OptimizerRulesOp);

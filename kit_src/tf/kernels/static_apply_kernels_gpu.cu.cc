@@ -16,12 +16,12 @@
 
 namespace sok::functor {
 template <>
-void StaticApply<GpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticApplyArgs& args,
+void StaticApply<GpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticApplyGroup& args,
                                         std::function<void(tf::Status)> finish) {
   std::vector<SparseApplyMember> members(args.tables.size());
   int64_t uses = 0;
   for (size_t t = 0; t < args.tables.size(); ++t) {
-    const StaticApplyTableArgs& from = args.tables[t];
+    const StaticApplyTable& from = args.tables[t];
     SparseApplyMember& member = members[t];
     member.table.values = from.table;
     member.table.rows = from.rows;
@@ -61,7 +61,7 @@ void StaticApply<GpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticAp
   if (!status.ok()) return finish(status);
   const LookupCheck* host = check.host;
   std::vector<std::pair<std::string, int64_t>> tables;  // name and rows, for the error
-  for (const StaticApplyTableArgs& table : args.tables) tables.emplace_back(table.name, table.rows);
+  for (const StaticApplyTable& table : args.tables) tables.emplace_back(table.name, table.rows);
   AfterStream(ctx, memory, [host, tables, finish]() {
     if (host->first_bad == kNoError) return finish(tf::Status());
     const auto& table = tables[BadGroup(host->first_bad)];
