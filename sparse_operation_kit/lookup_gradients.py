@@ -48,7 +48,9 @@ def _placed_device(tensor):
 def _id_gradients(op, n, ids, grads, check):
     """IndexedSlices over each lookup's ids for tables op.inputs[:n], given the forward's id
     check record. No update may use a step whose ids were out of range."""
-    if _guards_ids_on_device(op) or id_checks.mode() == "deferred":
+    if op.get_attr("host_checked"):  # checked before the forward ran: nothing to guard
+        ids = [id_checks.checked(i) for i in ids]
+    elif _guards_ids_on_device(op) or id_checks.mode() == "deferred":
         # The forward's Sok>CheckGatheredIds reports the error; here, on the device, every
         # gradient id of such a step becomes -1 (Sok>GuardIds, one op for all lookups), a
         # row that every sparse update skips (Sok>StaticApply, TF's GPU scatters) or refuses

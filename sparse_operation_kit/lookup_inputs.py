@@ -251,33 +251,42 @@ def _from_input_pipeline(tensor):
     return tensor.op.type != "Placeholder" and _in_host_memory(tensor)
 
 
-# The most lookups of one call whose ids are checked on the host. The host pass over the ids
-# lies on the step's path: for one table's batch (T3) it costs less than the wait for the
-# GPU's verdict it saves; for 26 tables' (T1's list form) it cost more on an H100.
-
-
+# The most lookups of one call whose ids are checked on the host. The host pass runs beside
+# the lookup, and the step waits for the longer of the two: for one table's batch (T3) the
+# pass is the shorter; for 26 tables' (T1's list form) a serial pass cost more than the
+# GPU's own check on an H100.
 HOST_CHECK_MAX_LOOKUPS = 4
 
 
-def ids_checked_on_host(lookups, with_row_splits=False):
-    """The lookups' ids checked against their static tables in host memory, on their way to
-    the GPU (Sok>CheckIdsOnHost), where every lookup's ids come from an input pipeline and
-    they are few; then no step waits for the GPU's own check. (ids, row_splits): the checked
-    ids, copied into pinned memory in the same pass so that they cross in one DMA; with
-    with_row_splits and row splits from the pipeline too, those checked and copied likewise,
-    else None. None otherwise."""
+def host_verdict(lookups, with_row_splits=False):
+    """The lookups' ids checked against their static tables in host memory, beside the lookup
+    that reads them (Sok>CheckIdsOnHost, copy=False), where every lookup's ids come from an
+    input pipeline and they are few; then no step waits for, or runs, the GPU's own check.
+    (verdict, row_splits_checked): the check's outputs, which the lookup's outputs are to wait
+    for (after_verdict), and whether the row splits were checked too (with_row_splits and all
+    from the pipeline). (None, False) otherwise."""
     if len(lookups) > HOST_CHECK_MAX_LOOKUPS:
-        return None
+        return None, False
     if not all(_from_input_pipeline(lookup.ids) for lookup in lookups):
-        return None
+        return None, False
     with_row_splits = with_row_splits and all(
         _from_input_pipeline(lookup.row_splits) for lookup in lookups)
     dtypes = {lookup.ids.dtype for lookup in lookups}
-    with tf.device("CPU:0"):  # ids of one dtype checked as they are: cast (if) on the device
+    with tf.device("CPU:0"):  # ids of one dtype checked as they are
         ids, row_splits = raw_ops.sok_check_ids_on_host(
             ids=[lookup.ids if len(dtypes) == 1 else tf.cast(lookup.ids, tf.int64)
                  for lookup in lookups],
             row_splits=[lookup.row_splits for lookup in lookups] if with_row_splits else [],
             rows=[placement_attrs(lookup.table)[0] for lookup in lookups],
-            table_names=[lookup.table.name for lookup in lookups])
-    return ids, (row_splits if with_row_splits else None)
+            table_names=[lookup.table.name for lookup in lookups], copy=False)
+    return ids + row_splits, with_row_splits
+
+
+def after_verdict(verdict, outputs):
+    """`outputs`, available once the host's verdict passed: a bad id fails the step before
+    anything reads them (a GPU lookup reads no row outside its table meanwhile). Eagerly the
+    check has run already."""
+    if tf.executing_eagerly():
+        return outputs
+    with tf.control_dependencies([t.op for t in verdict]):
+        return [tf.identity(output) for output in outputs]

@@ -25,7 +25,7 @@ from tensorflow.python.ops import resource_variable_ops
 
 from sparse_operation_kit import communication, id_checks
 from sparse_operation_kit._ops import raw_ops
-from sparse_operation_kit.lookup_inputs import ids_checked_on_host, placement_attrs
+from sparse_operation_kit.lookup_inputs import after_verdict, host_verdict, placement_attrs
 from sparse_operation_kit.placement import DISTRIBUTED
 
 def _unique_tables(lookups):
@@ -116,25 +116,25 @@ def _combine(lookups, combine_op, position, **source):
 def single_id_path(lookups, dim, ids_checked=False):
     """Sok>GatherSingleIds: each output is its table's rows at the ids; gradients are the
     outputs' gradients as IndexedSlices over the ids, as for tf.gather. With ids checked on
-    the host (a staged batch's, or any from an input pipeline: ids_checked_on_host), the
-    device's own check is deferred, as in pool_from_tables_path."""
+    the host (a staged batch's, or any from an input pipeline: host_verdict), the device
+    checks nothing, as in pool_from_tables_path."""
     tables = [lookup.table for lookup in lookups]
     for table in {id(t): t for t in tables}.values():
         resource_variable_ops.variable_accessed(table)
-    checked = None if ids_checked else ids_checked_on_host(lookups)
-    ids_checked = ids_checked or checked is not None
-    checked_ids = checked[0] if checked else None
-    ids = [tf.cast(i, tf.int64)  # int64: as fused_chain
-           for i in (checked_ids or [lookup.ids for lookup in lookups])]
+    verdict = None if ids_checked else host_verdict(lookups)[0]
+    ids_checked = ids_checked or verdict is not None
     names = [t.name for t in tables]
     outputs, check = raw_ops.sok_gather_single_ids(
-        tables=[t.handle for t in tables], ids=ids, dtype=tf.float32, dim=dim,
-        table_names=names)
-    # Reports an out-of-range id (stateful: it runs in a tf.function even though nothing reads
-    # it); on the GPU the gather itself does not wait for that verdict, nor the step where the
-    # ids were checked on the host.
-    raw_ops.sok_check_gathered_ids(check, table_names=names,
-                                   deferred=ids_checked or id_checks.mode() == "deferred")
+        tables=[t.handle for t in tables],
+        ids=[tf.cast(lookup.ids, tf.int64) for lookup in lookups],  # int64: as fused_chain
+        dtype=tf.float32, dim=dim, table_names=names, host_checked=ids_checked)
+    if verdict is not None:
+        return after_verdict(verdict, outputs)
+    if not ids_checked:
+        # Reports an out-of-range id (stateful: it runs in a tf.function even though nothing
+        # reads it); on the GPU the gather itself does not wait for that verdict.
+        raw_ops.sok_check_gathered_ids(check, table_names=names,
+                                       deferred=id_checks.mode() == "deferred")
     return outputs
 
 
@@ -142,27 +142,30 @@ def pool_from_tables_path(lookups, dim, stacked=False, ids_checked=False):
     """Sok>PoolFromTables: each sample's weighted rows pooled straight from its table, with no
     dedup, sort or exchange, so nothing waits for the device; the gradients are IndexedSlices
     over the ids (Sok>SpreadPooledGrad), repeats summed by the update. With stacked, one
-    [batch, lookups, dim] output for all the lookups. With ids checked on the host (a staged
-    batch's, or any from an input pipeline: ids_checked_on_host), the device's own check of
-    the ids is deferred, as in the "deferred" mode: the step does not wait for it."""
+    [batch, lookups, dim] output for all the lookups. With ids and row splits checked on the
+    host (a staged batch's, or any from an input pipeline: host_verdict), the device checks
+    nothing: the step neither waits for a device check nor runs one."""
     tables = [lookup.table for lookup in lookups]
     for table in {id(t): t for t in tables}.values():
         resource_variable_ops.variable_accessed(table)
     names = [t.name for t in tables]
     empty = tf.zeros([0], tf.float32)
-    checked = None if ids_checked else ids_checked_on_host(lookups, with_row_splits=True)
-    ids_checked = ids_checked or checked is not None
-    ids, row_splits = checked or (None, None)
+    verdict, splits_checked = (None, False) if ids_checked else host_verdict(
+        lookups, with_row_splits=True)
+    ids_checked = ids_checked or splits_checked  # the ids and row splits
     outputs, check = raw_ops.sok_pool_from_tables(
         tables=[t.handle for t in tables],
-        ids=[tf.cast(i, tf.int64) for i in (ids or [l.ids for l in lookups])],
-        row_splits=row_splits or [lookup.row_splits for lookup in lookups],
+        ids=[tf.cast(lookup.ids, tf.int64) for lookup in lookups],
+        row_splits=[lookup.row_splits for lookup in lookups],
         weights=[empty if lookup.weights is None else lookup.weights for lookup in lookups],
         num_outputs=1 if stacked else len(lookups), stacked=stacked,
-        combiners=[lookup.combiner for lookup in lookups], dim=dim, table_names=names)
-    raw_ops.sok_check_gathered_ids(check, table_names=names,
-                                   deferred=ids_checked or id_checks.mode() == "deferred")
-    return outputs
+        combiners=[lookup.combiner for lookup in lookups], dim=dim, table_names=names,
+        host_checked=ids_checked)
+    if not ids_checked:  # the row splits still to check, or the ids too
+        raw_ops.sok_check_gathered_ids(check, table_names=names,
+                                       deferred=verdict is not None or
+                                       id_checks.mode() == "deferred")
+    return after_verdict(verdict, outputs) if verdict is not None else outputs
 
 
 def dynamic_direct_path(lookups, dim, training):

@@ -94,7 +94,8 @@ def on(device, fn, *args):
         return fn(*args)
 
 
-def graph_nodes(fn):
-    """The nodes of fn traced as a tf.function, its library functions' included."""
-    graph_def = tf.function(fn).get_concrete_function().graph.as_graph_def()
+def graph_nodes(fn, *input_specs):
+    """The nodes of fn traced as a tf.function (for input_specs), its library functions'
+    included."""
+    graph_def = tf.function(fn).get_concrete_function(*input_specs).graph.as_graph_def()
     return list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]

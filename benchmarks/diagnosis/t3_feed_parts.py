@@ -19,6 +19,7 @@ sys.path.insert(0, HERE)
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tensorflow.python.ops import resource_variable_ops  # noqa: E402
 
 import sparse_operation_kit as sok  # noqa: E402
 from sparse_operation_kit import lookup_inputs, lookup_paths  # noqa: E402
@@ -43,12 +44,25 @@ def forwards(tables, plain):
             return tf.add_n([tf.reduce_sum(o) for o in path(lookups_of(tables, features))])
         return forward
 
-    def cond_on_host(lookups):  # the one-id choice made from the host's row splits
+    def serial_pinned(lookups):
+        """The host check before the lookup rather than beside it: the lookup reads the ids
+        and row splits the check copied into pinned memory (one DMA each), so it waits for
+        the host's pass."""
+        for lookup in lookups:
+            resource_variable_ops.variable_accessed(lookup.table)
         with tf.device("CPU:0"):
-            one_id = raw_ops.sok_every_sample_holds_one_id(
-                row_splits=[lookup.row_splits for lookup in lookups])
-        return tf.cond(one_id, lambda: lookup_paths.single_id_path(lookups, dim),
-                       lambda: lookup_paths.pool_from_tables_path(lookups, dim))
+            ids, splits = raw_ops.sok_check_ids_on_host(
+                ids=[lookup.ids for lookup in lookups],
+                row_splits=[lookup.row_splits for lookup in lookups],
+                rows=[lookup_inputs.placement_attrs(lookup.table)[0] for lookup in lookups],
+                table_names=[lookup.table.name for lookup in lookups])
+        outputs, _ = raw_ops.sok_pool_from_tables(
+            tables=[lookup.table.handle for lookup in lookups],
+            ids=[tf.cast(i, tf.int64) for i in ids], row_splits=splits,
+            weights=[tf.zeros([0], tf.float32) for _ in lookups], num_outputs=len(lookups),
+            combiners=[lookup.combiner for lookup in lookups], dim=dim,
+            table_names=[lookup.table.name for lookup in lookups], host_checked=True)
+        return outputs
 
     def tf_plain(features):
         return tf.reduce_sum(tf.nn.embedding_lookup(plain, features[0].values))
@@ -60,18 +74,14 @@ def forwards(tables, plain):
     sok_forward = tf_vs_tbe.sok_forward(dict(pooled=True, combiner="sum"), tables)
     return {
         "sok": sok_forward,
-        "pool_host_unchecked": via(lambda l: lookup_paths.pool_from_tables_path(
-            l, dim, ids_checked=True)),
+        "serial_pinned": via(serial_pinned),
         "single": via(lambda l: lookup_paths.single_id_path(l, dim)),
-        "single_host_unchecked": via(lambda l: lookup_paths.single_id_path(
-            l, dim, ids_checked=True)),
-        "cond_on_host": via(cond_on_host),
         "tf": tf_plain,
         "tf_splits": tf_plain_splits,
     }
 
 
-TRAINED = ("sok", "single", "tf")
+TRAINED = ("sok", "serial_pinned", "single", "tf")
 
 
 def main():
@@ -107,7 +117,7 @@ def main():
 
 def timelines(steps, dataset):
     import tf_gpu_kernel_profile as profile
-    for name in ("sok", "tf", "sok_train", "tf_train"):
+    for name in ("sok", "serial_pinned", "tf", "sok_train", "tf_train"):
         (call, _), _, _ = tf_vs_tbe.iterator_feeds(steps[name], dataset)
         wall_ms = tf_vs_tbe.timed(call, 1, ITERS)
         space = profile.profiled_space(lambda: call(0))

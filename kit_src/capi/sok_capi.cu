@@ -113,16 +113,11 @@ int sok_pooled_lookup_forward(const float* table, int64_t rows, int64_t dim, con
                               int64_t nnz, int mean, float* output, int64_t* check,
                               void* stream_handle) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
-  sok::StreamScratch scratch(stream);
   sok::GpuPooledLookup lookup = PooledFromTable(table, rows, ids, offsets, weights, bags, nnz,
                                                 mean);
   lookup.output = output;
-  const sok::GpuPooledLookup* lookup_device = Upload(&scratch, lookup, stream);
-  if (lookup_device == nullptr) return static_cast<int>(cudaErrorMemoryAllocation);
-  auto* record = reinterpret_cast<sok::LookupCheck*>(check);
-  cudaError_t status = sok::ResetLookupCheck(record, stream);
-  if (status != cudaSuccess) return static_cast<int>(status);
-  return static_cast<int>(sok::PoolFromTablesGpu(lookup_device, 1, bags, dim, record, stream));
+  return static_cast<int>(sok::PoolFromTablesGpu(
+      {lookup}, dim, reinterpret_cast<sok::LookupCheck*>(check), stream));
 }
 
 // The plugin's backward and SGD step of that lookup (Sok>PooledGradShares, then Sok>StaticApply
@@ -141,13 +136,10 @@ int sok_pooled_sgd_backward(float* table, int64_t rows, int64_t dim, const int64
       scratch.Get(nnz, &lookup.use_scales) != cudaSuccess) {
     return static_cast<int>(cudaErrorMemoryAllocation);
   }
-  const sok::GpuPooledLookup* lookup_device = Upload(&scratch, lookup, stream);
   const float* hyper_device = reinterpret_cast<const float*>(
       Upload(&scratch, SgdHyperValues{lr, 0.0f}, stream));
-  if (lookup_device == nullptr || hyper_device == nullptr) {
-    return static_cast<int>(cudaErrorMemoryAllocation);
-  }
-  cudaError_t status = sok::PooledGradSharesGpu(lookup_device, 1, bags, stream);
+  if (hyper_device == nullptr) return static_cast<int>(cudaErrorMemoryAllocation);
+  cudaError_t status = sok::PooledGradSharesGpu({lookup}, stream);
   if (status != cudaSuccess) return static_cast<int>(status);
   sok::SparseApplyMember member;
   member.table = sok::SparseApplyTable{table, nullptr, rows, dim, 0};

@@ -5,6 +5,8 @@ every test then also runs with the ops placed on the GPU, checked against the sa
 references (TensorFlow's own ops, NumPy) and against the CPU kernels. GPU memory is filled
 with NaN before each run, so an output element a kernel forgets to write shows up.
 """
+import itertools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -467,15 +469,18 @@ def test_bad_id_in_a_training_step_changes_nothing(device, one_id):
 
 def test_ids_from_a_pipeline_are_checked_on_the_host(device):
     """Ids a tf.data iterator hands over in host memory are checked against their static
-    tables there, on their way to a GPU (Sok>CheckIdsOnHost; the GPU's own check is then
-    deferred, so no step waits for it): good steps train as the same steps with the ids
-    as arguments (checked on the device); a step with an id out of range fails at once,
-    naming the table and the id, and no update lands."""
+    tables there, beside the GPU's lookup, whose outputs wait for the verdict
+    (Sok>CheckIdsOnHost with their row splits, copy=False; the GPU then checks nothing,
+    neither in the lookup nor in its gradient, so no step waits for or runs a device check):
+    good steps train as the same steps with the ids as arguments (checked on the device); a
+    step with an id out of range (2^40 too, far outside the table's memory) fails, naming the
+    table and the id, and no update lands; a forward alone (an eval step) fails likewise."""
     init = np.arange(40, dtype=np.float32).reshape(10, 4)
     with tf.device(f"{device}:0"):
         tables = [sok.Variable(init, name="piped"), sok.Variable(init, name="argued")]
     optimizers = [sok.OptimizerWrapper(keras_optimizer("SGD", 0.25)) for _ in tables]
-    batches = [[1, 7, 1, 3], [2, 12, 5, 0], [9, 9, 0, 4]]  # the second holds id 12
+    bad_ids = {1: 12, 3: 1 << 40}
+    batches = [[1, 7, 1, 3], [2, 12, 5, 0], [9, 9, 0, 4], [3, 1, 1 << 40, 6], [0, 8, 2, 2]]
     rows = tf.RaggedTensor.from_row_lengths(tf.constant(sum(batches, []), tf.int64),
                                             [2, 2] * len(batches))
     dataset = tf.data.Dataset.from_tensor_slices(
@@ -489,17 +494,31 @@ def test_ids_from_a_pipeline_are_checked_on_the_host(device):
 
     piped = tf.function(lambda: step(tables[0], optimizers[0], next(iterator)))
     argued = tf.function(lambda ids: step(tables[1], optimizers[1], ids))
+    # A forward alone (an eval step): nothing but the lookup's outputs waits for the check.
+    eval_iterator = iter(dataset)
+    evaluate = tf.function(lambda: sok.lookup_sparse([tables[0]], [next(eval_iterator)],
+                                                     combiners=["sum"])[0])
     if device == "GPU":  # (the CPU's lookup checks its ids as it reads them)
-        assert any(n.op == "Sok>CheckIdsOnHost" for n in graph_nodes(piped))
+        nodes = graph_nodes(piped)
+        assert [n.attr["copy"].b for n in nodes if n.op == "Sok>CheckIdsOnHost"] == [False]
+        assert [n.attr["host_checked"].b for n in nodes if n.op == "Sok>PoolFromTables"] == [True]
+        assert not {"Sok>CheckGatheredIds", "Sok>GuardIds"} & {n.op for n in nodes}
+        ids_spec = tf.RaggedTensorSpec([2, None], tf.int64, ragged_rank=1)
+        assert any(n.op == "Sok>CheckGatheredIds" for n in graph_nodes(argued, ids_spec))
     for k, batch in enumerate(batches):
         ids = tf.RaggedTensor.from_row_lengths(tf.constant(batch, tf.int64), [2, 2])
-        if k == 1:
+        if k in bad_ids:
             before = tables[0].numpy()
-            with pytest.raises(tf.errors.InvalidArgumentError,
-                               match=r"id 12 of table 'piped:0' is out of range \[0, 10\)"):
-                on(device, piped)
+            for fn in (evaluate, piped):
+                with pytest.raises(tf.errors.InvalidArgumentError,
+                                   match=rf"id {bad_ids[k]} of table 'piped:0' is out of "
+                                         r"range \[0, 10\)"):
+                    on(device, fn)
             np.testing.assert_array_equal(tables[0].numpy(), before)
             continue
+        pairs = np.array(batch).reshape(2, 2)
+        np.testing.assert_allclose(on(device, evaluate).numpy(),
+                                   tables[0].numpy()[pairs].sum(axis=1), rtol=1e-6)
         on(device, piped)
         on(device, argued, ids)
         np.testing.assert_allclose(tables[0].numpy(), tables[1].numpy(), rtol=1e-6)
@@ -524,13 +543,13 @@ def test_only_a_few_lookups_ids_are_checked_on_the_host():
     def from_pipeline(count):
         batch = next(iterator)
         lookups = [lookup_of(t, batch.values) for t in tables[:count]]
-        checked[count] = lookup_inputs.ids_checked_on_host(lookups) is not None
+        checked[count] = lookup_inputs.host_verdict(lookups)[0] is not None
         return tf.constant(0)
 
     @tf.function
     def from_arguments(values):
-        checked["arguments"] = lookup_inputs.ids_checked_on_host(
-            [lookup_of(tables[0], values)]) is not None
+        checked["arguments"] = lookup_inputs.host_verdict(
+            [lookup_of(tables[0], values)])[0] is not None
         return tf.constant(0)
 
     for count in (1, limit, limit + 1):
@@ -553,7 +572,10 @@ def test_check_ids_on_host_names_the_first_bad_id():
         np.testing.assert_array_equal(got[0].numpy(), want)
         np.testing.assert_array_equal(got[1].numpy(), want[::-1])
         assert got[0].dtype == want.dtype and splits == []
-    for bad in ([-5], [1000], [1 << 40], [1000, -1]):
+    checked, _ = raw_ops.sok_check_ids_on_host(ids=ids[:1], row_splits=[], rows=[1000],
+                                               table_names=["a"], copy=False)
+    assert checked[0].shape == [0]  # the check alone
+    for bad, copy in itertools.product(([-5], [1000], [1 << 40], [1000, -1]), (True, False)):
         values = ids[0].copy()
         positions = sorted(rng.choice(len(values), size=len(bad), replace=False))
         values[positions] = bad
@@ -561,10 +583,34 @@ def test_check_ids_on_host_names_the_first_bad_id():
         with pytest.raises(tf.errors.InvalidArgumentError,
                            match=rf"id {first} of table 'a' is out of range \[0, 1000\)"):
             raw_ops.sok_check_ids_on_host(ids=[values], row_splits=[], rows=[1000],
-                                          table_names=["a"])
+                                          table_names=["a"], copy=copy)
     with pytest.raises(tf.errors.InvalidArgumentError, match="one entry a lookup"):
         raw_ops.sok_check_ids_on_host(ids=ids[:1] * 2, row_splits=[], rows=[1000],
                                       table_names=["a", "b"])
+
+
+def test_check_alone_runs_in_a_function_where_only_control_edges_read_it():
+    """Sok>CheckIdsOnHost with copy=False gives empty outputs, which lookup_sparse reads only
+    through control dependencies: in a tf.function (Grappler's rewrites included) a bad id
+    from a pipeline still fails the step, and good ids pass."""
+    ids = tf.constant([[1, 2], [3, 99], [4, 5]], tf.int64)
+    iterator = iter(tf.data.Dataset.from_tensor_slices(ids))
+
+    @tf.function
+    def step():
+        batch = next(iterator)
+        splits = tf.constant([0, 1, 2], tf.int64)
+        with tf.device("CPU:0"):
+            checked, checked_splits = raw_ops.sok_check_ids_on_host(
+                ids=[batch], row_splits=[splits], rows=[10], table_names=["t"], copy=False)
+        with tf.control_dependencies([t.op for t in checked + checked_splits]):
+            return tf.identity(tf.reduce_sum(batch))
+
+    assert step().numpy() == 3
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"id 99 of table 't' is out of range \[0, 10\)"):
+        step()
+    assert step().numpy() == 9
 
 
 def test_check_ids_on_host_checks_row_splits():
@@ -580,17 +626,22 @@ def test_check_ids_on_host_checks_row_splits():
     got, got_splits = raw_ops.sok_check_ids_on_host(
         ids=[values, ones[:10]], row_splits=[splits, ones], rows=[50, 10],
         table_names=["a", "b"])
+    _, alone = raw_ops.sok_check_ids_on_host(
+        ids=[values, ones[:10]], row_splits=[splits, ones], rows=[50, 10],
+        table_names=["a", "b"], copy=False)
+    assert [s.shape for s in alone] == [[0], [0]]
     np.testing.assert_array_equal(got[0].numpy(), values)
     np.testing.assert_array_equal(got_splits[0].numpy(), splits)
     np.testing.assert_array_equal(got_splits[1].numpy(), ones)
     wrong_end, decreasing = splits.copy(), splits.copy()
     wrong_end[-1] += 1
     decreasing[7] = decreasing[8] + 1
-    for bad, message in ((wrong_end, "lookup 1: row_splits must start at 0 and end at"),
-                         (decreasing, "lookup 1: row_splits decrease at sample")):
+    for (bad, message), copy in itertools.product(
+            ((wrong_end, "lookup 1: row_splits must start at 0 and end at"),
+             (decreasing, "lookup 1: row_splits decrease at sample")), (True, False)):
         with pytest.raises(tf.errors.InvalidArgumentError, match=message):
             raw_ops.sok_check_ids_on_host(ids=[ones[:10], values], row_splits=[ones, bad],
-                                          rows=[10, 50], table_names=["b", "a"])
+                                          rows=[10, 50], table_names=["b", "a"], copy=copy)
     with pytest.raises(tf.errors.InvalidArgumentError, match="none or all of the 2 lookups"):
         raw_ops.sok_check_ids_on_host(ids=[values, values], row_splits=[splits],
                                       rows=[50, 50], table_names=["a", "b"])

@@ -192,6 +192,59 @@ def test_raw_ops_match_numpy(stacked):
         np.testing.assert_allclose(id_grads[l].numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("host_checked", [False, True])
+def test_lookups_beyond_one_gpu_launch_match_numpy(host_checked):
+    """40 lookups (the GPU pools 16 a launch, their descriptors in the kernel's parameters):
+    each output, its gradient rows and its shares as NumPy's, the check record clean or, with
+    host_checked (ids and row splits checked on the host), empty; a bad id or row splits in
+    a later launch's lookup still named by that lookup."""
+    rng = np.random.default_rng(40)
+    n, dim, batch = 40, 4, 6
+    inits = [rng.normal(size=[int(v), dim]).astype(np.float32)
+             for v in rng.integers(3, 20, size=n)]
+    tables = [tf.Variable(i) for i in inits]
+    batches = [ragged(rng, len(i), batch)[0] for i in inits]
+    combiners = [COMBINERS[l % 3] for l in range(n)]
+    args = dict(row_splits=[b.row_splits for b in batches], weights=[tf.zeros([0])] * n,
+                combiners=combiners, dim=dim)
+    outs, check = raw_ops.sok_pool_from_tables(
+        tables=[t.handle for t in tables], ids=[b.values for b in batches], num_outputs=n,
+        table_names=[f"t{l}" for l in range(n)], host_checked=host_checked, **args)
+    assert check.shape == ([0] if host_checked else [3])
+    if not host_checked:
+        assert check.numpy()[0] == -1  # a clean record: no error
+    grads = [rng.normal(size=[batch, dim]).astype(np.float32) for _ in range(n)]
+    id_grads = raw_ops.sok_spread_pooled_grad(output_grads=grads,
+                                              ids=[b.values for b in batches], **args)
+    use_rows, use_scales = raw_ops.sok_pooled_grad_shares(
+        ids=[b.values for b in batches], num_outputs=n, **args)
+    for l, b in enumerate(batches):
+        ids, splits = b.values.numpy(), b.row_splits.numpy()
+        ref = numpy_pool(inits[l], ids, splits, None, combiners[l])
+        np.testing.assert_allclose(outs[l].numpy(), ref, rtol=1e-5, atol=1e-6)
+        sample = np.repeat(np.arange(batch), np.diff(splits))
+        np.testing.assert_array_equal(use_rows[l].numpy(), sample)
+        np.testing.assert_allclose(id_grads[l].numpy(),
+                                   use_scales[l].numpy()[:, None] * grads[l][sample],
+                                   rtol=1e-5, atol=1e-6)
+    if host_checked:
+        return
+    names = [f"t{l}" for l in range(n)]
+    splits = args.pop("row_splits")
+    bad_ids = [b.values for b in batches]
+    bad_ids[33] = tf.concat([[99], bad_ids[33][1:]], 0)
+    bad_splits = list(splits)
+    bad_splits[21] = tf.concat([[1], splits[21][1:]], 0)
+    for ids, row_splits, message in ((bad_ids, splits, r"id 99 of table 't33'"),
+                                     ([b.values for b in batches], bad_splits,
+                                      "lookup 21: row_splits must start at 0")):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            _, check = raw_ops.sok_pool_from_tables(  # the CPU fails here, the GPU below
+                tables=[t.handle for t in tables], ids=ids, row_splits=row_splits,
+                num_outputs=n, table_names=names, **args)
+            raw_ops.sok_check_gathered_ids(check, table_names=names)
+
+
 def test_out_of_range_id_is_refused_and_updates_nothing(pooled_path):
     table = sok.Variable(np.ones([10, 4], np.float32), name="users")
     before = table.numpy()

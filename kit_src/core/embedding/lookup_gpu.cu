@@ -198,7 +198,9 @@ __global__ void GatherSingleIdsKernel(const __grid_constant__ GpuSingleIdBatch b
     const int64_t id = ReadId(lookup.ids, ids64, j);
     float* out = lookup.output + j * dim;
     if (id < 0 || id >= lookup.table.rows) {
-      if (lane == 0) RecordBad(check, EncodeBad(batch.first_group + l, BadKind::kBadId, j));
+      if (lane == 0 && check != nullptr) {
+        RecordBad(check, EncodeBad(batch.first_group + l, BadKind::kBadId, j));
+      }
       ZeroRow<kVec>(out, dim, lane, group);
     } else {
       CopyRow<kVec>(lookup.table.data + id * dim, out, dim, lane, group);
@@ -316,14 +318,23 @@ __global__ void CheckLookupHeaders(const GpuPooledLookup* lookups, int32_t num_l
   if (offset != positions) RecordBad(check, EncodeBad(num_lookups, BadKind::kPositionsLeft, 0));
 }
 
-__global__ void CheckRowSplitsKernel(const GpuPooledLookup* lookups, int32_t num_lookups,
-                                     int64_t samples, LookupCheck* check) {
+// Records the first sample whose row splits decrease (lookup = first_group + its index).
+__device__ __forceinline__ void CheckRowSplitsOf(const GpuPooledLookup* lookups,
+                                                 int32_t num_lookups, int64_t samples,
+                                                 int32_t first_group, LookupCheck* check) {
   for (int64_t g = GlobalThread(); g < samples; g += GridThreads()) {
     const int32_t l = FindSampleLookup(lookups, num_lookups, g);
     const int64_t s = g - lookups[l].first_sample;
     const int64_t* splits = lookups[l].row_splits;
-    if (splits[s + 1] < splits[s]) RecordBad(check, EncodeBad(l, BadKind::kRowSplitsDecrease, s));
+    if (splits[s + 1] < splits[s]) {
+      RecordBad(check, EncodeBad(first_group + l, BadKind::kRowSplitsDecrease, s));
+    }
   }
+}
+
+__global__ void CheckRowSplitsKernel(const GpuPooledLookup* lookups, int32_t num_lookups,
+                                     int64_t samples, LookupCheck* check) {
+  CheckRowSplitsOf(lookups, num_lookups, samples, 0, check);
 }
 
 __device__ __forceinline__ float Denominator(const GpuPooledLookup& lookup, int64_t begin,
@@ -348,23 +359,23 @@ __device__ __forceinline__ float IdScale(const GpuPooledLookup& lookup, int64_t 
   return denominator == 0.0f ? 0.0f : (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
 }
 
-// A sample of a backward pass: its lookup l, its index s there, its ids [begin, end) clamped to
-// the lookup's ids (row splits the forward found bad must not make the backward write outside
-// its buffers) and their denominator.
-struct BackwardSample {
+// A sample of a lookup pooled from its table: its lookup l, its index s there, its ids
+// [begin, end) clamped to the lookup's ids (row splits found bad, or checked on the host
+// alone, must not make a kernel read or write outside its buffers) and their denominator.
+struct PooledSample {
   int32_t l;
   int64_t s, begin, end;
   float denominator;
 };
 
-__device__ __forceinline__ BackwardSample LocateBackwardSample(const GpuPooledLookup* lookups,
-                                                               int32_t num_lookups, int64_t g) {
-  BackwardSample sample;
+__device__ __forceinline__ PooledSample LocateSample(const GpuPooledLookup* lookups,
+                                                     int32_t num_lookups, int64_t g) {
+  PooledSample sample;
   sample.l = FindSampleLookup(lookups, num_lookups, g);
   const GpuPooledLookup& lookup = lookups[sample.l];
   sample.s = g - lookup.first_sample;
   sample.begin = max(lookup.row_splits[sample.s], int64_t{0});
-  sample.end = min(lookup.row_splits[sample.s + 1], lookup.ids_count);
+  sample.end = max(min(lookup.row_splits[sample.s + 1], lookup.ids_count), sample.begin);
   sample.denominator = Denominator(lookup, sample.begin, sample.end);
   return sample;
 }
@@ -383,13 +394,13 @@ __device__ __forceinline__ const float* SourceRow(const GpuRowSource& source, in
   return row;
 }
 
-// The row of id i of a lookup pooled straight from its table, or null (recorded) when the
-// id is outside the table.
+// The row of id i of a lookup pooled straight from its table, or null (recorded, where there
+// is a record) when the id is outside the table.
 __device__ __forceinline__ const float* TableRow(const GpuPooledLookup& lookup, int64_t i,
                                                  int64_t dim, int32_t l, LookupCheck* check) {
   const int64_t id = lookup.ids[i];
   if (id < 0 || id >= lookup.table.rows) {
-    RecordBad(check, EncodeBad(l, BadKind::kBadId, i));
+    if (check != nullptr) RecordBad(check, EncodeBad(l, BadKind::kBadId, i));
     return nullptr;
   }
   return lookup.table.data + id * dim;
@@ -430,11 +441,10 @@ __global__ void PoolKernel(const GpuPooledLookup* lookups, int32_t num_lookups, 
   }
 }
 
-// Pooling straight from the tables. The lookups' descriptors are staged in shared memory (the
-// per-sample search over them is otherwise a chain of dependent global loads), and each lane
-// holds kChunks vectors of a row and reads kIdsAhead ids' rows before adding them, so that
-// several loads are in flight where a sample holds one id or few.
-constexpr int kMaxSharedLookups = 64;
+// Pooling straight from the tables. The batch's descriptors are staged in shared memory from
+// the parameters (the per-sample search over them is otherwise a chain of dependent loads),
+// and each lane holds kChunks vectors of a row and reads kIdsAhead ids' rows before adding
+// them, so that several loads are in flight where a sample holds one id or few.
 constexpr int kChunks = 4;
 constexpr int kIdsAhead = 4;
 
@@ -444,33 +454,32 @@ int TableRowGroup(int64_t dim, int vector) {
   return RowLanes((width + kChunks - 1) / kChunks);
 }
 
-// The block's view of the lookups: shared memory when they fit (all threads must call it).
-__device__ __forceinline__ const GpuPooledLookup* StageLookups(const GpuPooledLookup* lookups,
-                                                               int32_t num_lookups,
+// The block's copy of a batch's lookups (all threads must call it).
+__device__ __forceinline__ const GpuPooledLookup* StageLookups(const GpuPooledBatch& batch,
                                                                GpuPooledLookup* shared) {
-  if (num_lookups > kMaxSharedLookups) return lookups;
-  for (int32_t l = threadIdx.x; l < num_lookups; l += blockDim.x) shared[l] = lookups[l];
+  for (int32_t l = threadIdx.x; l < batch.count; l += blockDim.x) shared[l] = batch.items[l];
   __syncthreads();
   return shared;
 }
 
 template <int kVec>
-__global__ void __launch_bounds__(kThreads, 3) PoolFromTablesKernel(const GpuPooledLookup* global_lookups, int32_t num_lookups,
-                                     int64_t samples, int64_t dim, int group,
-                                     LookupCheck* check) {
-  __shared__ GpuPooledLookup shared[kMaxSharedLookups];
-  if (CheckFailed(check)) return;  // the same verdict for every thread: earlier kernels wrote it
-  const GpuPooledLookup* lookups = StageLookups(global_lookups, num_lookups, shared);
+__global__ void __launch_bounds__(kThreads, 3)
+    PoolFromTablesKernel(const __grid_constant__ GpuPooledBatch batch, int64_t dim, int group,
+                         LookupCheck* check) {
+  __shared__ GpuPooledLookup shared[kPooledBatch];
+  // The same verdict for every thread: earlier kernels wrote it.
+  if (check != nullptr && CheckFailed(check)) return;
+  const GpuPooledLookup* lookups = StageLookups(batch, shared);
   using V = typename Vec<kVec>::type;
   const int lane = threadIdx.x % group;
   const int64_t span = int64_t{group} * kVec * kChunks;  // a row's floats one pass covers
-  for (int64_t g = GlobalThread() / group; g < samples; g += GridThreads() / group) {
-    const int32_t l = FindSampleLookup(lookups, num_lookups, g);
+  for (int64_t g = GlobalThread() / group; g < batch.total; g += GridThreads() / group) {
+    const PooledSample sample = LocateSample(lookups, batch.count, g);
+    const int32_t l = sample.l;
     const GpuPooledLookup& lookup = lookups[l];
-    const int64_t s = g - lookup.first_sample;
-    const int64_t begin = lookup.row_splits[s], end = lookup.row_splits[s + 1];
-    const float denominator = Denominator(lookup, begin, end);
-    float* out = lookup.output + s * Stride(lookup, dim);
+    const int64_t begin = sample.begin, end = sample.end;
+    const float denominator = sample.denominator;
+    float* out = lookup.output + sample.s * Stride(lookup, dim);
     for (int64_t first = 0; first < dim; first += span) {
       V acc[kChunks];
 #pragma unroll
@@ -481,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, 3) PoolFromTablesKernel(const GpuPoo
 #pragma unroll
         for (int u = 0; u < kIdsAhead; ++u) {
           const int64_t i = i0 + u;
-          rows[u] = i < end ? TableRow(lookup, i, dim, l, check) : nullptr;
+          rows[u] = i < end ? TableRow(lookup, i, dim, batch.first_group + l, check) : nullptr;
           scales[u] = rows[u] == nullptr ? 0.0f
                       : (lookup.weights ? lookup.weights[i] : 1.0f) / denominator;
         }
@@ -506,20 +515,26 @@ __global__ void __launch_bounds__(kThreads, 3) PoolFromTablesKernel(const GpuPoo
   }
 }
 
-// Each lookup's row_splits against its ids: start at 0, end at ids_count.
-__global__ void CheckTableLookupHeaders(const GpuPooledLookup* lookups, int32_t num_lookups,
-                                        LookupCheck* check) {
-  for (int32_t l = GlobalThread(); l < num_lookups; l += GridThreads()) {
-    const GpuPooledLookup& lookup = lookups[l];
+// Each batch lookup's row_splits against its ids: start at 0, end at ids_count, and never
+// decrease.
+__global__ void CheckPooledBatchKernel(const __grid_constant__ GpuPooledBatch batch,
+                                       LookupCheck* check) {
+  const int64_t l = GlobalThread();
+  if (l < batch.count) {
+    const GpuPooledLookup& lookup = batch.items[l];
     if (lookup.row_splits[0] != 0 || lookup.row_splits[lookup.batch] != lookup.ids_count) {
-      RecordBad(check, EncodeBad(l, BadKind::kRowSplitsEnds, 0));
+      RecordBad(check, EncodeBad(batch.first_group + l, BadKind::kRowSplitsEnds, 0));
     }
   }
+  CheckRowSplitsOf(batch.items, batch.count, batch.total, batch.first_group, check);
 }
 
-__global__ void DescribeTableLookupError(const GpuPooledLookup* lookups, LookupCheck* check) {
+__global__ void DescribeTableLookupError(const __grid_constant__ GpuPooledBatch batch,
+                                         LookupCheck* check) {
   if (check->first_bad == kNoError) return;
-  const GpuPooledLookup& lookup = lookups[BadGroup(check->first_bad)];
+  const int64_t l = BadGroup(check->first_bad) - batch.first_group;
+  if (l < 0 || l >= batch.count) return;
+  const GpuPooledLookup& lookup = batch.items[l];
   if (BadKindOf(check->first_bad) == BadKind::kBadId) {
     check->value_a = lookup.ids[BadItem(check->first_bad)];
     check->value_b = lookup.table.rows;
@@ -530,15 +545,17 @@ __global__ void DescribeTableLookupError(const GpuPooledLookup* lookups, LookupC
 }
 
 template <int kVec>
-__global__ void __launch_bounds__(kThreads, 4) SpreadPooledGradKernel(const GpuPooledLookup* global_lookups, int32_t num_lookups,
-                                       int64_t samples, int64_t dim, int group) {
-  __shared__ GpuPooledLookup shared[kMaxSharedLookups];
-  const GpuPooledLookup* lookups = StageLookups(global_lookups, num_lookups, shared);
+__global__ void __launch_bounds__(kThreads, 4)
+    SpreadPooledGradKernel(const __grid_constant__ GpuPooledBatch batch, int64_t dim, int group) {
+  __shared__ GpuPooledLookup shared[kPooledBatch];
+  const GpuPooledLookup* lookups = StageLookups(batch, shared);
+  const int32_t num_lookups = batch.count;
+  const int64_t samples = batch.total;
   using V = typename Vec<kVec>::type;
   const int lane = threadIdx.x % group;
   const int64_t span = int64_t{group} * kVec * kChunks;
   for (int64_t g = GlobalThread() / group; g < samples; g += GridThreads() / group) {
-    const BackwardSample sample = LocateBackwardSample(lookups, num_lookups, g);
+    const PooledSample sample = LocateSample(lookups, num_lookups, g);
     const GpuPooledLookup& lookup = lookups[sample.l];
     const float* grad = lookup.output_grad + sample.s * Stride(lookup, dim);
     for (int64_t first = 0; first < dim; first += span) {
@@ -562,11 +579,10 @@ __global__ void __launch_bounds__(kThreads, 4) SpreadPooledGradKernel(const GpuP
 }
 
 // One thread a sample: its ids' gradient rows and scales.
-__global__ void PooledGradSharesKernel(const GpuPooledLookup* lookups, int32_t num_lookups,
-                                       int64_t samples) {
-  for (int64_t g = GlobalThread(); g < samples; g += GridThreads()) {
-    const BackwardSample sample = LocateBackwardSample(lookups, num_lookups, g);
-    const GpuPooledLookup& lookup = lookups[sample.l];
+__global__ void PooledGradSharesKernel(const __grid_constant__ GpuPooledBatch batch) {
+  for (int64_t g = GlobalThread(); g < batch.total; g += GridThreads()) {
+    const PooledSample sample = LocateSample(batch.items, batch.count, g);
+    const GpuPooledLookup& lookup = batch.items[sample.l];
     const int64_t row = lookup.share_row_first + sample.s * lookup.share_row_step;
     for (int64_t i = sample.begin; i < sample.end; ++i) {
       lookup.use_rows[i] = row;
@@ -936,37 +952,69 @@ cudaError_t CombineForwardGpu(const GpuPooledLookup* lookups_device, int32_t num
   });
 }
 
-cudaError_t PoolFromTablesGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
-                              int64_t samples, int64_t dim, LookupCheck* check,
-                              cudaStream_t stream) {
-  CheckTableLookupHeaders<<<1, 32, 0, stream>>>(lookups_device, num_lookups, check);
-  if (samples > 0) {
-    CheckRowSplitsKernel<<<GridBlocks(samples, kThreads), kThreads, 0, stream>>>(
-        lookups_device, num_lookups, samples, check);
+namespace {
+
+// The lookups kPooledBatch a batch, each one's first sample counted from its batch's.
+std::vector<GpuPooledBatch> PooledBatches(const std::vector<GpuPooledLookup>& lookups) {
+  std::vector<GpuPooledBatch> batches((lookups.size() + kPooledBatch - 1) / kPooledBatch);
+  for (size_t l = 0; l < lookups.size(); ++l) {
+    GpuPooledBatch& batch = batches[l / kPooledBatch];
+    batch.first_group = static_cast<int32_t>(l - l % kPooledBatch);
+    GpuPooledLookup& item = batch.items[batch.count++];
+    item = lookups[l];
+    item.first_sample = batch.total;
+    batch.total += item.batch;
+  }
+  return batches;
+}
+
+}  // namespace
+
+cudaError_t PoolFromTablesGpu(const std::vector<GpuPooledLookup>& lookups, int64_t dim,
+                              LookupCheck* check, cudaStream_t stream) {
+  const std::vector<GpuPooledBatch> batches = PooledBatches(lookups);
+  if (check != nullptr) {
+    ResetCheckKernel<<<1, 1, 0, stream>>>(check, nullptr);
+    for (const GpuPooledBatch& batch : batches) {
+      const int64_t threads = std::max<int64_t>(batch.total, batch.count);
+      CheckPooledBatchKernel<<<GridBlocks(threads, kThreads), kThreads, 0, stream>>>(batch,
+                                                                                      check);
+    }
+  }
+  for (const GpuPooledBatch& batch : batches) {
     const cudaError_t status =
-        LaunchRowGroups(samples, dim, TableRowGroup, [&](auto vec, int grid, int group) {
-          PoolFromTablesKernel<vec.value><<<grid, kThreads, 0, stream>>>(
-              lookups_device, num_lookups, samples, dim, group, check);
+        LaunchRowGroups(batch.total, dim, TableRowGroup, [&](auto vec, int grid, int group) {
+          PoolFromTablesKernel<vec.value><<<grid, kThreads, 0, stream>>>(batch, dim, group,
+                                                                          check);
         });
     if (status != cudaSuccess) return status;
   }
-  DescribeTableLookupError<<<1, 1, 0, stream>>>(lookups_device, check);
+  if (check != nullptr) {
+    for (const GpuPooledBatch& batch : batches) {
+      DescribeTableLookupError<<<1, 1, 0, stream>>>(batch, check);
+    }
+  }
   return cudaGetLastError();
 }
 
-cudaError_t SpreadPooledGradGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
-                                int64_t samples, int64_t dim, cudaStream_t stream) {
-  return LaunchRowGroups(samples, dim, TableRowGroup, [&](auto vec, int grid, int group) {
-    SpreadPooledGradKernel<vec.value><<<grid, kThreads, 0, stream>>>(
-        lookups_device, num_lookups, samples, dim, group);
-  });
+cudaError_t SpreadPooledGradGpu(const std::vector<GpuPooledLookup>& lookups, int64_t dim,
+                                cudaStream_t stream) {
+  for (const GpuPooledBatch& batch : PooledBatches(lookups)) {
+    const cudaError_t status =
+        LaunchRowGroups(batch.total, dim, TableRowGroup, [&](auto vec, int grid, int group) {
+          SpreadPooledGradKernel<vec.value><<<grid, kThreads, 0, stream>>>(batch, dim, group);
+        });
+    if (status != cudaSuccess) return status;
+  }
+  return cudaSuccess;
 }
 
-cudaError_t PooledGradSharesGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
-                                int64_t samples, cudaStream_t stream) {
-  if (samples == 0) return cudaSuccess;
-  PooledGradSharesKernel<<<GridBlocks(samples, kThreads), kThreads, 0, stream>>>(
-      lookups_device, num_lookups, samples);
+cudaError_t PooledGradSharesGpu(const std::vector<GpuPooledLookup>& lookups,
+                                cudaStream_t stream) {
+  for (const GpuPooledBatch& batch : PooledBatches(lookups)) {
+    if (batch.total == 0) continue;
+    PooledGradSharesKernel<<<GridBlocks(batch.total, kThreads), kThreads, 0, stream>>>(batch);
+  }
   return cudaGetLastError();
 }
 

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "kit_src/core/embedding/lookup_check.h"
 
@@ -131,12 +132,12 @@ struct GpuSingleIdLookup {
 // Up to kSingleIdBatch items of the one-id path travel by value in a kernel's parameters:
 // nothing to upload to device memory, nothing to hold until the stream has passed.
 constexpr int kSingleIdBatch = 32;
-template <typename Item>
+template <typename Item, int kCapacity = kSingleIdBatch>
 struct GpuBatch {
-  Item items[kSingleIdBatch];  // each item's `first` counts from this batch's first id
-  int32_t count = 0;           // items in the batch
-  int32_t first_group = 0;     // the first one's index among all lookups (the check's group)
-  int64_t total = 0;           // the batch's ids
+  Item items[kCapacity];     // each item's `first` counts from this batch's first id
+  int32_t count = 0;         // items in the batch
+  int32_t first_group = 0;   // the first one's index among all lookups (the check's group)
+  int64_t total = 0;         // the batch's ids (samples, for pooled lookups)
 };
 using GpuSingleIdBatch = GpuBatch<GpuSingleIdLookup>;
 
@@ -149,7 +150,7 @@ struct GpuIdCopy {
 };
 
 // Each batch lookup's output row i = table row ids[i]; an id outside the table gives a zero
-// row and is recorded (group = first_group + lookup, kBadId).
+// row and is recorded (group = first_group + lookup, kBadId) where check is not null.
 cudaError_t GatherSingleIdsGpu(const GpuSingleIdBatch& batch, bool ids64, int64_t dim,
                                LookupCheck* check, cudaStream_t stream);
 
@@ -262,24 +263,32 @@ cudaError_t CombineBackwardGpu(const GpuPooledLookup* lookups_device, int32_t nu
                                const DeviceAllocate& allocate, float* rows_grad,
                                LookupCheck* check, cudaStream_t stream);
 
+// Pooled lookups straight from their tables (below) travel kPooledBatch a launch by value in
+// the kernels' parameters (first_sample counted from the batch's first sample): nothing is
+// uploaded, nothing held until the stream has passed.
+constexpr int kPooledBatch = 16;
+using GpuPooledBatch = GpuBatch<GpuPooledLookup, kPooledBatch>;
+
 // One worker, static tables: output[s] of each lookup = combine of the weighted rows of its
-// table at its ids, no dedup and no exchange. Checks first (row_splits start at 0, end at
-// ids_count and never decrease: kRowSplitsEnds / kRowSplitsDecrease, group = lookup); an id
-// outside its table pools as a zero row and is recorded (kBadId, item = the id's index); then
-// value_a / value_b are described (the id and its table's rows; row_splits[0] and
-// row_splits[batch]). Nothing waits: the caller reads `check` once the stream has passed.
-cudaError_t PoolFromTablesGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
-                              int64_t samples, int64_t dim, LookupCheck* check,
-                              cudaStream_t stream);
+// table at its ids, no dedup and no exchange (each lookup's first_sample is ignored). With a
+// check record: reset, then checks (row_splits start at 0, end at ids_count and never
+// decrease: kRowSplitsEnds / kRowSplitsDecrease, group = lookup); an id outside its table
+// pools as a zero row and is recorded (kBadId, item = the id's index); then value_a / value_b
+// are described (the id and its table's rows; row_splits[0] and row_splits[batch]). Nothing
+// waits: the caller reads `check` once the stream has passed. With check null the caller has
+// checked ids and row splits on the host: nothing is checked or recorded here (an id outside
+// its table would still pool as zeros, row splits are clamped to the ids).
+cudaError_t PoolFromTablesGpu(const std::vector<GpuPooledLookup>& lookups, int64_t dim,
+                              LookupCheck* check, cudaStream_t stream);
 
 // PoolFromTablesGpu's gradient for each id's row: id_grads row i = weight / denominator *
 // output_grad row of the sample holding id i (zeros where the forward pooled to zeros).
-cudaError_t SpreadPooledGradGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
-                                int64_t samples, int64_t dim, cudaStream_t stream);
+cudaError_t SpreadPooledGradGpu(const std::vector<GpuPooledLookup>& lookups, int64_t dim,
+                                cudaStream_t stream);
 
 // PooledGradShares (combine.h) on the device: use_rows / use_scales of every lookup.
-cudaError_t PooledGradSharesGpu(const GpuPooledLookup* lookups_device, int32_t num_lookups,
-                                int64_t samples, cudaStream_t stream);
+cudaError_t PooledGradSharesGpu(const std::vector<GpuPooledLookup>& lookups,
+                                cudaStream_t stream);
 
 // Fills value_a / value_b of the record the combine checks left.
 cudaError_t DescribePooledError(const GpuPooledLookup* lookups_device, int32_t num_lookups,

@@ -334,11 +334,14 @@ tf::Status GatherSingleIds<GpuDevice, int64_t>::operator()(
   }
   auto* check = reinterpret_cast<LookupCheck*>(check_out);
   const cudaStream_t stream = GpuStream(ctx);
-  TF_RETURN_IF_ERROR(CudaToTf(ResetLookupCheck(check, stream), "reset check"));
+  if (check != nullptr) {
+    TF_RETURN_IF_ERROR(CudaToTf(ResetLookupCheck(check, stream), "reset check"));
+  }
   for (const GpuSingleIdBatch& batch : batches) {
     TF_RETURN_IF_ERROR(CudaToTf(GatherSingleIdsGpu(batch, /*ids64=*/true, dim, check, stream),
                                 "gather single ids"));
   }
+  if (check == nullptr) return tf::Status();
   for (const GpuSingleIdBatch& batch : batches) {
     TF_RETURN_IF_ERROR(CudaToTf(DescribeBadSingleId(batch, true, check, stream), "describe"));
   }

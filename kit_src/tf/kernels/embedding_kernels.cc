@@ -16,6 +16,7 @@
 #include "kit_src/tf/kernels/embedding_validation.h"
 #include "kit_src/tf/kernels/gathered_ids_check.h"
 #include "kit_src/tf/kernels/pooled_output.h"
+#include "kit_src/tf/kernels/register_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace sok {
@@ -210,6 +211,7 @@ class GatherSingleIdsOp : public tf::OpKernel {
  public:
   explicit GatherSingleIdsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ReadAttrs(ctx, "dim", &dim_, "table_names", &table_names_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("host_checked", &host_checked_));
     OP_REQUIRES(ctx, static_cast<int>(table_names_.size()) * 2 == ctx->num_inputs(),
                 tf::errors::InvalidArgument("table_names needs one entry per lookup"));
   }
@@ -228,15 +230,19 @@ class GatherSingleIdsOp : public tf::OpKernel {
       lookups[l] = functor::SingleIdArgs{ids.data(), ids.NumElements(), tables.tables()[l],
                                          &table_names_[l], out->flat<float>().data()};
     }
+    // Checked on the host, nothing reads the record: it stays empty.
     tf::Tensor* check = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(n, tf::TensorShape({3}), &check));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(n, tf::TensorShape({host_checked_ ? 0 : 3}),
+                                             &check));
     OP_REQUIRES_OK(ctx, functor::GatherSingleIds<Device, Tindex>()(
-                            ctx, lookups, dim_, check->flat<int64_t>().data()));
+                            ctx, lookups, dim_,
+                            host_checked_ ? nullptr : check->flat<int64_t>().data()));
   }
 
  private:
   int64_t dim_ = 0;
   std::vector<std::string> table_names_;
+  bool host_checked_ = false;
 };
 
 // ------------------------------------------------------------------ Sok>GuardIds
@@ -464,7 +470,7 @@ class CheckIdsOnHostOp : public tf::OpKernel {
   explicit CheckIdsOnHostOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
     int num_splits = 0;
     OP_REQUIRES_OK(ctx, ReadAttrs(ctx, "rows", &rows_, "table_names", &table_names_, "N",
-                                  &num_lookups_, "M", &num_splits));
+                                  &num_lookups_, "M", &num_splits, "copy", &copy_));
     OP_REQUIRES(ctx, static_cast<int>(rows_.size()) == num_lookups_ &&
                          static_cast<int>(table_names_.size()) == num_lookups_,
                 tf::errors::InvalidArgument("rows and table_names need one entry a lookup, got ",
@@ -483,14 +489,14 @@ class CheckIdsOnHostOp : public tf::OpKernel {
     for (int l = 0; l < num_lookups_; ++l) {
       const tf::Tensor& ids = ctx->input(l);
       tf::Tensor* checked = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(l, ids.shape(), &checked, host));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(l, CopyShape(ids), &checked, host));
       const Status status = ids.dtype() == tf::DT_INT32
                                 ? CheckIdsInRange(ids.flat<int32_t>().data(), ids.NumElements(),
                                                   rows_[l], table_names_[l], CpuParallelFor(ctx),
-                                                  checked->flat<int32_t>().data())
+                                                  CopyTo<int32_t>(checked))
                                 : CheckIdsInRange(ids.flat<int64_t>().data(), ids.NumElements(),
                                                   rows_[l], table_names_[l], CpuParallelFor(ctx),
-                                                  checked->flat<int64_t>().data());
+                                                  CopyTo<int64_t>(checked));
       SOK_OP_REQUIRES_OK(ctx, status);
       if (with_splits_) CheckSplits(ctx, l, ids.NumElements(), host);
       if (!ctx->status().ok()) return;
@@ -498,6 +504,15 @@ class CheckIdsOnHostOp : public tf::OpKernel {
   }
 
  private:
+  // The copy's output: the input's shape, or empty (copy false: the check alone).
+  tf::TensorShape CopyShape(const tf::Tensor& input) const {
+    return copy_ ? input.shape() : tf::TensorShape({0});
+  }
+  template <typename T>
+  T* CopyTo(tf::Tensor* output) const {
+    return copy_ ? output->flat<T>().data() : nullptr;
+  }
+
   void CheckSplits(tf::OpKernelContext* ctx, int l, int64_t num_ids, tf::AllocatorAttributes host) {
     const tf::Tensor& splits = ctx->input(num_lookups_ + l);
     OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(splits.shape()) && splits.NumElements() >= 1,
@@ -507,15 +522,19 @@ class CheckIdsOnHostOp : public tf::OpKernel {
                                               splits.NumElements() - 1, num_ids,
                                               "lookup " + std::to_string(l)));
     tf::Tensor* checked = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(num_lookups_ + l, splits.shape(), &checked, host));
-    std::memcpy(checked->flat<int64_t>().data(), splits.flat<int64_t>().data(),
-                splits.NumElements() * sizeof(int64_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(num_lookups_ + l, CopyShape(splits), &checked,
+                                             host));
+    if (copy_) {
+      std::memcpy(checked->flat<int64_t>().data(), splits.flat<int64_t>().data(),
+                  splits.NumElements() * sizeof(int64_t));
+    }
   }
 
   std::vector<int64_t> rows_;
   std::vector<std::string> table_names_;
   int num_lookups_ = 0;
   bool with_splits_ = false;
+  bool copy_ = true;
 };
 
 REGISTER_KERNEL_BUILDER(Name("Sok>EverySampleHoldsOneId").Device(tf::DEVICE_CPU),
@@ -524,77 +543,35 @@ REGISTER_KERNEL_BUILDER(Name("Sok>CheckIdsOnHost").Device(tf::DEVICE_CPU), Check
 
 // ------------------------------------------------------------------ registration
 
-// Ops registered alike for both devices; the GPU's int64 ids only (TensorFlow keeps int32
-// tensors of GPU kernels in host memory; lookup_sparse passes int64 ids).
-#define SOK_REGISTER_EMBEDDING_OPS(DEVICE, Tag)                                          \
-  REGISTER_KERNEL_BUILDER(                                                                  \
-      Name("Sok>GatherShardRows").Device(DEVICE).TypeConstraint<float>("dtype"),            \
-      GatherShardRowsOp<Tag, float>);                                                    \
-  REGISTER_KERNEL_BUILDER(                                                                  \
-      Name("Sok>GatherShardRows").Device(DEVICE).TypeConstraint<Eigen::half>("dtype"),      \
-      GatherShardRowsOp<Tag, Eigen::half>);                                              \
-  REGISTER_KERNEL_BUILDER(                                                                  \
-      Name("Sok>GatherShardRows").Device(DEVICE).TypeConstraint<tf::bfloat16>("dtype"),     \
-      GatherShardRowsOp<Tag, tf::bfloat16>);                                             \
-  REGISTER_KERNEL_BUILDER(Name("Sok>GatherSingleIds")                                      \
-                              .Device(DEVICE)                                              \
-                              .TypeConstraint<int64_t>("Tindex")                           \
-                              .TypeConstraint<float>("dtype"),                             \
-                          GatherSingleIdsOp<Tag, int64_t>);                             \
-  REGISTER_KERNEL_BUILDER(Name("Sok>GuardIds").Device(DEVICE), GuardIdsOp<Tag>);         \
-  REGISTER_KERNEL_BUILDER(Name("Sok>CheckGatheredIds").Device(DEVICE),                      \
-                          CheckGatheredIdsOp<Tag>);                                      \
-  REGISTER_KERNEL_BUILDER(                                                                  \
-      Name("Sok>CombineForward").Device(DEVICE).TypeConstraint<float>("dtype"),             \
-      CombineForwardOp<Tag>);                                                            \
-  REGISTER_KERNEL_BUILDER(                                                                  \
-      Name("Sok>CombineFromShards").Device(DEVICE).TypeConstraint<float>("dtype"),          \
-      CombineFromShardsOp<Tag>)
-
-SOK_REGISTER_EMBEDDING_OPS(tf::DEVICE_CPU, CpuDevice);
-REGISTER_KERNEL_BUILDER(Name("Sok>GatherSingleIds")
-                            .Device(tf::DEVICE_CPU)
-                            .TypeConstraint<int32_t>("Tindex")
-                            .TypeConstraint<float>("dtype"),
-                        GatherSingleIdsOp<CpuDevice, int32_t>);
-REGISTER_KERNEL_BUILDER(
-    Name("Sok>PartitionKeys").Device(tf::DEVICE_CPU).TypeConstraint<int32_t>("Tindex"),
-    PartitionKeysOp<CpuDevice>);
-REGISTER_KERNEL_BUILDER(
-    Name("Sok>PartitionKeys").Device(tf::DEVICE_CPU).TypeConstraint<int64_t>("Tindex"),
-    PartitionKeysOp<CpuDevice>);
-REGISTER_KERNEL_BUILDER(Name("Sok>SparseRowSplits").Device(tf::DEVICE_CPU),
-                        SparseRowSplitsOp<CpuDevice>);
-REGISTER_KERNEL_BUILDER(
-    Name("Sok>SplitGradientByTable").Device(tf::DEVICE_CPU).TypeConstraint<float>("dtype"),
-    SplitGradientByTableOp<CpuDevice>);
-REGISTER_KERNEL_BUILDER(
-    Name("Sok>CombineBackward").Device(tf::DEVICE_CPU).TypeConstraint<float>("dtype"),
-    CombineBackwardOp<CpuDevice>);
-
+// The GPU's int64 ids only (TensorFlow keeps int32 tensors of GPU kernels in host memory;
+// lookup_sparse passes int64 ids); what the host reads (sizes, counts) stays in host memory.
+#define SOK_REGISTER_TYPED(name, Op, Tag, attr, T)                                     \
+  REGISTER_KERNEL_BUILDER(Name(name)                                                     \
+                              .Device(kOnGpu<Tag> ? tf::DEVICE_GPU : tf::DEVICE_CPU)    \
+                              .TypeConstraint<T>(attr),                                  \
+                          Op<Tag, T>)
+SOK_REGISTER_TYPED("Sok>GatherShardRows", GatherShardRowsOp, CpuDevice, "dtype", float);
+SOK_REGISTER_TYPED("Sok>GatherShardRows", GatherShardRowsOp, CpuDevice, "dtype", Eigen::half);
+SOK_REGISTER_TYPED("Sok>GatherShardRows", GatherShardRowsOp, CpuDevice, "dtype", tf::bfloat16);
+SOK_REGISTER_TYPED("Sok>GatherSingleIds", GatherSingleIdsOp, CpuDevice, "Tindex", int32_t);
+SOK_REGISTER_TYPED("Sok>GatherSingleIds", GatherSingleIdsOp, CpuDevice, "Tindex", int64_t);
 #if GOOGLE_CUDA
-// What the host reads (sizes, counts) stays in host memory.
-SOK_REGISTER_EMBEDDING_OPS(tf::DEVICE_GPU, GpuDevice);
-REGISTER_KERNEL_BUILDER(Name("Sok>PartitionKeys")
-                            .Device(tf::DEVICE_GPU)
-                            .TypeConstraint<int64_t>("Tindex")
-                            .HostMemory("splits")
-                            .HostMemory("table_counts"),
-                        PartitionKeysOp<GpuDevice>);
-REGISTER_KERNEL_BUILDER(
-    Name("Sok>SparseRowSplits").Device(tf::DEVICE_GPU).HostMemory("dense_shape"),
-    SparseRowSplitsOp<GpuDevice>);
-REGISTER_KERNEL_BUILDER(Name("Sok>SplitGradientByTable")
-                            .Device(tf::DEVICE_GPU)
-                            .TypeConstraint<float>("dtype")
-                            .HostMemory("table_counts"),
-                        SplitGradientByTableOp<GpuDevice>);
-REGISTER_KERNEL_BUILDER(Name("Sok>CombineBackward")
-                            .Device(tf::DEVICE_GPU)
-                            .TypeConstraint<float>("dtype")
-                            .HostMemory("num_rows"),
-                        CombineBackwardOp<GpuDevice>);
+SOK_REGISTER_TYPED("Sok>GatherShardRows", GatherShardRowsOp, GpuDevice, "dtype", float);
+SOK_REGISTER_TYPED("Sok>GatherShardRows", GatherShardRowsOp, GpuDevice, "dtype", Eigen::half);
+SOK_REGISTER_TYPED("Sok>GatherShardRows", GatherShardRowsOp, GpuDevice, "dtype", tf::bfloat16);
+SOK_REGISTER_TYPED("Sok>GatherSingleIds", GatherSingleIdsOp, GpuDevice, "Tindex", int64_t);
 #endif
-#undef SOK_REGISTER_EMBEDDING_OPS
+#undef SOK_REGISTER_TYPED
+SOK_REGISTER_KERNELS("Sok>GuardIds", GuardIdsOp);
+SOK_REGISTER_KERNELS("Sok>CheckGatheredIds", CheckGatheredIdsOp);
+SOK_REGISTER_KERNELS("Sok>CombineForward", CombineForwardOp);
+SOK_REGISTER_KERNELS("Sok>CombineFromShards", CombineFromShardsOp);
+SOK_REGISTER_KERNELS("Sok>PartitionKeys", PartitionKeysOp,
+                     .TypeConstraint<int64_t>("Tindex").HostMemory("splits")
+                     .HostMemory("table_counts"));
+SOK_REGISTER_KERNELS("Sok>SparseRowSplits", SparseRowSplitsOp, .HostMemory("dense_shape"));
+SOK_REGISTER_KERNELS("Sok>SplitGradientByTable", SplitGradientByTableOp,
+                     .HostMemory("table_counts"));
+SOK_REGISTER_KERNELS("Sok>CombineBackward", CombineBackwardOp, .HostMemory("num_rows"));
 
 }  // namespace sok

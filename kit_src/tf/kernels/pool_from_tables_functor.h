@@ -18,7 +18,8 @@ template <typename Device>
 struct PoolFromTables {
   // Pools lookups[l] from tables[l] into its output. The CPU fails at once on bad input and
   // writes a clean record to `check`; the GPU records it there (device memory) for
-  // Sok>CheckGatheredIds, without waiting.
+  // Sok>CheckGatheredIds, without waiting, or (check null: the ids and row splits were
+  // checked on the host) checks nothing.
   ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx,
                                   const std::vector<LookupTable<float>>& tables,
                                   const std::vector<PooledLookup<float>>& lookups, int64_t dim,

@@ -26,7 +26,7 @@ tf::Status PoolFromTables<CpuDevice>::operator()(tf::OpKernelContext* ctx,
                                                  const std::vector<LookupTable<float>>& tables,
                                                  const std::vector<PooledLookup<float>>& lookups,
                                                  int64_t dim, LookupCheck* check) {
-  *check = CleanCheck();
+  if (check != nullptr) *check = CleanCheck();
   return ToTfStatus(sok::PoolFromTables(tables, dim, lookups, CpuParallelFor(ctx)));
 }
 
@@ -156,6 +156,7 @@ class PoolFromTablesOp : public PooledLayoutOp {
  public:
   explicit PoolFromTablesOp(tf::OpKernelConstruction* ctx) : PooledLayoutOp(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("host_checked", &host_checked_));
     OP_REQUIRES(ctx, static_cast<int64_t>(table_names_.size()) == layout_.n,
                 tf::errors::InvalidArgument("table_names needs one entry per lookup"));
   }
@@ -198,15 +199,20 @@ class PoolFromTablesOp : public PooledLayoutOp {
       lookups[l].output = outputs[layout_.OutputIndex(l)]->flat<float>().data() +
                           layout_.OutputOffset(l);
     }
+    // Checked on the host, nothing reads the record: it stays empty.
     tf::Tensor* check = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(layout_.num_outputs, tf::TensorShape({3}), &check));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(layout_.num_outputs,
+                                             tf::TensorShape({host_checked_ ? 0 : 3}), &check));
     OP_REQUIRES_OK(ctx, functor::PoolFromTables<Device>()(
                             ctx, tables, lookups, dim,
-                            reinterpret_cast<LookupCheck*>(check->flat<int64_t>().data())));
+                            host_checked_ ? nullptr
+                                          : reinterpret_cast<LookupCheck*>(
+                                                check->flat<int64_t>().data())));
   }
 
  private:
   std::vector<std::string> table_names_;
+  bool host_checked_ = false;
 };
 
 template <typename Device>

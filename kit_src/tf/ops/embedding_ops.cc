@@ -229,6 +229,15 @@ id_limits: empty, or per feature the rows of its table (-1: any id): each featur
   the op naming table_names[f], so a GPU lookup of the ids need not wait to check them.
 )doc");
 
+// A lookup's check record: [code, id, rows], or empty with host_checked (the ids, and row
+// splits where there are any, were checked on the host: the GPU checks and records nothing).
+static Status SetCheckShape(InferenceContext* c, int output) {
+  bool host_checked = false;
+  TF_RETURN_IF_ERROR(c->GetAttr("host_checked", &host_checked));
+  c->set_output(output, c->Vector(host_checked ? 0 : 3));
+  return Status();
+}
+
 REGISTER_OP("Sok>GatherSingleIds")
     .Input("tables: N * resource")
     .Input("ids: N * Tindex")
@@ -239,6 +248,7 @@ REGISTER_OP("Sok>GatherSingleIds")
     .Attr("dtype: {float}")
     .Attr("dim: int >= 1")
     .Attr("table_names: list(string)")
+    .Attr("host_checked: bool = false")
     .SetShapeFn([](InferenceContext* c) -> Status {
       int64_t n = 0, dim = 0;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
@@ -248,8 +258,7 @@ REGISTER_OP("Sok>GatherSingleIds")
         TF_RETURN_IF_ERROR(c->WithRank(c->input(n + l), 1, &ids));
         c->set_output(l, c->Matrix(c->Dim(ids, 0), dim));
       }
-      c->set_output(n, c->Vector(3));
-      return Status();
+      return SetCheckShape(c, n);
     })
     .Doc(R"doc(
 One worker, every sample holding exactly one id (the caller knows it: a sequence lookup, a
@@ -259,7 +268,8 @@ itself). No dedup and no exchange; the tables' gradients are the
 outputs' gradients as IndexedSlices over the ids.
 check is the GPU kernel's record of the first out-of-range id ([code, id, rows]; the CPU kernel
 fails at once and leaves it clean): Sok>CheckGatheredIds reports it, so the op itself finishes
-without waiting for the GPU to pass its check.
+without waiting for the GPU to pass its check. host_checked: the ids were checked on the host
+(Sok>CheckIdsOnHost, sok.stage_features); nothing is checked here and check is empty.
 )doc");
 
 // Outputs of a pooled lookup straight from the tables: one [batch, dim] a lookup, or (stacked)
@@ -299,12 +309,12 @@ REGISTER_OP("Sok>PoolFromTables")
     .Attr("combiners: list(string)")
     .Attr("dim: int >= 1")
     .Attr("table_names: list(string)")
+    .Attr("host_checked: bool = false")
     .SetShapeFn([](InferenceContext* c) -> Status {
       int64_t n = 0;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
       TF_RETURN_IF_ERROR(PooledOutputsShape(c, 2 * n));
-      c->set_output(c->num_outputs() - 1, c->Vector(3));
-      return Status();
+      return SetCheckShape(c, c->num_outputs() - 1);
     })
     .Doc(R"doc(
 One worker, static float32 tables: output l pools, for each sample of lookup l, the weighted
@@ -314,7 +324,9 @@ stacked (num_outputs 1), one [batch, N, dim] output holds every lookup (all of o
 else num_outputs is N. The tables' gradients are IndexedSlices over the ids (Sok>SpreadPooledGrad).
 check is the GPU kernels' record of the first bad input (an id outside its table, row_splits
 that do not start at 0, end at the ids' count or that decrease), which Sok>CheckGatheredIds
-reports; the CPU kernel fails at once and leaves it clean.
+reports; the CPU kernel fails at once and leaves it clean. host_checked: the ids and row
+splits were checked on the host (Sok>CheckIdsOnHost, sok.stage_features); the GPU checks
+nothing (row splits are clamped to the ids) and check is empty.
 )doc");
 
 REGISTER_OP("Sok>SpreadPooledGrad")
@@ -406,7 +418,17 @@ REGISTER_OP("Sok>CheckIdsOnHost")
     .Attr("Tindex: {int32, int64}")
     .Attr("rows: list(int)")
     .Attr("table_names: list(string)")
-    .SetShapeFn(OutputsShapedAsInputs)
+    .Attr("copy: bool = true")
+    // A check: never folded or pruned, though with copy false its outputs are empty (Grappler
+    // replaces a stateless op whose outputs are known to be empty by constants).
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      bool copy = true;
+      TF_RETURN_IF_ERROR(c->GetAttr("copy", &copy));
+      if (copy) return OutputsShapedAsInputs(c);
+      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Vector(0));
+      return Status();
+    })
     .Doc(R"doc(
 The ids of N lookups (and, M == N, their row splits), in host memory on their way to a GPU,
 checked there: fails with the out-of-range error (naming table_names[i], the id and
@@ -414,6 +436,8 @@ checked there: fails with the out-of-range error (naming table_names[i], the id 
 the ids (and row splits) on, copied in the same pass into memory the GPU copies from
 directly (pinned, where a GPU is present), so their crossing does not stage them through
 pageable memory. A lookup whose ids pass it need not wait for the GPU's own check. CPU only.
+copy false: the check alone, every output empty; a lookup that reads the ids as they are
+runs beside it and its outputs wait for it (the lookup_sparse default).
 )doc");
 
 REGISTER_OP("Sok>GuardIds")
