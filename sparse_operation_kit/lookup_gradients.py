@@ -45,11 +45,32 @@ def _placed_device(tensor):
     return tensor.device
 
 
+def _host_verdict(op):
+    """The Sok>CheckIdsOnHost ops that op's outputs wait for (lookup_inputs.after_verdict
+    makes identities of them under control dependencies); none eagerly, where the check has
+    run before the lookup."""
+    if tf.executing_eagerly() or not hasattr(op, "outputs"):
+        return []
+    found = {}
+    for output in op.outputs:
+        for consumer in output.consumers():
+            for control in consumer.control_inputs:
+                if control.type == "Sok>CheckIdsOnHost":
+                    found[control.name] = control
+    return list(found.values())
+
+
 def _id_gradients(op, n, ids, grads, check):
     """IndexedSlices over each lookup's ids for tables op.inputs[:n], given the forward's id
     check record. No update may use a step whose ids were out of range."""
-    if op.get_attr("host_checked"):  # checked before the forward ran: nothing to guard
-        ids = [id_checks.checked(i) for i in ids]
+    if op.get_attr("host_checked"):
+        # Checked on the host: before the forward ran (a staged batch), or beside it, where
+        # the gradients wait for the verdict as the forward's outputs do; an output no loss
+        # reads leaves a zero gradient that would not.
+        verdict = _host_verdict(op)
+        with tf.control_dependencies(verdict):
+            grads = [tf.identity(g) for g in grads] if verdict else grads
+            ids = [id_checks.checked(tf.identity(i) if verdict else i) for i in ids]
     elif _guards_ids_on_device(op) or id_checks.mode() == "deferred":
         # The forward's Sok>CheckGatheredIds reports the error; here, on the device, every
         # gradient id of such a step becomes -1 (Sok>GuardIds, one op for all lookups), a

@@ -525,6 +525,38 @@ def test_ids_from_a_pipeline_are_checked_on_the_host(device):
     assert not np.array_equal(tables[0].numpy(), init)
 
 
+def test_a_lookup_no_loss_reads_is_not_updated_in_a_step_with_a_bad_id(device):
+    """Two tables looked up in one call from a pipeline, the loss reading only the first: the
+    second's gradient is zeros over its ids, which must wait for the host's verdict as the
+    outputs do. A step with an id out of the second table's range fails and Adam (whose
+    moments move a row even for a zero gradient) changes neither table."""
+    init = np.arange(40, dtype=np.float32).reshape(10, 4)
+    with tf.device(f"{device}:0"):
+        tables = [sok.Variable(init, name="read"), sok.Variable(init + 1, name="unread")]
+    optimizer = sok.OptimizerWrapper(keras_optimizer("Adam", 0.1))
+    batches = [([1, 2, 3, 4], [5, 6, 7, 8]), ([1, 2, 3, 4], [5, 60, 7, 8])]
+    features = tuple(tf.RaggedTensor.from_uniform_row_length(
+        tf.RaggedTensor.from_row_lengths(tf.constant(sum([b[t] for b in batches], []),
+                                                     tf.int64), [2] * 2 * len(batches)), 2)
+        for t in range(2))
+    iterator = iter(tf.data.Dataset.from_tensor_slices(features))
+
+    def step(read):
+        ids = next(iterator)
+        with tf.GradientTape() as tape:
+            outputs = sok.lookup_sparse(tables, list(ids), combiners=["sum", "sum"])
+            loss = tf.add_n([tf.reduce_sum(outputs[t] ** 2) for t in read])
+        optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
+
+    on(device, tf.function(lambda: step([0, 1])))  # rows 5-8 of both now hold Adam moments
+    before = [t.numpy() for t in tables]
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"id 60 of table 'unread:0' is out of range \[0, 10\)"):
+        on(device, tf.function(lambda: step([0])))
+    for table, want in zip(tables, before):
+        np.testing.assert_array_equal(table.numpy(), want)
+
+
 def test_only_a_few_lookups_ids_are_checked_on_the_host():
     """The host check is taken for a call of up to HOST_CHECK_MAX_LOOKUPS lookups whose ids
     all come from an input pipeline; beyond that, or with ids given as arguments, the ids go
