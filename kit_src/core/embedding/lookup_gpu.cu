@@ -467,9 +467,10 @@ __global__ void __launch_bounds__(kThreads, 3)
     PoolFromTablesKernel(const __grid_constant__ GpuPooledBatch batch, int64_t dim, int group,
                          LookupCheck* check) {
   __shared__ GpuPooledLookup shared[kPooledBatch];
-  // The same verdict for every thread: earlier kernels wrote it.
-  if (check != nullptr && CheckFailed(check)) return;
   const GpuPooledLookup* lookups = StageLookups(batch, shared);
+  // After the staging's barrier: other blocks of this launch may record a bad id meanwhile,
+  // so threads of one block can read different verdicts, and none may leave before it.
+  if (check != nullptr && CheckFailed(check)) return;
   using V = typename Vec<kVec>::type;
   const int lane = threadIdx.x % group;
   const int64_t span = int64_t{group} * kVec * kChunks;  // a row's floats one pass covers
