@@ -557,6 +557,35 @@ def test_a_lookup_no_loss_reads_is_not_updated_in_a_step_with_a_bad_id(device):
         np.testing.assert_array_equal(table.numpy(), want)
 
 
+def test_gradients_of_a_lookup_checked_beside_it_wait_for_the_verdict():
+    """The pooled path with a host verdict (taken on a GPU; called directly here): the
+    gradient of a table no loss reads (zeros over its ids) waits for Sok>CheckIdsOnHost as
+    the outputs do, and holds the ids it was given."""
+    from sparse_operation_kit import lookup_inputs, lookup_paths
+    tables = [sok.Variable(np.ones([10, 4], np.float32), name=f"beside{t}") for t in range(2)]
+    features = tuple(tf.RaggedTensor.from_row_lengths(tf.constant(v, tf.int64), [2, 1])
+                     for v in ([1, 2, 3], [4, 5, 6]))
+    iterator = iter(tf.data.Dataset.from_tensors(features).repeat())
+    seen = {}
+
+    @tf.function
+    def step():
+        lookups = lookup_inputs.validate_lookups(tables, list(next(iterator)), None,
+                                                 ["sum", "sum"])
+        with tf.GradientTape() as tape:
+            outputs = lookup_paths.pool_from_tables_path(lookups, 4)
+            loss = tf.reduce_sum(outputs[0] ** 2)
+        unread = tape.gradient(loss, tables)[1]
+        seen["indices"], seen["values"] = unread.indices, unread.values
+        return unread.indices, unread.values
+
+    indices, values = step()
+    np.testing.assert_array_equal(indices.numpy(), [4, 5, 6])
+    np.testing.assert_array_equal(values.numpy(), np.zeros([3, 4], np.float32))
+    for tensor in seen.values():
+        assert "Sok>CheckIdsOnHost" in [c.type for c in tensor.op.control_inputs]
+
+
 def test_only_a_few_lookups_ids_are_checked_on_the_host():
     """The host check is taken for a call of up to HOST_CHECK_MAX_LOOKUPS lookups whose ids
     all come from an input pipeline; beyond that, or with ids given as arguments, the ids go
