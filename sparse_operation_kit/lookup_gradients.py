@@ -60,17 +60,24 @@ def _host_verdict(op):
     return list(found.values())
 
 
+def _after(verdict, grads, ids):
+    """grads and ids as identities that wait for the verdict ops (pooled_gradient_shares
+    reads such guards off the gradient's identities)."""
+    with tf.control_dependencies(verdict):
+        return [tf.identity(g) for g in grads], [tf.identity(i) for i in ids]
+
+
 def _id_gradients(op, n, ids, grads, check):
     """IndexedSlices over each lookup's ids for tables op.inputs[:n], given the forward's id
     check record. No update may use a step whose ids were out of range."""
     if op.get_attr("host_checked"):
-        # Checked on the host: before the forward ran (a staged batch), or beside it, where
-        # the gradients wait for the verdict as the forward's outputs do; an output no loss
-        # reads leaves a zero gradient that would not.
+        # Checked on the host: before the forward ran (a staged batch: nothing to wait for),
+        # or beside it, where the gradients wait for the verdict as the forward's outputs do
+        # (an output no loss reads leaves a zero gradient that would not).
         verdict = _host_verdict(op)
-        with tf.control_dependencies(verdict):
-            grads = [tf.identity(g) for g in grads] if verdict else grads
-            ids = [id_checks.checked(tf.identity(i) if verdict else i) for i in ids]
+        if verdict:
+            grads, ids = _after(verdict, grads, ids)
+        ids = [id_checks.checked(i) for i in ids]
     elif _guards_ids_on_device(op) or id_checks.mode() == "deferred":
         # The forward's Sok>CheckGatheredIds reports the error; here, on the device, every
         # gradient id of such a step becomes -1 (Sok>GuardIds, one op for all lookups), a
@@ -79,9 +86,8 @@ def _id_gradients(op, n, ids, grads, check):
         ids = [id_checks.checked(i) for i in raw_ops.sok_guard_ids(ids=ids, check=check)]
     else:  # the gradients wait for the check
         verdict = raw_ops.sok_check_gathered_ids(check, table_names=op.get_attr("table_names"))
-        with tf.control_dependencies([] if verdict is None else [verdict]):
-            grads = [tf.identity(g) for g in grads]
-            ids = [id_checks.checked(tf.identity(i)) for i in ids]
+        grads, ids = _after([] if verdict is None else [verdict], grads, ids)
+        ids = [id_checks.checked(i) for i in ids]
     return [
         tf.IndexedSlices(grads[l], ids[l],
                          dense_shape=tf.raw_ops.VariableShape(input=op.inputs[l],
