@@ -252,9 +252,8 @@ def _from_input_pipeline(tensor):
 
 
 # The most lookups of one call whose ids are checked on the host. The host pass runs beside
-# the lookup, and the step waits for the longer of the two: for one table's batch (T3) the
-# pass is the shorter; for 26 tables' (T1's list form) a serial pass cost more than the
-# GPU's own check on an H100.
+# the lookup and the step waits for the longer of the two; for 26 tables' ids (T1's list
+# form) the pass cost more than the GPU's own check on an H100.
 HOST_CHECK_MAX_LOOKUPS = 4
 
 
