@@ -3,14 +3,16 @@ tf_vs_tbe.py's T3 (one 8Mi x 128 table, 65,536 samples of one id, ragged from ro
 fed from its cached dataset, one step a call and LOOP steps a call, through each lookup path
 the plugin has and through plain TensorFlow, so that the cost of each part (the host id
 check, the row splits' copy, the pooling kernel, the deferred device check) reads as a
-difference. Then TensorFlow's profiler timeline of the default path and of plain TF.
+difference. Then TensorFlow's profiler timeline of the default path and of plain TF, each in
+a process of its own.
 
-    python3 t3_feed_parts.py [IDS_DIR] [--timeline]
+    python3 t3_feed_parts.py [IDS_DIR] [--timeline | --timeline-of=VARIANT]
 
 Needs tbe_workloads.py's T3 ids in IDS_DIR (written there if missing; TBE_SCALE=n shrinks
 the workload for a run on a CPU).
 """
 import os
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,11 +100,17 @@ def forwards(tables, plain):
 TRAINED = ("sok", "serial_pinned", "unchecked", "single", "tf")
 
 
+TIMELINES = ("sok", "tf", "sok_train", "tf_train", "serial_pinned")
+
+
 def main():
     ids_dir = next((a for a in sys.argv[1:] if not a.startswith("--")), "/tmp/tbe_ids")
+    only = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--timeline-of=")), None)
     if not os.path.exists(os.path.join(ids_dir, "T3.npz")):
         os.makedirs(ids_dir, exist_ok=True)
         workloads.write(ids_dir, "T3")
+    for gpu in tf.config.list_physical_devices("GPU"):  # room for the timelines' processes
+        tf.config.experimental.set_memory_growth(gpu, True)
     sok.init(comm_tool="single")
     spec, batches = workloads.WORKLOADS["T3"], workloads.load(ids_dir, "T3")
     dataset = tf_vs_tbe.dataset_of(spec, batches)
@@ -116,6 +124,8 @@ def main():
             train = tf_vs_tbe.trained(steps[name], [plain] if name == "tf" else tables,
                                       optimizer if name == "tf" else sok.OptimizerWrapper(optimizer))
             steps[f"{name}_train"] = train
+        if only is not None:
+            return timeline(only, steps[only], dataset)
         feeds = {name: tf_vs_tbe.iterator_feeds(step, dataset)[:2] for name, step in steps.items()}
         samples = {name: ([], []) for name in feeds}
         for _ in range(ROUNDS):  # variants interleaved, so that a drift of the machine hits all
@@ -125,20 +135,22 @@ def main():
         for name, (calls, loops) in samples.items():
             print(f"T3 {name}: data {np.median(calls):.3f} data_loop {np.median(loops):.3f} ms a "
                   f"step (median of {ROUNDS} rounds)", flush=True)
-        if "--timeline" in sys.argv:
-            timelines(steps, dataset)
+    if "--timeline" in sys.argv:
+        # One process a timeline: CUPTI hands a process its GPU events for one profile only.
+        for name in TIMELINES:
+            subprocess.run([sys.executable, __file__, ids_dir, f"--timeline-of={name}"],
+                           check=False)
 
 
-def timelines(steps, dataset):
+def timeline(name, step, dataset):
     import tf_gpu_kernel_profile as profile
-    for name in ("sok", "serial_pinned", "tf", "sok_train", "tf_train"):
-        (call, _), _, _ = tf_vs_tbe.iterator_feeds(steps[name], dataset)
-        wall_ms = tf_vs_tbe.timed(call, 1, ITERS)
-        space = profile.profiled_space(lambda: call(0))
-        try:
-            profile.print_timeline(f"T3 {name}", space, wall_ms)
-        except SystemExit as empty:  # a profile CUPTI left without GPU events
-            print(f"# T3 {name}: {empty}", flush=True)
+    (call, _), _, _ = tf_vs_tbe.iterator_feeds(step, dataset)
+    wall_ms = tf_vs_tbe.timed(call, 1, ITERS)
+    space = profile.profiled_space(lambda: call(0))
+    try:
+        profile.print_timeline(f"T3 {name}", space, wall_ms)
+    except SystemExit as empty:  # a profile CUPTI left without GPU events
+        print(f"# T3 {name}: {empty}", flush=True)
 
 
 if __name__ == "__main__":
