@@ -433,6 +433,28 @@ def test_one_id_per_sample_path_is_taken_statically_when_known():
         assert {"If", "StatelessIf"} & op_types(by_lengths)
 
 
+@pytest.mark.parametrize("form", ["one_id", "by_lengths", "ragged", "sparse"])
+def test_traced_outputs_keep_the_static_batch_size(form):
+    """Traced with ids whose batch size is static, every path's outputs state it too, so
+    downstream shapes stay known and the gradient of a sum of an output is a constant that
+    Grappler folds rather than a Tile of [batch, dim] a step."""
+    rng = np.random.default_rng(3)
+    table = sok.Variable(rng.normal(size=[30, 4]).astype(np.float32))
+    one_id = one_id_batch(rng, 6, 30)
+    ids = {"one_id": one_id,
+           "by_lengths": tf.RaggedTensor.from_row_lengths(one_id.values, tf.ones([6], tf.int64)),
+           "ragged": random_batch(rng, 6, 30)[0]}
+    ids["sparse"] = ids["ragged"].to_sparse()
+    spec = tf.type_spec_from_value(ids[form])
+    assert spec.shape[0] == 6
+    step = tf.function(lambda i: sok.lookup_sparse([table], [i], combiners=["sum"])[0])
+    traced = step.get_concrete_function(spec).graph.outputs[0]
+    assert traced.shape.as_list() == [6, 4]
+    same_ids = one_id if form in ("one_id", "by_lengths") else ids["ragged"]
+    np.testing.assert_allclose(step(ids[form]).numpy(), tf.nn.safe_embedding_lookup_sparse(
+        table.numpy(), same_ids.to_sparse(), combiner="sum").numpy(), rtol=1e-6)
+
+
 @RUN_TIME_CHOICE_ON_CPU_ONLY
 @pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
 def test_one_id_per_sample_chosen_at_run_time(id_dtype):
