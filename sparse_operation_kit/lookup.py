@@ -69,10 +69,8 @@ def _with_static_batch(outputs, lookups):
     two branches' shapes). Without it the gradient of a sum of an output tiles the upstream
     gradient at run time rather than as a constant Grappler folds (26 x 4 MB a step in C1)."""
     for output, lookup in zip(outputs, lookups):
-        if lookup.row_splits is None:
-            continue
         splits = tf.compat.dimension_value(lookup.row_splits.shape[0])
-        if splits is not None and output.shape.rank == 2:
+        if splits is not None:
             output.set_shape([splits - 1, None])
     return outputs
 
