@@ -15,7 +15,7 @@ from sparse_operation_kit.lookup_inputs import (Lookup, check_table, unpack_feat
                                                 unstage_features, validate_lookups)
 from sparse_operation_kit.lookup_paths import (dynamic_direct_path, either_id_path, fused_chain,
                                                pool_from_tables_path, row_positions,
-                                               single_id_path)
+                                               single_id_path, with_static_batch)
 
 def _output_dtype(table):
     """A static table's lookups come out in its dtype (pooled in float32, rounded once), as
@@ -60,19 +60,7 @@ def _lookup_group(lookups, dim, dynamic, training, low_frequency_filter, compres
     length is."""
     outputs = _lookup_group_path(lookups, dim, dynamic, training, low_frequency_filter,
                                  compress, dtype, ids_checked)
-    return _with_static_batch(outputs, lookups)
-
-
-def _with_static_batch(outputs, lookups):
-    """outputs, each with the static batch size of its lookup's row splits where the path's
-    ops leave it unknown (Sok>GatherSingleIds sizes its output by the ids; a tf.cond merges
-    two branches' shapes). Without it the gradient of a sum of an output tiles the upstream
-    gradient at run time rather than as a constant Grappler folds (26 x 4 MB a step in C1)."""
-    for output, lookup in zip(outputs, lookups):
-        splits = tf.compat.dimension_value(lookup.row_splits.shape[0])
-        if splits is not None:
-            output.set_shape([splits - 1, None])
-    return outputs
+    return with_static_batch(outputs, lookups)
 
 
 def _lookup_group_path(lookups, dim, dynamic, training, low_frequency_filter, compress,

@@ -209,6 +209,7 @@ def _combine_forward_grad(op, *output_grads):
 
 
 tf.no_gradient("Sok>CheckIdsOnHost")
+tf.no_gradient("Sok>ElideOneIdRowSplits")
 tf.no_gradient("Sok>PooledGradShares")
 tf.no_gradient("Sok>UnpackFeatures")
 tf.no_gradient("Sok>UnpackFeaturesFromHost")

@@ -144,7 +144,8 @@ def pool_from_tables_path(lookups, dim, stacked=False, ids_checked=False):
     over the ids (Sok>SpreadPooledGrad), repeats summed by the update. With stacked, one
     [batch, lookups, dim] output for all the lookups. With ids and row splits checked on the
     host (a staged batch's, or any from an input pipeline: host_verdict), the device checks
-    nothing: the step neither waits for a device check nor runs one."""
+    nothing: the step neither waits for a device check nor runs one, and row splits in which every
+sample holds one id are elided (Sok>ElideOneIdRowSplits), so they never cross to the GPU."""
     tables = [lookup.table for lookup in lookups]
     for table in {id(t): t for t in tables}.values():
         resource_variable_ops.variable_accessed(table)
@@ -153,10 +154,15 @@ def pool_from_tables_path(lookups, dim, stacked=False, ids_checked=False):
     verdict, splits_checked = (None, False) if ids_checked else host_verdict(
         lookups, with_row_splits=True)
     ids_checked = ids_checked or splits_checked  # the ids and row splits
+    row_splits = [lookup.row_splits for lookup in lookups]
+    if splits_checked:  # in host memory: where each sample holds one id, none cross
+        with tf.device("CPU:0"):
+            row_splits = raw_ops.sok_elide_one_id_row_splits(
+                row_splits=row_splits, ids=[lookup.ids for lookup in lookups])
     outputs, check = raw_ops.sok_pool_from_tables(
         tables=[t.handle for t in tables],
         ids=[tf.cast(lookup.ids, tf.int64) for lookup in lookups],
-        row_splits=[lookup.row_splits for lookup in lookups],
+        row_splits=row_splits,
         weights=[empty if lookup.weights is None else lookup.weights for lookup in lookups],
         num_outputs=1 if stacked else len(lookups), stacked=stacked,
         combiners=[lookup.combiner for lookup in lookups], dim=dim, table_names=names,
@@ -165,7 +171,21 @@ def pool_from_tables_path(lookups, dim, stacked=False, ids_checked=False):
         raw_ops.sok_check_gathered_ids(check, table_names=names,
                                        deferred=verdict is not None or
                                        id_checks.mode() == "deferred")
+    outputs = with_static_batch(list(outputs), lookups)
     return after_verdict(verdict, outputs) if verdict is not None else outputs
+
+
+def with_static_batch(outputs, lookups):
+    """outputs, each with the static batch size of its lookup's row splits (a stacked output:
+    the first lookup's) where the ops leave it unknown (Sok>GatherSingleIds sizes its output
+    by the ids, Sok>PoolFromTables by row splits that may be elided, a tf.cond merges two
+    branches' shapes). Without it the gradient of a sum of an output tiles the upstream
+    gradient at run time rather than as a constant Grappler folds (26 x 4 MB a step in C1)."""
+    for output, lookup in zip(outputs, lookups):
+        splits = tf.compat.dimension_value(lookup.row_splits.shape[0])
+        if splits is not None:
+            output.set_shape([splits - 1] + [None] * (output.shape.rank - 1))
+    return outputs
 
 
 def dynamic_direct_path(lookups, dim, training):

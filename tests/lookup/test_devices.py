@@ -586,6 +586,58 @@ def test_gradients_of_a_lookup_checked_beside_it_wait_for_the_verdict():
         assert "Sok>CheckIdsOnHost" in [c.type for c in tensor.op.control_inputs]
 
 
+def test_one_id_row_splits_from_a_pipeline_stay_on_the_host(device, monkeypatch):
+    """Row splits a tf.data iterator hands over in host memory pass Sok>ElideOneIdRowSplits
+    on their way to the pooled lookup (on the CPU the GPU's path is forced): batches where
+    every sample holds one id pool without row splits on the device, the others with theirs,
+    in one traced step. Outputs and trained tables as tf.nn.safe_embedding_lookup_sparse and
+    SGD on plain variables fed the same batches."""
+    from sparse_operation_kit import lookup_inputs
+    if device == "CPU":
+        monkeypatch.setattr(lookup_inputs, "table_on_gpu", lambda table: True)
+    rng = np.random.default_rng(17)
+    vocabs, dim, batch, combiners = [12, 30], 4, 6, ["mean", "sqrtn"]
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in vocabs]
+    with tf.device(f"{device}:0"):
+        tables = [sok.Variable(i, name=f"elided{t}") for t, i in enumerate(inits)]
+        refs = [tf.Variable(i) for i in inits]
+    optimizer = sok.OptimizerWrapper(keras_optimizer("SGD", 0.5))
+    ref_optimizer = keras_optimizer("SGD", 0.5)
+    one = [1] * batch
+    lengths = [(one, one), (one, [2, 0, 1, 1, 3, 1]), ([1, 1, 2, 1, 1, 0], one), (one, one)]
+    features = [[tf.RaggedTensor.from_row_lengths(
+        rng.integers(0, vocabs[t], size=sum(rows)), rows) for t, rows in enumerate(pair)]
+        for pair in lengths]
+    assert [[len(np.asarray(raw_ops.sok_elide_one_id_row_splits(
+        row_splits=[f.row_splits], ids=[f.values])[0])) for f in pair] for pair in features] \
+        == [[0, 0], [0, batch + 1], [batch + 1, 0], [0, 0]]
+    iterator = iter(tf.data.Dataset.from_tensor_slices(
+        tuple(tf.stack(list(column)) for column in zip(*features))))
+    cotangents = [tf.constant(rng.normal(size=[batch, dim]).astype(np.float32)) for _ in vocabs]
+
+    def train(lookup, variables, opt, ids):
+        with tf.GradientTape() as tape:
+            outputs = lookup(variables, ids)
+            loss = tf.add_n([tf.reduce_sum(o * c) for o, c in zip(outputs, cotangents)])
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return outputs
+
+    sok_lookup = lambda variables, ids: sok.lookup_sparse(variables, list(ids), None, combiners)
+    ref_lookup = lambda variables, ids: [
+        tf.nn.safe_embedding_lookup_sparse(v, i.to_sparse(), None, combiner=c)
+        for v, i, c in zip(variables, ids, combiners)]
+    piped = tf.function(lambda: train(sok_lookup, tables, optimizer, next(iterator)))
+    assert "Sok>ElideOneIdRowSplits" in {n.op for n in graph_nodes(piped)}
+    for pair in features:
+        got = on(device, piped)
+        want = train(ref_lookup, refs, ref_optimizer, pair)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
+        for table, ref in zip(tables, refs):
+            np.testing.assert_allclose(table.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(tables[0].numpy(), inits[0])
+
+
 def test_only_a_few_lookups_ids_are_checked_on_the_host():
     """The host check is taken for a call of up to HOST_CHECK_MAX_LOOKUPS lookups whose ids
     all come from an input pipeline; beyond that, or with ids given as arguments, the ids go

@@ -405,3 +405,77 @@ def test_gathered_update_with_rows_outside_the_gradient(device):
             expected = np.ones([5, 2], np.float32)
             expected[0] -= 0.5
             np.testing.assert_array_equal(table.numpy(), expected)
+
+
+def one_id_splits_elided(splits, ids):
+    """Sok>ElideOneIdRowSplits of one lookup, as NumPy."""
+    return np.array(raw_ops.sok_elide_one_id_row_splits(
+        row_splits=[tf.constant(splits, tf.int64)], ids=[tf.constant(ids)])[0])
+
+
+def test_row_splits_elided_only_where_every_sample_holds_one_id():
+    np.testing.assert_array_equal(one_id_splits_elided([0, 1, 2, 3], [4, 5, 6]), [])
+    np.testing.assert_array_equal(one_id_splits_elided([0], np.zeros([0], np.int32)), [])
+    for splits, ids in (([0, 1, 3], [1, 2, 3]),         # a sample of two ids
+                        ([0, 0, 1, 2], [1, 2]),         # an empty sample
+                        ([0, 1, 2, 3], [1, 2]),         # 0..batch, but fewer ids
+                        ([0, 1, 2], [1, 2, 3])):        # 0..batch, but more ids
+        np.testing.assert_array_equal(one_id_splits_elided(splits, ids), splits)
+    rng = np.random.default_rng(2)
+    long = np.arange(70001)
+    long[rng.integers(1, 70000)] -= 1  # one miss deep inside a long batch
+    np.testing.assert_array_equal(one_id_splits_elided(long, np.zeros(70000, np.int64)), long)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"row_splits 0 must be a non-empty vector, got \[0\]"):
+        one_id_splits_elided(np.zeros([0], np.int64), [1])
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_empty_row_splits_pool_one_id_a_sample(stacked):
+    """Sok>PoolFromTables, Sok>SpreadPooledGrad and Sok>PooledGradShares read empty row
+    splits as one id a sample: the same outputs, id gradients and shares as the row splits
+    0, 1, ..., batch give, and as NumPy (weights and every combiner), on the default device."""
+    rng = np.random.default_rng(8 + stacked)
+    dim, batch = 6, 11
+    inits = [rng.normal(size=[v, dim]).astype(np.float32) for v in (13, 9, 21)]
+    tables = [tf.Variable(i) for i in inits]
+    ids = [tf.constant(rng.integers(0, len(i), size=batch)) for i in inits]
+    weights = [tf.zeros([0]), tf.constant(rng.uniform(-2, 2, size=batch).astype(np.float32)),
+               tf.zeros([0])]
+    iota = tf.range(batch + 1, dtype=tf.int64)
+    n = len(tables)
+    args = dict(ids=ids, weights=weights, combiners=COMBINERS, dim=dim, stacked=stacked)
+    outputs = dict(num_outputs=1 if stacked else n)
+    results = {}
+    for form, splits in (("empty", [tf.zeros([0], tf.int64)] * n), ("iota", [iota] * n)):
+        outs, _ = raw_ops.sok_pool_from_tables(
+            tables=[t.handle for t in tables], row_splits=splits, table_names=["a", "b", "c"],
+            **args, **outputs)
+        grads = [tf.constant(rng.normal(size=o.shape).astype(np.float32)) for o in outs] \
+            if form == "empty" else results["empty"][1]
+        id_grads = raw_ops.sok_spread_pooled_grad(output_grads=grads, row_splits=splits, **args)
+        shares = raw_ops.sok_pooled_grad_shares(row_splits=splits, **args, **outputs)
+        results[form] = (outs, grads, id_grads, shares)
+    (outs, grads, id_grads, (use_rows, use_scales)) = results["empty"]
+    assert outs[0].shape == ([batch, n, dim] if stacked else [batch, dim])
+    for got, want in zip(results["empty"], results["iota"]):
+        for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(want)):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for l in range(n):
+        w = weights[l].numpy() if weights[l].shape[0] else None
+        ref = numpy_pool(inits[l], ids[l].numpy(), np.arange(batch + 1), w, COMBINERS[l])
+        np.testing.assert_allclose((outs[0][:, l] if stacked else outs[l]).numpy(), ref,
+                                   rtol=1e-5, atol=1e-6)
+        scale = np.ones(batch, np.float32) if w is None else \
+            {"sum": w, "mean": np.ones_like(w), "sqrtn": w / np.abs(w)}[COMBINERS[l]]
+        grad = (grads[0][:, l] if stacked else grads[l]).numpy()
+        np.testing.assert_allclose(id_grads[l].numpy(), scale[:, None] * grad, rtol=1e-5,
+                                   atol=1e-6)
+        np.testing.assert_array_equal(use_rows[l].numpy(),
+                                      np.arange(batch) * (n if stacked else 1) +
+                                      (l if stacked else 0))
+        np.testing.assert_allclose(use_scales[l].numpy(), scale, rtol=1e-6)
+    traced = tf.function(lambda: raw_ops.sok_pool_from_tables(
+        tables=[t.handle for t in tables], row_splits=[tf.zeros([0], tf.int64)] * n,
+        table_names=["a", "b", "c"], **args, **outputs)[0]).get_concrete_function()
+    assert traced.outputs[0].shape[0] == batch  # the batch read off the ids

@@ -1,11 +1,11 @@
 #include "kit_src/core/embedding/combine.h"
 
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <thread>
 
 #include "kit_src/core/block_pool.h"
@@ -118,9 +118,26 @@ Status ValidateRowSplits(const int64_t* row_splits, int64_t batch, int64_t nnz,
 }
 
 bool EverySampleHoldsOneId(const int64_t* row_splits, int64_t batch) {
-  bool iota = true;  // no early exit: the loop vectorises, and a mismatch is the rare case
-  for (int64_t s = 0; s <= batch; ++s) iota &= row_splits[s] == s;
-  return iota;
+  // Blocks without an early exit vectorise; a batch of longer samples fails in its first.
+  constexpr int64_t kBlock = 512;
+  for (int64_t first = 0; first <= batch; first += kBlock) {
+    const int64_t last = std::min(first + kBlock, batch + 1);
+    bool iota = true;
+    for (int64_t s = first; s < last; ++s) iota &= row_splits[s] == s;
+    if (!iota) return false;
+  }
+  return true;
+}
+
+std::vector<PooledLookup<float>> WithOneIdRowSplits(std::vector<PooledLookup<float>> lookups,
+                                                    std::vector<std::vector<int64_t>>* storage) {
+  for (PooledLookup<float>& lookup : lookups) {
+    if (lookup.row_splits != nullptr) continue;
+    storage->emplace_back(lookup.batch + 1);
+    std::iota(storage->back().begin(), storage->back().end(), int64_t{0});
+    lookup.row_splits = storage->back().data();  // a vector's buffer stays put when moved
+  }
+  return lookups;
 }
 
 Status RowSplitsOfSortedRows(const int64_t* row_ids, int64_t stride, int64_t nnz,

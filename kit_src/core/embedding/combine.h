@@ -22,6 +22,7 @@ Status ParseCombiner(const std::string& name, Combiner* combiner);
 template <typename T>
 struct PooledLookup {
   const int64_t* row_splits = nullptr;  // [batch + 1] ids of sample s: [row_splits[s], row_splits[s+1])
+                                        // (pooling from the tables: null for one id a sample)
   int64_t batch = 0;
   const int32_t* position = nullptr;    // [nnz] row of each id in the rows matrix
   const float* weights = nullptr;       // [nnz] per-id weights, or nullptr for all ones
@@ -55,6 +56,11 @@ Status ValidateRowSplits(const int64_t* row_splits, int64_t batch, int64_t nnz,
 
 // Whether every sample holds exactly one id: row_splits ([batch + 1]) is 0, 1, ..., batch.
 bool EverySampleHoldsOneId(const int64_t* row_splits, int64_t batch);
+
+// lookups, each null row_splits (one id a sample) replaced by 0, 1, ..., batch held in
+// `storage`, for the host functions below, which read every sample's bounds.
+std::vector<PooledLookup<float>> WithOneIdRowSplits(std::vector<PooledLookup<float>> lookups,
+                                                    std::vector<std::vector<int64_t>>* storage);
 
 // row_splits ([num_rows + 1]) of a 2-D SparseTensor from its row ids, row_ids[i * stride] for
 // i in [0, nnz) (the first column of its indices), which must not decrease and must lie in

@@ -326,7 +326,7 @@ __device__ __forceinline__ void CheckRowSplitsOf(const GpuPooledLookup* lookups,
     const int32_t l = FindSampleLookup(lookups, num_lookups, g);
     const int64_t s = g - lookups[l].first_sample;
     const int64_t* splits = lookups[l].row_splits;
-    if (splits[s + 1] < splits[s]) {
+    if (splits != nullptr && splits[s + 1] < splits[s]) {
       RecordBad(check, EncodeBad(first_group + l, BadKind::kRowSplitsDecrease, s));
     }
   }
@@ -374,8 +374,13 @@ __device__ __forceinline__ PooledSample LocateSample(const GpuPooledLookup* look
   sample.l = FindSampleLookup(lookups, num_lookups, g);
   const GpuPooledLookup& lookup = lookups[sample.l];
   sample.s = g - lookup.first_sample;
-  sample.begin = max(lookup.row_splits[sample.s], int64_t{0});
-  sample.end = max(min(lookup.row_splits[sample.s + 1], lookup.ids_count), sample.begin);
+  if (lookup.row_splits == nullptr) {  // one id a sample
+    sample.begin = sample.s;
+    sample.end = sample.s + 1;
+  } else {
+    sample.begin = max(lookup.row_splits[sample.s], int64_t{0});
+    sample.end = max(min(lookup.row_splits[sample.s + 1], lookup.ids_count), sample.begin);
+  }
   sample.denominator = Denominator(lookup, sample.begin, sample.end);
   return sample;
 }
@@ -523,7 +528,8 @@ __global__ void CheckPooledBatchKernel(const __grid_constant__ GpuPooledBatch ba
   const int64_t l = GlobalThread();
   if (l < batch.count) {
     const GpuPooledLookup& lookup = batch.items[l];
-    if (lookup.row_splits[0] != 0 || lookup.row_splits[lookup.batch] != lookup.ids_count) {
+    if (lookup.row_splits != nullptr &&
+        (lookup.row_splits[0] != 0 || lookup.row_splits[lookup.batch] != lookup.ids_count)) {
       RecordBad(check, EncodeBad(batch.first_group + l, BadKind::kRowSplitsEnds, 0));
     }
   }

@@ -204,7 +204,8 @@ cudaError_t GatherGradientRows(const int64_t* keys, const int32_t* order, int64_
 
 // One pooled lookup on the device.
 struct GpuPooledLookup {
-  const int64_t* row_splits = nullptr;  // [batch + 1]
+  const int64_t* row_splits = nullptr;  // [batch + 1]; pooling from the tables: null for one
+                                        // id a sample (batch == ids_count)
   int64_t batch = 0;
   int64_t first_sample = 0;             // among all lookups' samples
   const float* weights = nullptr;       // [weights_count], or null for all ones

@@ -463,6 +463,30 @@ class EverySampleHoldsOneIdOp : public tf::OpKernel {
   }
 };
 
+// Sok>ElideOneIdRowSplits: each lookup's row splits, or an empty vector where every sample
+// holds one id (the pooled ops' one id a sample, which needs no row splits on the GPU).
+class ElideOneIdRowSplitsOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* ctx) override {
+    const int n = ctx->num_outputs();
+    for (int l = 0; l < n; ++l) {
+      const tf::Tensor& splits = ctx->input(l);
+      OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(splits.shape()) && splits.NumElements() >= 1,
+                  tf::errors::InvalidArgument("row_splits ", l, " must be a non-empty vector, got ",
+                                              splits.shape().DebugString()));
+      const int64_t batch = splits.NumElements() - 1;
+      if (batch == ctx->input(n + l).NumElements() &&
+          EverySampleHoldsOneId(splits.flat<int64_t>().data(), batch)) {
+        tf::Tensor* elided = nullptr;
+        OP_REQUIRES_OK(ctx, ctx->allocate_output(l, tf::TensorShape({0}), &elided));
+      } else {
+        ctx->set_output(l, splits);
+      }
+    }
+  }
+};
+
 // Sok>CheckIdsOnHost: pipeline ids (and row splits) checked on the host before they reach a
 // device, copied in the same pass into pinned memory, from which their crossing is one DMA.
 class CheckIdsOnHostOp : public tf::OpKernel {
@@ -539,6 +563,8 @@ class CheckIdsOnHostOp : public tf::OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("Sok>EverySampleHoldsOneId").Device(tf::DEVICE_CPU),
                         EverySampleHoldsOneIdOp);
+REGISTER_KERNEL_BUILDER(Name("Sok>ElideOneIdRowSplits").Device(tf::DEVICE_CPU),
+                        ElideOneIdRowSplitsOp);
 REGISTER_KERNEL_BUILDER(Name("Sok>CheckIdsOnHost").Device(tf::DEVICE_CPU), CheckIdsOnHostOp);
 
 // ------------------------------------------------------------------ registration

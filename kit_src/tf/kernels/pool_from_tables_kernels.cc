@@ -27,7 +27,9 @@ tf::Status PoolFromTables<CpuDevice>::operator()(tf::OpKernelContext* ctx,
                                                  const std::vector<PooledLookup<float>>& lookups,
                                                  int64_t dim, LookupCheck* check) {
   if (check != nullptr) *check = CleanCheck();
-  return ToTfStatus(sok::PoolFromTables(tables, dim, lookups, CpuParallelFor(ctx)));
+  std::vector<std::vector<int64_t>> one_id_splits;
+  return ToTfStatus(sok::PoolFromTables(tables, dim, WithOneIdRowSplits(lookups, &one_id_splits),
+                                        CpuParallelFor(ctx)));
 }
 
 // Every lookup's row splits run from 0 to its ids without decreasing (the CPU reads them).
@@ -47,8 +49,10 @@ tf::Status SpreadPooledGrad<CpuDevice>::operator()(tf::OpKernelContext* ctx,
                                                    const std::vector<int64_t>& id_counts,
                                                    const std::vector<float*>& id_grads,
                                                    int64_t dim) {
-  TF_RETURN_IF_ERROR(CheckRowSplits(lookups, id_counts));
-  sok::SpreadPooledGrad(dim, lookups, id_grads, CpuParallelFor(ctx));
+  std::vector<std::vector<int64_t>> one_id_splits;
+  const std::vector<PooledLookup<float>> host = WithOneIdRowSplits(lookups, &one_id_splits);
+  TF_RETURN_IF_ERROR(CheckRowSplits(host, id_counts));
+  sok::SpreadPooledGrad(dim, host, id_grads, CpuParallelFor(ctx));
   return tf::Status();
 }
 
@@ -58,8 +62,10 @@ tf::Status PooledGradShares<CpuDevice>::operator()(
     const std::vector<int64_t>& id_counts, const std::vector<int64_t>& row_first,
     const std::vector<int64_t>& row_step, const std::vector<int64_t*>& use_rows,
     const std::vector<float*>& use_scales) {
-  TF_RETURN_IF_ERROR(CheckRowSplits(lookups, id_counts));
-  sok::PooledGradShares(lookups, row_first, row_step, use_rows, use_scales, CpuParallelFor(ctx));
+  std::vector<std::vector<int64_t>> one_id_splits;
+  const std::vector<PooledLookup<float>> host = WithOneIdRowSplits(lookups, &one_id_splits);
+  TF_RETURN_IF_ERROR(CheckRowSplits(host, id_counts));
+  sok::PooledGradShares(host, row_first, row_step, use_rows, use_scales, CpuParallelFor(ctx));
   return tf::Status();
 }
 
@@ -87,7 +93,8 @@ struct PooledLayout {
   }
 
   // The lookups' row splits, weights and combiners from inputs first_splits.. (N row splits,
-  // then N weights); id_counts[l] is lookup l's number of ids.
+  // then N weights); id_counts[l] is lookup l's number of ids. Empty row splits: one id a
+  // sample (row_splits null).
   tf::Status Describe(tf::OpKernelContext* ctx, int first_splits,
                       const std::vector<int64_t>& id_counts,
                       std::vector<PooledLookup<float>>* lookups) const {
@@ -95,15 +102,16 @@ struct PooledLayout {
     for (int64_t l = 0; l < n; ++l) {
       const tf::Tensor& splits = ctx->input(first_splits + l);
       const tf::Tensor& weights = ctx->input(first_splits + n + l);
-      TF_RETURN_IF_ERROR(CheckRowSplitsShape(l, splits));
+      const bool one_id = splits.dims() == 1 && splits.NumElements() == 0;
+      if (!one_id) TF_RETURN_IF_ERROR(CheckRowSplitsShape(l, splits));
       if (weights.NumElements() > 0 && weights.NumElements() != id_counts[l]) {
         return tf::errors::InvalidArgument("weights of lookup ", l, " have ",
                                            weights.NumElements(), " values but its ids have ",
                                            id_counts[l], "; weights must match the ids one to one");
       }
       PooledLookup<float>& lookup = (*lookups)[l];
-      lookup.row_splits = splits.flat<int64_t>().data();
-      lookup.batch = splits.NumElements() - 1;
+      lookup.row_splits = one_id ? nullptr : splits.flat<int64_t>().data();
+      lookup.batch = one_id ? id_counts[l] : splits.NumElements() - 1;
       lookup.weights = weights.NumElements() > 0 ? weights.flat<float>().data() : nullptr;
       lookup.combiner = combiners[l];
       if (stacked) {

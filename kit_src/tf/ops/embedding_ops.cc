@@ -273,8 +273,9 @@ without waiting for the GPU to pass its check. host_checked: the ids were checke
 )doc");
 
 // Outputs of a pooled lookup straight from the tables: one [batch, dim] a lookup, or (stacked)
-// one [batch, N, dim] for all of them.
-static Status PooledOutputsShape(InferenceContext* c, int first_splits) {
+// one [batch, N, dim] for all of them. A lookup's batch is its row splits' length less one,
+// or its ids' count where the row splits are empty (one id a sample).
+static Status PooledOutputsShape(InferenceContext* c, int first_ids) {
   int64_t n = 0, dim = 0;
   bool stacked = false;
   TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
@@ -282,10 +283,14 @@ static Status PooledOutputsShape(InferenceContext* c, int first_splits) {
   TF_RETURN_IF_ERROR(c->GetAttr("stacked", &stacked));
   DimensionHandle stacked_batch = c->UnknownDim();
   for (int64_t l = 0; l < n; ++l) {
-    ShapeHandle splits;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(first_splits + l), 1, &splits));
-    DimensionHandle batch;
-    TF_RETURN_IF_ERROR(c->Subtract(c->Dim(splits, 0), 1, &batch));
+    ShapeHandle ids, splits;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(first_ids + l), 1, &ids));
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(first_ids + n + l), 1, &splits));
+    const DimensionHandle length = c->Dim(splits, 0);
+    DimensionHandle batch = c->Dim(ids, 0);
+    if (!c->ValueKnown(length) || c->Value(length) != 0) {
+      TF_RETURN_IF_ERROR(c->Subtract(length, 1, &batch));
+    }
     if (stacked) {
       TF_RETURN_IF_ERROR(c->Merge(stacked_batch, batch, &stacked_batch));
     } else {
@@ -313,13 +318,14 @@ REGISTER_OP("Sok>PoolFromTables")
     .SetShapeFn([](InferenceContext* c) -> Status {
       int64_t n = 0;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-      TF_RETURN_IF_ERROR(PooledOutputsShape(c, 2 * n));
+      TF_RETURN_IF_ERROR(PooledOutputsShape(c, n));
       return SetCheckShape(c, c->num_outputs() - 1);
     })
     .Doc(R"doc(
 One worker, static float32 tables: output l pools, for each sample of lookup l, the weighted
-rows of table l at its ids (row_splits l, weights l or an empty tensor for all ones,
-combiners l), with no dedup, no sort and no exchange, so nothing waits for the device. With
+rows of table l at its ids (row_splits l, or an empty vector for one id a sample as
+Sok>ElideOneIdRowSplits gives; weights l or an empty tensor for all ones; combiners l), with
+no dedup, no sort and no exchange, so nothing waits for the device. With
 stacked (num_outputs 1), one [batch, N, dim] output holds every lookup (all of one batch size),
 else num_outputs is N. The tables' gradients are IndexedSlices over the ids (Sok>SpreadPooledGrad).
 check is the GPU kernels' record of the first bad input (an id outside its table, row_splits
@@ -327,6 +333,25 @@ that do not start at 0, end at the ids' count or that decrease), which Sok>Check
 reports; the CPU kernel fails at once and leaves it clean. host_checked: the ids and row
 splits were checked on the host (Sok>CheckIdsOnHost, sok.stage_features); the GPU checks
 nothing (row splits are clamped to the ids) and check is empty.
+)doc");
+
+REGISTER_OP("Sok>ElideOneIdRowSplits")
+    .Input("row_splits: N * int64")
+    .Input("ids: Tids")
+    .Output("elided: N * int64")
+    .Attr("N: int >= 1")
+    .Attr("Tids: list({int32, int64})")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      for (int l = 0; l < c->num_outputs(); ++l) c->set_output(l, c->Vector(c->UnknownDim()));
+      return Status();
+    })
+    .Doc(R"doc(
+Row splits in host memory on their way to a GPU's pooled ops (Sok>PoolFromTables and its
+gradients), which read an empty row_splits as one id a sample: elided l is an empty vector
+where row_splits l is 0, 1, ..., batch and lookup l has batch ids (ids l, read for their count
+only), else row_splits l itself (not copied). Such row splits then never cross to the GPU, and
+the GPU pools each sample's one row. CPU only; nothing is checked here (Sok>CheckIdsOnHost
+checks the row splits beside the lookup).
 )doc");
 
 REGISTER_OP("Sok>SpreadPooledGrad")
