@@ -2,8 +2,8 @@
 tf_vs_tbe.py's T3 (one 8Mi x 128 table, 65,536 samples of one id, ragged from row lengths)
 fed from its cached dataset, one step a call and LOOP steps a call, through each lookup path
 the plugin has and through plain TensorFlow, so that the cost of each part (the host id
-check, the row splits' copy, the pooling kernel, the deferred device check) reads as a
-difference. Then TensorFlow's profiler timeline of the default path and of plain TF, each in
+check, the row splits' copy or their elision, the pooling kernel, the deferred device check)
+reads as a difference. Then TensorFlow's profiler timeline of the default path and of plain TF, each in
 a process of its own.
 
     python3 t3_feed_parts.py [IDS_DIR] [--timeline | --timeline-of=VARIANT]
@@ -79,6 +79,13 @@ def forwards(tables, plain):
             table_names=[lookup.table.name for lookup in lookups], host_checked=True)
         return outputs
 
+    def splits_copied(lookups):
+        """The default (ids and row splits checked on the host beside the lookup) with the row
+        splits copied to the GPU as they are, not elided where each sample holds one id
+        (Sok>ElideOneIdRowSplits): what the elision saves, by difference."""
+        verdict, _ = lookup_inputs.host_verdict(lookups, with_row_splits=True)
+        return lookup_inputs.after_verdict(verdict, unchecked(lookups))
+
     def tf_plain(features):
         return tf.reduce_sum(tf.nn.embedding_lookup(plain, features[0].values))
 
@@ -91,13 +98,14 @@ def forwards(tables, plain):
         "sok": sok_forward,
         "serial_pinned": via(serial_pinned),
         "unchecked": via(unchecked),
+        "splits_copied": via(splits_copied),
         "single": via(lambda l: lookup_paths.single_id_path(l, dim)),
         "tf": tf_plain,
         "tf_splits": tf_plain_splits,
     }
 
 
-TRAINED = ("sok", "serial_pinned", "unchecked", "single", "tf")
+TRAINED = ("sok", "serial_pinned", "unchecked", "splits_copied", "single", "tf")
 
 
 TIMELINES = ("sok", "tf", "sok_train", "tf_train", "serial_pinned")
