@@ -86,6 +86,15 @@ def forwards(tables, plain):
         verdict, _ = lookup_inputs.host_verdict(lookups, with_row_splits=True)
         return lookup_inputs.after_verdict(verdict, unchecked(lookups))
 
+    def either_on_host(lookups):
+        """The one-id gather or the default pooled lookup, chosen each step by a tf.cond on
+        the pipeline's row splits in host memory (Sok>EverySampleHoldsOneId, so nothing waits
+        for the GPU): what the one-id gather would give the ragged form (forward only)."""
+        return tf.cond(raw_ops.sok_every_sample_holds_one_id(
+                           row_splits=[lookup.row_splits for lookup in lookups]),
+                       lambda: lookup_paths.single_id_path(lookups, dim),
+                       lambda: lookup_paths.pool_from_tables_path(lookups, dim))
+
     def tf_plain(features):
         return tf.reduce_sum(tf.nn.embedding_lookup(plain, features[0].values))
 
@@ -99,6 +108,7 @@ def forwards(tables, plain):
         "serial_pinned": via(serial_pinned),
         "unchecked": via(unchecked),
         "splits_copied": via(splits_copied),
+        "either_on_host": via(either_on_host),
         "single": via(lambda l: lookup_paths.single_id_path(l, dim)),
         "tf": tf_plain,
         "tf_splits": tf_plain_splits,
