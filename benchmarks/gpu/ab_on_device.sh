@@ -2,9 +2,11 @@
 # Same-job A/B of the op library against a baseline build on one GPU. Builds this tree and the
 # baseline (BASE_TAR: `git archive <commit>` of the baseline, extracted to /tmp/ab_base) with
 # their GPU kernels side by side, then runs BENCH (a benchmark script and its arguments,
-# relative to this tree, which runs it for both) ROUNDS times with each library in turn (base,
-# new, base, new, ...), numbering the rounds from FIRST_ROUND (default 1) so that rounds run in
-# separate calls can be compared together:
+# relative to this tree, which runs it for both) ROUNDS times with each library in turn, the
+# order of the two sides swapped every round (base then new in odd rounds, new then base in
+# even ones, so that a drift of the machine within a round favours neither), numbering the
+# rounds from FIRST_ROUND (default 1) so that rounds run in separate calls can be compared
+# together:
 # each run's JSON in $OUT/ab/base_<round>/ and $OUT/ab/new_<round>/, the comparison
 # (benchmarks/ab_compare.py) in $OUT/ab_compare.log.
 # Needs what tf_on_device.sh needs.
@@ -30,7 +32,9 @@ build "$PWD" "$OUT/ab_new_build.log" || exit 1
 wait
 [ -f "$BASE/.built" ] || exit 1
 for round in $(seq "$FIRST_ROUND" $((FIRST_ROUND + ROUNDS - 1))); do
-  for side in base new; do
+  sides="base new"
+  [ $((round % 2)) = 0 ] && sides="new base"
+  for side in $sides; do
     tree=$PWD
     [ "$side" = base ] && tree=$BASE
     echo "== round $round: $side library"
