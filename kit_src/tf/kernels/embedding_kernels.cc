@@ -451,9 +451,7 @@ class EverySampleHoldsOneIdOp : public tf::OpKernel {
     bool one_id = true;
     for (int l = 0; l < ctx->num_inputs(); ++l) {
       const tf::Tensor& splits = ctx->input(l);
-      OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(splits.shape()) && splits.NumElements() >= 1,
-                  tf::errors::InvalidArgument("row_splits ", l, " must be a non-empty vector, got ",
-                                              splits.shape().DebugString()));
+      OP_REQUIRES_OK(ctx, CheckHostRowSplitsShape(l, splits));
       one_id = one_id && EverySampleHoldsOneId(splits.flat<int64_t>().data(),
                                                splits.NumElements() - 1);
     }
@@ -472,9 +470,7 @@ class ElideOneIdRowSplitsOp : public tf::OpKernel {
     const int n = ctx->num_outputs();
     for (int l = 0; l < n; ++l) {
       const tf::Tensor& splits = ctx->input(l);
-      OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(splits.shape()) && splits.NumElements() >= 1,
-                  tf::errors::InvalidArgument("row_splits ", l, " must be a non-empty vector, got ",
-                                              splits.shape().DebugString()));
+      OP_REQUIRES_OK(ctx, CheckHostRowSplitsShape(l, splits));
       const int64_t batch = splits.NumElements() - 1;
       if (batch == ctx->input(n + l).NumElements() &&
           EverySampleHoldsOneId(splits.flat<int64_t>().data(), batch)) {
@@ -539,9 +535,7 @@ class CheckIdsOnHostOp : public tf::OpKernel {
 
   void CheckSplits(tf::OpKernelContext* ctx, int l, int64_t num_ids, tf::AllocatorAttributes host) {
     const tf::Tensor& splits = ctx->input(num_lookups_ + l);
-    OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(splits.shape()) && splits.NumElements() >= 1,
-                tf::errors::InvalidArgument("row_splits ", l, " must be a non-empty vector, got ",
-                                            splits.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckHostRowSplitsShape(l, splits));
     SOK_OP_REQUIRES_OK(ctx, ValidateRowSplits(splits.flat<int64_t>().data(),
                                               splits.NumElements() - 1, num_ids,
                                               "lookup " + std::to_string(l)));

@@ -85,7 +85,17 @@ inline ::tensorflow::Status CheckRowSplitsShape(int64_t l, const ::tensorflow::T
                                                splits.shape().DebugString());
 }
 
-// Sok>GatherSingleIds: lookup l's ids (one a sample) are a vector.
+// The host ops' row_splits input l (Sok>CheckIdsOnHost, Sok>EverySampleHoldsOneId,
+// Sok>ElideOneIdRowSplits): a vector of batch + 1 entries.
+inline ::tensorflow::Status CheckHostRowSplitsShape(int l, const ::tensorflow::Tensor& splits) {
+  if (::tensorflow::TensorShapeUtils::IsVector(splits.shape()) && splits.NumElements() >= 1) {
+    return ::tensorflow::Status();
+  }
+  return ::tensorflow::errors::InvalidArgument(
+      "row_splits ", l, " must be a non-empty vector, got ", splits.shape().DebugString());
+}
+
+// Sok>GatherSingleIds, Sok>PoolFromTables: lookup l's ids are a vector.
 inline ::tensorflow::Status CheckSingleIdLookup(int l, const ::tensorflow::Tensor& ids) {
   if (::tensorflow::TensorShapeUtils::IsVector(ids.shape())) return ::tensorflow::Status();
   return ::tensorflow::errors::InvalidArgument("ids of lookup ", l, " must be a vector, got shape ",

@@ -2,19 +2,17 @@
 // worker (no dedup, no exchange), one OpKernel each for both devices over
 // pool_from_tables_functor.h.
 #include <cstring>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/embedding_validation.h"
 #include "kit_src/tf/kernels/gathered_ids_check.h"
+#include "kit_src/tf/kernels/locked_tables.h"
 #include "kit_src/tf/kernels/pool_from_tables_functor.h"
 #include "kit_src/tf/kernels/pooled_output.h"
 #include "kit_src/tf/kernels/register_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/resource_mgr.h"
-#include "tensorflow/core/framework/resource_var.h"
 
 namespace sok {
 namespace tf = ::tensorflow;
@@ -171,28 +169,16 @@ class PoolFromTablesOp : public PooledLayoutOp {
 
   void Compute(tf::OpKernelContext* ctx) override {
     const int64_t n = layout_.n, dim = layout_.dim;
-    // Lookups may share a table: each variable locked once, shared, as TF's own reads do.
-    std::vector<tf::core::RefCountPtr<tf::Var>> vars(n);
-    std::vector<std::unique_ptr<tf::tf_shared_lock>> locks;
+    LockedTables locked;  // lookups may share a table
+    OP_REQUIRES_OK(ctx, locked.Lock(ctx, 0, static_cast<int>(n), dim, tf::DT_FLOAT, &table_names_));
     std::vector<LookupTable<float>> tables(n);
     std::vector<int64_t> id_counts(n);
     for (int64_t l = 0; l < n; ++l) {
-      OP_REQUIRES_OK(ctx, tf::LookupResource(ctx, tf::HandleFromInput(ctx, l), &vars[l]));
-      bool seen = false;
-      for (int64_t k = 0; k < l; ++k) seen = seen || vars[k].get() == vars[l].get();
-      if (!seen) locks.push_back(std::make_unique<tf::tf_shared_lock>(*vars[l]->mu()));
-      const tf::Tensor& table = *vars[l]->tensor();
-      OP_REQUIRES(ctx, table.dtype() == tf::DT_FLOAT && table.dims() == 2 &&
-                           table.dim_size(1) == dim,
-                  tf::errors::InvalidArgument("table '", table_names_[l], "' must be float32 [rows, ",
-                                              dim, "], got ", tf::DataTypeString(table.dtype()),
-                                              " ", table.shape().DebugString()));
       const tf::Tensor& ids = ctx->input(n + l);
-      OP_REQUIRES(ctx, tf::TensorShapeUtils::IsVector(ids.shape()),
-                  tf::errors::InvalidArgument("ids of lookup ", l, " must be a vector, got shape ",
-                                              ids.shape().DebugString()));
+      OP_REQUIRES_OK(ctx, CheckSingleIdLookup(static_cast<int>(l), ids));  // a vector
       id_counts[l] = ids.NumElements();
-      tables[l] = LookupTable<float>{table.flat<float>().data(), table.dim_size(0),
+      const TableRows& table = locked.tables()[l];
+      tables[l] = LookupTable<float>{static_cast<const float*>(table.data), table.rows,
                                      ids.flat<int64_t>().data(), ids.NumElements(),
                                      &table_names_[l]};
     }

@@ -110,16 +110,19 @@ Whether every sample of every lookup holds exactly one id (each row_splits is 0,
 batch): the run-time choice between Sok>GatherSingleIds and the fused chain, in one op.
 )doc");
 
+// Every output a vector whose length only the run knows.
+static Status VectorsOfUnknownLength(InferenceContext* c) {
+  for (int l = 0; l < c->num_outputs(); ++l) c->set_output(l, c->Vector(c->UnknownDim()));
+  return Status();
+}
+
 REGISTER_OP("Sok>SparseRowSplits")
     .Input("indices: N * int64")
     .Input("dense_shape: N * int64")
     .Output("row_splits: N * int64")
     .Attr("N: int >= 1")
     .Attr("names: list(string)")
-    .SetShapeFn([](InferenceContext* c) -> Status {
-      for (int l = 0; l < c->num_outputs(); ++l) c->set_output(l, c->Vector(c->UnknownDim()));
-      return Status();
-    })
+    .SetShapeFn(VectorsOfUnknownLength)
     .Doc(R"doc(
 The row splits of 2-D SparseTensors (indices [nnz, 2], dense_shape [2]) from the first column
 of their indices, which must be in order and inside dense_shape[0]; columns are not read (as
@@ -341,10 +344,7 @@ REGISTER_OP("Sok>ElideOneIdRowSplits")
     .Output("elided: N * int64")
     .Attr("N: int >= 1")
     .Attr("Tids: list({int32, int64})")
-    .SetShapeFn([](InferenceContext* c) -> Status {
-      for (int l = 0; l < c->num_outputs(); ++l) c->set_output(l, c->Vector(c->UnknownDim()));
-      return Status();
-    })
+    .SetShapeFn(VectorsOfUnknownLength)
     .Doc(R"doc(
 Row splits in host memory on their way to a GPU's pooled ops (Sok>PoolFromTables and its
 gradients), which read an empty row_splits as one id a sample: elided l is an empty vector
