@@ -117,6 +117,37 @@ Status ValidateRowSplits(const int64_t* row_splits, int64_t batch, int64_t nnz,
   return Status::Ok();
 }
 
+Status BindPooledPositions(const int32_t* position, int64_t positions,
+                           const std::vector<int64_t>& weights_counts,
+                           std::vector<PooledLookup<float>>* lookups) {
+  int64_t offset = 0;
+  for (size_t l = 0; l < lookups->size(); ++l) {
+    PooledLookup<float>& lookup = (*lookups)[l];
+    const std::string what = "lookup " + std::to_string(l);
+    const int64_t nnz = lookup.row_splits[lookup.batch];
+    if (nnz < 0 || offset + nnz > positions) {
+      return Status::InvalidArgument(what + " has " + std::to_string(nnz) + " ids but only " +
+                                     std::to_string(positions - offset) +
+                                     " positions are left");
+    }
+    Status status = ValidateRowSplits(lookup.row_splits, lookup.batch, nnz, what);
+    if (!status.ok()) return status;
+    if (lookup.weights != nullptr && weights_counts[l] != nnz) {
+      return Status::InvalidArgument("weights of " + what + " have " +
+                                     std::to_string(weights_counts[l]) +
+                                     " values but its ids have " + std::to_string(nnz) +
+                                     "; weights must match the ids one to one");
+    }
+    lookup.position = position + offset;
+    offset += nnz;
+  }
+  if (offset != positions) {
+    return Status::InvalidArgument("the lookups have " + std::to_string(offset) +
+                                   " ids but position has " + std::to_string(positions));
+  }
+  return Status::Ok();
+}
+
 bool EverySampleHoldsOneId(const int64_t* row_splits, int64_t batch) {
   // Blocks without an early exit vectorise; a batch of longer samples fails in its first.
   constexpr int64_t kBlock = 512;

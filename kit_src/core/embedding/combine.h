@@ -54,6 +54,14 @@ struct LookupTable {
 Status ValidateRowSplits(const int64_t* row_splits, int64_t batch, int64_t nnz,
                          const std::string& what);
 
+// Binds each lookup to its run of the `positions` (runs one after another in lookup order),
+// checking on the host: row splits that start at 0, never decrease and fit the positions
+// left, weights one an id (weights_counts[l], where lookup l has weights), and every position
+// used. Sets lookups[l].position.
+Status BindPooledPositions(const int32_t* position, int64_t positions,
+                           const std::vector<int64_t>& weights_counts,
+                           std::vector<PooledLookup<float>>* lookups);
+
 // Whether every sample holds exactly one id: row_splits ([batch + 1]) is 0, 1, ..., batch.
 bool EverySampleHoldsOneId(const int64_t* row_splits, int64_t batch);
 

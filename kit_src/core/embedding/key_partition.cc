@@ -120,6 +120,33 @@ void CollectTableKeys(const std::vector<LookupIds<Tindex>>& lookups,
 
 }  // namespace
 
+Status PartitionKeyWidths(const std::vector<TablePlacement>& tables,
+                          const PartitionOptions& options, bool on_gpu, PartitionKeyBits* bits) {
+  const int32_t num_workers = options.num_workers;
+  uint64_t max_local_rows = 1;
+  for (const TablePlacement& table : tables) {
+    max_local_rows =
+        std::max<uint64_t>(max_local_rows, MostLocalRows(table.rows, table.owner, num_workers));
+  }
+  bits->row_bits = BitsToHold(max_local_rows);
+  bits->table_bits = BitsToHold(tables.size());
+  const int worker_bits = BitsToHold(num_workers);
+  if (!on_gpu) return Status::Ok();
+  if (options.pair_keys) {  // (worker, table) in 32 bits, ids in another 64
+    if (bits->table_bits + worker_bits <= 32) return Status::Ok();
+    return Status::InvalidArgument(std::to_string(tables.size()) + " tables and " +
+                                   std::to_string(num_workers) +
+                                   " workers do not fit a 32-bit sort key");
+  }
+  if (bits->row_bits <= kPackedRowBits && bits->row_bits + bits->table_bits + worker_bits <= 64) {
+    return Status::Ok();
+  }
+  return Status::InvalidArgument("tables of " + std::to_string(max_local_rows) + " local rows, " +
+                                 std::to_string(tables.size()) + " tables and " +
+                                 std::to_string(num_workers) +
+                                 " workers do not fit a 64-bit sort key");
+}
+
 Status IdOutOfRange(const std::string& table_name, int64_t id, int64_t rows) {
   // Plain string concatenation, no iostreams: TensorFlow's GPU wheel exports its own weak
   // std::ostringstream members, built by another libstdc++, and the loader binds ours to them

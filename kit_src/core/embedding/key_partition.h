@@ -44,6 +44,18 @@ struct PartitionResult {
   ScratchVector<int32_t> position;      // [sum of counts] where each id's row is in send_keys
 };
 
+// The bit widths of the GPU's sort keys (rows, tables) for these tables.
+struct PartitionKeyBits {
+  int row_bits = 0;
+  int table_bits = 0;
+};
+
+// The widths for `tables` and `options`. on_gpu: the GPU sorts keys of these widths, so they
+// must fit its sort key (64 bits with the worker, or pair keys' (worker, table) in 32); fails
+// naming the counts that do not.
+Status PartitionKeyWidths(const std::vector<TablePlacement>& tables,
+                          const PartitionOptions& options, bool on_gpu, PartitionKeyBits* bits);
+
 // The error for an id outside [0, rows) of a static table: names the table, the id and the
 // valid range.
 Status IdOutOfRange(const std::string& table_name, int64_t id, int64_t rows);

@@ -117,6 +117,25 @@ Status TableBlocks(const int64_t* keys, int64_t n, int32_t num_tables,
   return Status::Ok();
 }
 
+Status TableFirstsOfCounts(const int32_t* counts, int32_t num_tables, int64_t n,
+                           std::vector<int64_t>* first) {
+  first->clear();
+  int64_t total = 0;
+  for (int32_t t = 0; t < num_tables; ++t) {
+    if (counts[t] < 0) {
+      return Status::InvalidArgument("table_counts[" + std::to_string(t) + "] = " +
+                                     std::to_string(counts[t]) + " is negative");
+    }
+    first->push_back(total);
+    total += counts[t];
+  }
+  if (total != n) {
+    return Status::InvalidArgument("table_counts add up to " + std::to_string(total) +
+                                   ", not the " + std::to_string(n) + " keys");
+  }
+  return Status::Ok();
+}
+
 template <typename T>
 void SplitGradientByTable(const int64_t* keys, int64_t n, int64_t dim, const T* grad,
                           const std::vector<int64_t*>& indices, const std::vector<T*>& values,

@@ -66,6 +66,11 @@ Status CountKeysPerTable(const int64_t* keys, int64_t n, int32_t num_tables,
 Status TableBlocks(const int64_t* keys, int64_t n, int32_t num_tables,
                    std::vector<int64_t>* first, std::vector<int64_t>* counts);
 
+// Where each table's keys start, from one count a table given with the keys: first[t].
+// Fails on a negative count or counts that do not add up to the n keys.
+Status TableFirstsOfCounts(const int32_t* counts, int32_t num_tables, int64_t n,
+                           std::vector<int64_t>* first);
+
 // Splits the rows' gradient ([n, dim]) by table: for table t, indices[t] receives the local
 // rows and values[t] ([counts[t], dim]) their gradients, in key order.
 template <typename T>

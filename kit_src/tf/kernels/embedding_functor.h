@@ -57,12 +57,6 @@ using AllocatePartition = std::function<::tensorflow::Status(
     int64_t unique_keys, const std::vector<int32_t>& splits,
     const std::vector<int32_t>& table_counts, int64_t** send_keys, int32_t** position)>;
 
-// The bit widths of the GPU's sort keys (rows, tables) for these tables.
-struct PartitionKeyBits {
-  int row_bits = 0;
-  int table_bits = 0;
-};
-
 // ---- Sok>SplitGradientByTable
 
 // Sok>SplitGradientByTable's outputs: table t's row indices (output t) and gradient rows
@@ -423,43 +417,24 @@ struct SplitGradientByTable<CpuDevice> {
   }
 };
 
-// The CPU's checks of the pooled lookups' values against the positions: row splits that start
-// at 0, never decrease and fit the positions left, weights one a id, every position used.
+// The pooled lookups the CPU reads, bound to their positions and checked by the core.
 inline ::tensorflow::Status HostPooledLookups(const std::vector<PooledArgs>& args,
                                               const ::tensorflow::Tensor& position,
                                               std::vector<PooledLookup<float>>* lookups) {
-  namespace tf = ::tensorflow;
-  int64_t offset = 0;
-  for (size_t l = 0; l < args.size(); ++l) {
-    const PooledArgs& arg = args[l];
-    const int64_t nnz = arg.row_splits[arg.batch];
-    if (nnz < 0 || offset + nnz > position.NumElements()) {
-      return tf::errors::InvalidArgument("lookup ", l, " has ", nnz, " ids but only ",
-                                         position.NumElements() - offset, " positions are left");
-    }
-    TF_RETURN_IF_ERROR(ToTfStatus(
-        ValidateRowSplits(arg.row_splits, arg.batch, nnz, "lookup " + std::to_string(l))));
-    if (arg.weights != nullptr && arg.weights_count != nnz) {
-      return tf::errors::InvalidArgument("weights of lookup ", l, " have ", arg.weights_count,
-                                         " values but its ids have ", nnz,
-                                         "; weights must match the ids one to one");
-    }
+  std::vector<int64_t> weights_counts;
+  for (const PooledArgs& arg : args) {
     PooledLookup<float> lookup;
     lookup.row_splits = arg.row_splits;
     lookup.batch = arg.batch;
-    lookup.position = PositionsOf(position) + offset;
     lookup.weights = arg.weights;
     lookup.combiner = arg.combiner;
     lookup.output = arg.output;
     lookup.output_grad = arg.output_grad;
     lookups->push_back(lookup);
-    offset += nnz;
+    weights_counts.push_back(arg.weights_count);
   }
-  if (offset != position.NumElements()) {
-    return tf::errors::InvalidArgument("the lookups have ", offset, " ids but position has ",
-                                       position.NumElements());
-  }
-  return tf::Status();
+  return ToTfStatus(BindPooledPositions(PositionsOf(position), position.NumElements(),
+                                        weights_counts, lookups));
 }
 
 template <>

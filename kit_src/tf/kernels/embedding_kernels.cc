@@ -9,8 +9,6 @@
 #include <vector>
 
 #include "kit_src/core/embedding/combine.h"
-#include "kit_src/core/embedding/packed_key.h"
-#include "kit_src/core/embedding/row_owner.h"
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/embedding_functor.h"
 #include "kit_src/tf/kernels/embedding_validation.h"
@@ -94,26 +92,8 @@ class PartitionKeysOp : public tf::OpKernel {
                   tf::errors::InvalidArgument("lookup_table names table ", table, " of ",
                                               attrs_.tables.size()));
     }
-    const int32_t num_workers = attrs_.options.num_workers;
-    uint64_t max_local_rows = 1;
-    for (const TablePlacement& table : attrs_.tables) {
-      max_local_rows =
-          std::max<uint64_t>(max_local_rows, MostLocalRows(table.rows, table.owner, num_workers));
-    }
-    bits_.row_bits = BitsToHold(max_local_rows);
-    bits_.table_bits = BitsToHold(attrs_.tables.size());
-    if (!kOnGpu<Device>) return;  // the GPU sorts keys of these widths
-    if (attrs_.options.pair_keys) {  // (worker, table) in 32 bits, ids in another 64
-      OP_REQUIRES(ctx, bits_.table_bits + BitsToHold(num_workers) <= 32,
-                  tf::errors::InvalidArgument(attrs_.tables.size(), " tables and ", num_workers,
-                                              " workers do not fit a 32-bit sort key"));
-      return;
-    }
-    OP_REQUIRES(ctx, bits_.row_bits <= kPackedRowBits &&
-                         bits_.row_bits + bits_.table_bits + BitsToHold(num_workers) <= 64,
-                tf::errors::InvalidArgument("tables of ", max_local_rows, " local rows, ",
-                                            attrs_.tables.size(), " tables and ", num_workers,
-                                            " workers do not fit a 64-bit sort key"));
+    SOK_OP_REQUIRES_OK(ctx, PartitionKeyWidths(attrs_.tables, attrs_.options, kOnGpu<Device>,
+                                                &bits_));
   }
 
   void Compute(tf::OpKernelContext* ctx) override {

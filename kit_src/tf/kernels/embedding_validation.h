@@ -8,6 +8,7 @@
 
 #include "kit_src/core/embedding/combine.h"
 #include "kit_src/core/embedding/key_partition.h"
+#include "kit_src/core/embedding/shard_rows.h"
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
@@ -169,21 +170,8 @@ inline ::tensorflow::Status ReadTableCounts(const ::tensorflow::Tensor& counts, 
                                                  " counts, got shape ",
                                                  counts.shape().DebugString());
   }
-  int64_t total = 0;
-  for (int64_t t = 0; t < num_tables; ++t) {
-    const int64_t count = counts.flat<int32_t>()(t);
-    if (count < 0) {
-      return ::tensorflow::errors::InvalidArgument("table_counts[", t, "] = ", count,
-                                                   " is negative");
-    }
-    first->push_back(total);
-    total += count;
-  }
-  if (total != num_keys) {
-    return ::tensorflow::errors::InvalidArgument("table_counts add up to ", total, ", not the ",
-                                                 num_keys, " keys");
-  }
-  return ::tensorflow::Status();
+  return ToTfStatus(TableFirstsOfCounts(counts.flat<int32_t>().data(),
+                                        static_cast<int32_t>(num_tables), num_keys, first));
 }
 
 // Sok>CombineBackward: num_rows is a scalar >= 0, each output gradient [batch, dim].
