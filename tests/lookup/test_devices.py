@@ -912,6 +912,7 @@ def test_weights_that_do_not_match_ids(device):
     ([0, 2, 1, 3], "row_splits decrease at sample 1"),
     ([1, 2, 3], "row_splits must start at 0"),
     ([0, 2, 5], "has 5 ids but only 3 positions are left"),
+    ([0, 1, 2], "the lookups have 2 ids but position has 3"),
 ])
 def test_bad_row_splits(device, splits, message):
     def run():
