@@ -925,6 +925,19 @@ def test_bad_row_splits(device, splits, message):
         on(device, run)
 
 
+def test_row_splits_decreasing_far_into_the_batch_name_their_sample():
+    """The CPU scans row splits in blocks: a decrease past the first block is still found and
+    named by its sample."""
+    splits = np.arange(1001)
+    splits[700] = 702  # sample 700 ends before it starts
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"row_splits decrease at sample 700 "):
+        on("CPU", lambda: raw_ops.sok_combine_forward(
+            rows=tf.zeros([1000, 2]), position=tf.constant(np.arange(1000), tf.uint32),
+            row_splits=[tf.constant(splits, tf.int64)], weights=[tf.zeros([0])],
+            combiners=["sum"]))
+
+
 def test_position_out_of_range(device):
     def run():
         return raw_ops.sok_combine_forward(rows=tf.zeros([5, 2]),
