@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,22 @@ struct PartitionResult {
   std::vector<int64_t> splits;          // [num_workers] keys sent to each worker
   ScratchVector<int32_t> position;      // [sum of counts] where each id's row is in send_keys
 };
+
+// One ids input of a partition as the ops hand it over (host or device memory, by device;
+// int64, or int32 on the CPU).
+struct PartitionInput {
+  const void* ids = nullptr;
+  int64_t count = 0;
+  int64_t first = 0;  // where its ids start among all inputs' ids
+  int32_t table = 0;
+};
+
+// Makes a partition's outputs once their sizes are known: the unique keys, the keys for each
+// worker (splits) and, on one worker, each table's key count (empty otherwise); returns where
+// the keys and the positions go.
+using AllocatePartition = std::function<Status(
+    int64_t unique_keys, const std::vector<int32_t>& splits,
+    const std::vector<int32_t>& table_counts, int64_t** send_keys, int32_t** position)>;
 
 // The bit widths of the GPU's sort keys (rows, tables) for these tables.
 struct PartitionKeyBits {

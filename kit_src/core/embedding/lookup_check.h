@@ -1,9 +1,14 @@
 // The record of the first bad input a GPU kernel of the lookup chain found (device memory,
-// read by the host once the stream has passed it), and how it is encoded. CUDA-free, so the
-// CPU kernels that pass records along (Sok>GatherSingleIds' check output) share it.
+// read by the host once the stream has passed it), how it is encoded, and the CPU kernels'
+// error message each record names. CUDA-free, so the CPU kernels that pass records along
+// (Sok>GatherSingleIds' check output) share it.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kit_src/core/status.h"
 
 #if defined(__CUDACC__)
 #define SOK_CHECK_HOST_DEVICE __host__ __device__
@@ -45,5 +50,31 @@ SOK_CHECK_HOST_DEVICE inline int64_t BadItem(unsigned long long code) {
 }
 
 static_assert(sizeof(LookupCheck) == 3 * sizeof(int64_t), "a check travels as int64[3]");
+
+inline LookupCheck CleanCheck() { return LookupCheck{kNoError, 0, 0}; }
+
+// The error a gather's record names (Sok>GatherSingleIds, Sok>PoolFromTables): for lookup
+// BadGroup, an id value_a outside the value_b rows of its table (named by table_names where
+// it has the lookup), or row splits [value_a, ..., value_b] that do not start at 0 and end at
+// its ids' count, or that decrease at sample BadItem.
+Status GatheredIdsStatus(const LookupCheck& check, const std::vector<std::string>& table_names);
+
+// The error a combine's or a shard-row gather's record names: positions into num_rows rows, or
+// packed keys into num_tables local shards.
+Status PooledCheckStatus(const LookupCheck& check, int64_t num_rows, int32_t num_tables);
+
+// PooledCheckStatus of a combine op whose lookups have weight_counts weights each: a weights
+// count that does not match its ids, or a total of ids other than the positions', named too.
+Status CombineCheckStatus(const LookupCheck& check, int64_t num_rows, int32_t num_tables,
+                          const std::vector<int64_t>& weight_counts);
+
+// The first error a deferred check found on the GPU, waiting for the next deferred check to
+// raise it (later ones are dropped until then). One per process, as the ids' steps are.
+class DeferredIdError {
+ public:
+  static void Record(const Status& status);
+  static bool Pending();
+  static Status Take();  // the pending error, cleared; OK when there is none
+};
 
 }  // namespace sok

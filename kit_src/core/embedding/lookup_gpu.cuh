@@ -13,14 +13,29 @@
 #include <vector>
 
 #include "kit_src/core/embedding/lookup_check.h"
+#include "kit_src/core/gpu_call.h"
 
 namespace sok {
 
-// Device scratch of `bytes` bytes for one call, or null when out of memory.
-using DeviceAllocate = std::function<void*(size_t bytes)>;
-
 // Resets a check record (stream-ordered).
 cudaError_t ResetLookupCheck(LookupCheck* check, cudaStream_t stream);
+
+// A check record on the device, reset, and its pinned host copy (after CopyToHost, once the
+// stream has passed).
+struct GpuCheck {
+  LookupCheck* device = nullptr;
+  LookupCheck* host = nullptr;
+  Status Init(GpuCall* call) {
+    SOK_RETURN_IF_ERROR(call->Device(1, &device));
+    SOK_RETURN_IF_ERROR(call->Pinned(1, &host));
+    return CudaStatus(ResetLookupCheck(device, call->stream()), "reset check");
+  }
+  Status CopyToHost(GpuCall* call) {
+    return CudaStatus(cudaMemcpyAsync(host, device, sizeof(LookupCheck), cudaMemcpyDeviceToHost,
+                                      call->stream()),
+                      "check copy");
+  }
+};
 
 // One table's rows on the device: [rows, dim] row-major.
 struct GpuShard {

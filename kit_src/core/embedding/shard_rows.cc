@@ -155,6 +155,38 @@ void SplitGradientByTable(const int64_t* keys, int64_t n, int64_t dim, const T* 
   });
 }
 
+Status SplitGradientByTable(const int64_t* keys, int64_t n, int64_t dim, const float* grad,
+                            int32_t num_tables, const std::vector<int64_t>& given_first,
+                            TableGradientOutputs* outputs, const ParallelFor& parallel_for) {
+  std::vector<int64_t> first, counts;
+  const bool grouped = TableBlocks(keys, n, num_tables, &first, &counts).ok();
+  if (!given_first.empty() && !(grouped && given_first == first)) {
+    return Status::InvalidArgument(
+        "table_counts do not describe the keys: they must come grouped by table, with these "
+        "counts");
+  }
+  if (grouped) {  // one worker's own keys: each table's gradient is a block of grad
+    for (int32_t t = 0; t < num_tables; ++t) {
+      int64_t* indices = nullptr;
+      float* values = nullptr;
+      SOK_RETURN_IF_ERROR(outputs->Block(t, first[t], counts[t], &indices, &values));
+      for (int64_t j = 0; j < counts[t]; ++j) indices[j] = PackedRow(keys[first[t] + j]);
+      if (values != nullptr && counts[t] > 0) {
+        std::memcpy(values, grad + first[t] * dim, counts[t] * dim * sizeof(float));
+      }
+    }
+    return Status::Ok();
+  }
+  SOK_RETURN_IF_ERROR(CountKeysPerTable(keys, n, num_tables, &counts));
+  std::vector<int64_t*> indices(num_tables);
+  std::vector<float*> values(num_tables);
+  for (int32_t t = 0; t < num_tables; ++t) {
+    SOK_RETURN_IF_ERROR(outputs->Table(t, counts[t], &indices[t], &values[t]));
+  }
+  SplitGradientByTable(keys, n, dim, grad, indices, values, parallel_for);
+  return Status::Ok();
+}
+
 template Status GatherShardRows<float>(const std::vector<ShardView<float>>&, int64_t,
                                        const int64_t*, int64_t, float*, const ParallelFor&);
 // 16-bit tables (float16, bfloat16): the gather copies their rows as words.

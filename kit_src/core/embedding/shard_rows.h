@@ -71,6 +71,26 @@ Status TableBlocks(const int64_t* keys, int64_t n, int32_t num_tables,
 Status TableFirstsOfCounts(const int32_t* counts, int32_t num_tables, int64_t n,
                            std::vector<int64_t>* first);
 
+// Where a gradient split by table goes (Sok>SplitGradientByTable's outputs on either device).
+class TableGradientOutputs {
+ public:
+  virtual ~TableGradientOutputs() = default;
+  // Table t's keys are rows [first, first + count) of the keys and the gradient: its indices
+  // to fill, and its values handed out as that block of the gradient without a copy where
+  // possible (*values null), else rows to fill with the block.
+  virtual Status Block(int64_t t, int64_t first, int64_t count, int64_t** indices,
+                       float** values) = 0;
+  // New outputs for table t's `count` keys.
+  virtual Status Table(int64_t t, int64_t count, int64_t** indices, float** values) = 0;
+};
+
+// Splits keys ([n] packed keys) and grad ([n, dim]) by the table each key names into
+// `outputs`. given_first (TableFirstsOfCounts, or empty) says where each table's block starts
+// when the caller knows the keys come grouped by table; fails when they do not.
+Status SplitGradientByTable(const int64_t* keys, int64_t n, int64_t dim, const float* grad,
+                            int32_t num_tables, const std::vector<int64_t>& given_first,
+                            TableGradientOutputs* outputs, const ParallelFor& parallel_for);
+
 // Splits the rows' gradient ([n, dim]) by table: for table t, indices[t] receives the local
 // rows and values[t] ([counts[t], dim]) their gradients, in key order.
 template <typename T>

@@ -54,17 +54,17 @@ tf::Status GroupPairs<GpuDevice>::operator()(tf::OpKernelContext* ctx, const int
                                              int64_t n, int32_t num_tables,
                                              tf::Tensor* order_memory, PairGroups* groups) {
   const cudaStream_t stream = GpuStream(ctx);
-  GpuCallMemory memory;
+  GpuCallMemory memory(ctx);
   GpuCheck check;
   int64_t *counts = nullptr, *host_counts = nullptr;
-  TF_RETURN_IF_ERROR(check.Init(ctx, &memory));
-  TF_RETURN_IF_ERROR(memory.Device(ctx, num_tables, &counts));
-  TF_RETURN_IF_ERROR(memory.Pinned(ctx, num_tables, &host_counts));
+  TF_RETURN_IF_ERROR(ToTfStatus(check.Init(&memory)));
+  TF_RETURN_IF_ERROR(ToTfStatus(memory.Device(num_tables, &counts)));
+  TF_RETURN_IF_ERROR(ToTfStatus(memory.Pinned(num_tables, &host_counts)));
   groups->order = order_memory->flat<int32_t>().data();
-  TF_RETURN_IF_ERROR(CudaToTf(GroupPairsByTable(pairs, n, num_tables, ScratchFrom(ctx, &memory),
+  TF_RETURN_IF_ERROR(CudaToTf(GroupPairsByTable(pairs, n, num_tables, memory.Scratch(),
                                                 counts, groups->order, check.device, stream),
                               "group pairs"));
-  TF_RETURN_IF_ERROR(check.CopyToHost(ctx));
+  TF_RETURN_IF_ERROR(ToTfStatus(check.CopyToHost(&memory)));
   TF_RETURN_IF_ERROR(CudaToTf(cudaMemcpyAsync(host_counts, counts, num_tables * sizeof(int64_t),
                                               cudaMemcpyDeviceToHost, stream),
                               "group pairs"));

@@ -22,7 +22,6 @@
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/device_tags.h"
 #include "kit_src/tf/kernels/embedding_validation.h"
-#include "kit_src/tf/kernels/gathered_ids_check.h"
 #include "kit_src/tf/kernels/locked_tables.h"
 #include "kit_src/tf/kernels/pooled_output.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -40,70 +39,49 @@ std::vector<ShardView<T>> HostShards(const std::vector<TableRows>& tables) {
   return shards;
 }
 
-// ---- Sok>PartitionKeys
-
-// One ids input of Sok>PartitionKeys (device memory; int64, or int32 on the CPU).
-struct PartitionInput {
-  const void* ids = nullptr;
-  int64_t count = 0;
-  int64_t first = 0;  // where its ids start among all inputs' ids
-  int32_t table = 0;
-};
-
-// Sok>PartitionKeys' outputs, allocated by the op once the device knows the number of unique
-// keys, the keys for each worker (splits) and, on one worker, each table's key count (empty
-// otherwise); returns where the keys and the positions go.
-using AllocatePartition = std::function<::tensorflow::Status(
-    int64_t unique_keys, const std::vector<int32_t>& splits,
-    const std::vector<int32_t>& table_counts, int64_t** send_keys, int32_t** position)>;
-
 // ---- Sok>SplitGradientByTable
 
 // Sok>SplitGradientByTable's outputs: table t's row indices (output t) and gradient rows
 // (output num_tables + t).
 template <typename Device>
-class GradientSplitOutputs {
+class GradientSplitOutputs : public TableGradientOutputs {
  public:
   GradientSplitOutputs(::tensorflow::OpKernelContext* ctx, const ::tensorflow::Tensor& grad,
                        int64_t num_tables)
       : ctx_(ctx), grad_(grad), num_tables_(num_tables) {}
 
-  // Table t's keys are rows [first, first + count) of keys and grad: its values are that
-  // block of grad, handed out without a copy where aligned (*values null), else a new output
-  // the caller fills with the block.
-  ::tensorflow::Status Block(int64_t t, int64_t first, int64_t count, int64_t** indices,
-                             float** values) {
-    TF_RETURN_IF_ERROR(Indices(t, count, indices));
+  Status Block(int64_t t, int64_t first, int64_t count, int64_t** indices,
+               float** values) override {
+    SOK_RETURN_IF_ERROR(Indices(t, count, indices));
     ::tensorflow::Tensor block = grad_.Slice(first, first + count);
     *values = nullptr;
     if (block.IsAligned()) {
       ctx_->set_output(num_tables_ + t, block);
-      return ::tensorflow::Status();
+      return Status::Ok();
     }
     return Values(t, count, values);
   }
 
-  // New outputs for table t's `count` keys.
-  ::tensorflow::Status Table(int64_t t, int64_t count, int64_t** indices, float** values) {
-    TF_RETURN_IF_ERROR(Indices(t, count, indices));
+  Status Table(int64_t t, int64_t count, int64_t** indices, float** values) override {
+    SOK_RETURN_IF_ERROR(Indices(t, count, indices));
     return Values(t, count, values);
   }
 
  private:
-  ::tensorflow::Status Indices(int64_t t, int64_t count, int64_t** indices) {
+  Status Indices(int64_t t, int64_t count, int64_t** indices) {
     ::tensorflow::Tensor* out = nullptr;
-    TF_RETURN_IF_ERROR(ctx_->allocate_output(static_cast<int>(t),
-                                             ::tensorflow::TensorShape({count}), &out));
+    SOK_RETURN_IF_ERROR(ToCoreStatus(ctx_->allocate_output(
+        static_cast<int>(t), ::tensorflow::TensorShape({count}), &out)));
     *indices = out->flat<int64_t>().data();
-    return ::tensorflow::Status();
+    return Status::Ok();
   }
-  ::tensorflow::Status Values(int64_t t, int64_t count, float** values) {
+  Status Values(int64_t t, int64_t count, float** values) {
     ::tensorflow::Tensor* out = nullptr;
-    TF_RETURN_IF_ERROR(AllocateRowsOutput<Device>(
+    SOK_RETURN_IF_ERROR(ToCoreStatus(AllocateRowsOutput<Device>(
         ctx_, static_cast<int>(num_tables_ + t),
-        ::tensorflow::TensorShape({count, grad_.dim_size(1)}), &out));
+        ::tensorflow::TensorShape({count, grad_.dim_size(1)}), &out)));
     *values = out->flat<float>().data();
-    return ::tensorflow::Status();
+    return Status::Ok();
   }
 
   ::tensorflow::OpKernelContext* ctx_;
@@ -267,7 +245,7 @@ struct PartitionKeys<CpuDevice> {
     }
     int64_t* send_keys = nullptr;
     int32_t* position = nullptr;
-    TF_RETURN_IF_ERROR(allocate(unique, splits, table_counts, &send_keys, &position));
+    TF_RETURN_IF_ERROR(ToTfStatus(allocate(unique, splits, table_counts, &send_keys, &position)));
     if (unique > 0) {
       std::memcpy(send_keys, result.send_keys.data(), unique * stride * sizeof(int64_t));
     }
@@ -370,7 +348,7 @@ struct CheckGatheredIds<CpuDevice> {
                   bool) {
     LookupCheck record;
     std::memcpy(&record, check.data(), sizeof(record));
-    ctx->SetStatus(GatheredIdsStatus(record, table_names));
+    ctx->SetStatus(ToTfStatus(GatheredIdsStatus(record, table_names)));
     done();
   }
 };
@@ -382,38 +360,10 @@ struct SplitGradientByTable<CpuDevice> {
                                   const ::tensorflow::Tensor& grad, int64_t num_tables,
                                   const std::vector<int64_t>& given_first,
                                   GradientSplitOutputs<CpuDevice>* outputs) {
-    const int64_t n = keys.NumElements(), dim = grad.dim_size(1);
-    const int64_t* key_data = keys.flat<int64_t>().data();
-    const int32_t tables = static_cast<int32_t>(num_tables);
-    std::vector<int64_t> first, counts;
-    const bool grouped = TableBlocks(key_data, n, tables, &first, &counts).ok();
-    if (!given_first.empty() && !(grouped && given_first == first)) {
-      return ::tensorflow::errors::InvalidArgument(
-          "table_counts do not describe the keys: they must come grouped by table, with these "
-          "counts");
-    }
-    if (grouped) {  // one worker's own keys: each table's gradient is a block of grad
-      for (int64_t t = 0; t < num_tables; ++t) {
-        int64_t* indices = nullptr;
-        float* values = nullptr;
-        TF_RETURN_IF_ERROR(outputs->Block(t, first[t], counts[t], &indices, &values));
-        for (int64_t j = 0; j < counts[t]; ++j) indices[j] = PackedRow(key_data[first[t] + j]);
-        if (values != nullptr && counts[t] > 0) {
-          std::memcpy(values, grad.flat<float>().data() + first[t] * dim,
-                      counts[t] * dim * sizeof(float));
-        }
-      }
-      return ::tensorflow::Status();
-    }
-    TF_RETURN_IF_ERROR(ToTfStatus(CountKeysPerTable(key_data, n, tables, &counts)));
-    std::vector<int64_t*> indices(num_tables);
-    std::vector<float*> values(num_tables);
-    for (int64_t t = 0; t < num_tables; ++t) {
-      TF_RETURN_IF_ERROR(outputs->Table(t, counts[t], &indices[t], &values[t]));
-    }
-    ::sok::SplitGradientByTable(key_data, n, dim, grad.flat<float>().data(), indices, values,
-                                CpuParallelFor(ctx));
-    return ::tensorflow::Status();
+    return ToTfStatus(::sok::SplitGradientByTable(
+        keys.flat<int64_t>().data(), keys.NumElements(), grad.dim_size(1),
+        grad.flat<float>().data(), static_cast<int32_t>(num_tables), given_first, outputs,
+        CpuParallelFor(ctx)));
   }
 };
 

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "kit_src/core/embedding/combine.h"
+#include "kit_src/core/embedding/lookup_check.h"
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/embedding_functor.h"
 #include "kit_src/tf/kernels/embedding_validation.h"
-#include "kit_src/tf/kernels/gathered_ids_check.h"
 #include "kit_src/tf/kernels/pooled_output.h"
 #include "kit_src/tf/kernels/register_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -114,34 +114,43 @@ class PartitionKeysOp : public tf::OpKernel {
                                      int64_t unique, const std::vector<int32_t>& splits,
                                      const std::vector<int32_t>& table_counts,
                                      int64_t** send_keys, int32_t** position) {
-      tf::Tensor *keys_out = nullptr, *splits_out = nullptr, *position_out = nullptr,
-                 *counts_out = nullptr;
-      const tf::TensorShape key_shape = pairs ? tf::TensorShape({unique, 2})
-                                              : tf::TensorShape({unique});
-      TF_RETURN_IF_ERROR(ctx->allocate_output(0, key_shape, &keys_out));
-      TF_RETURN_IF_ERROR(ctx->allocate_output(
-          1, tf::TensorShape({static_cast<int64_t>(splits.size())}), &splits_out));
-      TF_RETURN_IF_ERROR(ctx->allocate_output(2, tf::TensorShape({total}), &position_out));
-      TF_RETURN_IF_ERROR(ctx->allocate_output(
-          3, tf::TensorShape({static_cast<int64_t>(table_counts.size())}), &counts_out));
-      // splits and table_counts live in host memory on both devices.
-      if (!splits.empty()) {
-        std::memcpy(splits_out->data(), splits.data(), splits.size() * sizeof(int32_t));
-      }
-      if (!table_counts.empty()) {
-        std::memcpy(counts_out->data(), table_counts.data(),
-                    table_counts.size() * sizeof(int32_t));
-      }
-      *send_keys = keys_out->flat<int64_t>().data();
-      // uint32 (see the op), the same bits as the core's int32
-      *position = reinterpret_cast<int32_t*>(position_out->flat<uint32_t>().data());
-      return tf::Status();
+      return ToCoreStatus(AllocateOutputs(ctx, total, pairs, unique, splits, table_counts,
+                                          send_keys, position));
     };
     OP_REQUIRES_OK(ctx, functor::PartitionKeys<Device>()(ctx, attrs_, bits_, inputs, ids64,
                                                          total, allocate));
   }
 
  private:
+  // Sok>PartitionKeys' outputs once their sizes are known (AllocatePartition).
+  static tf::Status AllocateOutputs(tf::OpKernelContext* ctx, int64_t total, bool pairs,
+                                    int64_t unique, const std::vector<int32_t>& splits,
+                                    const std::vector<int32_t>& table_counts,
+                                    int64_t** send_keys, int32_t** position) {
+    tf::Tensor *keys_out = nullptr, *splits_out = nullptr, *position_out = nullptr,
+             *counts_out = nullptr;
+    const tf::TensorShape key_shape = pairs ? tf::TensorShape({unique, 2})
+                                          : tf::TensorShape({unique});
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, key_shape, &keys_out));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(
+        1, tf::TensorShape({static_cast<int64_t>(splits.size())}), &splits_out));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(2, tf::TensorShape({total}), &position_out));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(
+        3, tf::TensorShape({static_cast<int64_t>(table_counts.size())}), &counts_out));
+    // splits and table_counts live in host memory on both devices.
+    if (!splits.empty()) {
+      std::memcpy(splits_out->data(), splits.data(), splits.size() * sizeof(int32_t));
+    }
+    if (!table_counts.empty()) {
+      std::memcpy(counts_out->data(), table_counts.data(),
+                  table_counts.size() * sizeof(int32_t));
+    }
+    *send_keys = keys_out->flat<int64_t>().data();
+    // uint32 (see the op), the same bits as the core's int32
+    *position = reinterpret_cast<int32_t*>(position_out->flat<uint32_t>().data());
+    return tf::Status();
+  }
+
   PartitionAttrs attrs_;
   PartitionKeyBits bits_;
 };

@@ -104,11 +104,11 @@ class AllToAllCountsOp : public tf::AsyncOpKernel {
     OP_REQUIRES_OK_ASYNC(ctx, ReadSplits(ctx->input(0), "send_splits", workers, &send), done);
     tf::Tensor* recv = nullptr;
     OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, tf::TensorShape({workers}), &recv), done);
-    auto memory = std::make_shared<GpuCallMemory>();
+    auto memory = std::make_shared<GpuCallMemory>(ctx);
     int64_t *send_device = nullptr, *recv_device = nullptr, *recv_host = nullptr;
-    OP_REQUIRES_OK_ASYNC(ctx, memory->Upload(ctx, send, &send_device), done);
-    OP_REQUIRES_OK_ASYNC(ctx, memory->Device(ctx, workers, &recv_device), done);
-    OP_REQUIRES_OK_ASYNC(ctx, memory->Pinned(ctx, workers, &recv_host), done);
+    OP_REQUIRES_OK_ASYNC(ctx, ToTfStatus(memory->Upload(send, &send_device)), done);
+    OP_REQUIRES_OK_ASYNC(ctx, ToTfStatus(memory->Device(workers, &recv_device)), done);
+    OP_REQUIRES_OK_ASYNC(ctx, ToTfStatus(memory->Pinned(workers, &recv_host)), done);
     const std::vector<int64_t> count_bytes(workers, sizeof(int64_t));
     OP_REQUIRES_OK_ASYNC(ctx, ToTfStatus(exchange->AllToAll(send_device, count_bytes.data(),
                                                             recv_device, count_bytes.data(),

@@ -1,6 +1,6 @@
-// What the GPU OpKernels share: TF's stream, device scratch and small host arrays uploaded
-// through pinned memory (both from TensorFlow's allocators), and finishing an op once the
-// stream has passed its checks (EventMgr: no host thread waits on the GPU). Compiled by nvcc.
+// What the GPU OpKernels share: TF's stream, the core's call context over TensorFlow's
+// allocators, and finishing an op once the stream has passed its checks (EventMgr: no host
+// thread waits on the GPU). Compiled by nvcc.
 #pragma once
 #if GOOGLE_CUDA
 #ifndef EIGEN_USE_GPU
@@ -9,13 +9,16 @@
 
 #include <cuda_runtime.h>
 
-#include <cstring>
+#include <algorithm>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "kit_src/core/embedding/lookup_gpu.cuh"
+#include "kit_src/core/gpu_call.h"
 #include "kit_src/core/gpu_memory.h"
 #include "kit_src/core/optimizers/sparse_apply.cuh"
+#include "kit_src/tf/kernels/core_bridge.h"
 #include "tensorflow/core/common_runtime/device/device_event_mgr.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
@@ -28,51 +31,36 @@ inline cudaStream_t GpuStream(::tensorflow::OpKernelContext* ctx) {
 }
 
 inline ::tensorflow::Status CudaToTf(cudaError_t error, const char* what) {
-  return error == cudaSuccess ? ::tensorflow::Status()
-                              : ::tensorflow::errors::Internal("CUDA error in ", what, ": ",
-                                                               cudaGetErrorString(error));
+  return ToTfStatus(CudaStatus(error, what));
 }
 
-// Per-call memory of one GPU op: device scratch and pinned host buffers, held (and so kept
-// from reuse) until the op finishes, after the stream has passed the work that uses them.
-class GpuCallMemory {
+// One GPU op's call context for the core (gpu_call.h): TF's stream, device scratch and pinned
+// host buffers from TensorFlow's allocators, held (and so kept from reuse) until the op
+// finishes, after the stream has passed the work that uses them.
+class GpuCallMemory : public GpuCall {
  public:
-  template <typename T>
-  ::tensorflow::Status Device(::tensorflow::OpKernelContext* ctx, int64_t count, T** out) {
-    return Allocate(ctx, count * sizeof(T), ::tensorflow::AllocatorAttributes(),
-                    reinterpret_cast<void**>(out));
+  explicit GpuCallMemory(::tensorflow::OpKernelContext* ctx) : ctx_(ctx) {}
+  cudaStream_t stream() override { return GpuStream(ctx_); }
+  Status AllocateDevice(size_t bytes, void** out) override {
+    return Allocate(bytes, ::tensorflow::AllocatorAttributes(), out);
   }
-  template <typename T>
-  ::tensorflow::Status Pinned(::tensorflow::OpKernelContext* ctx, int64_t count, T** out) {
+  Status AllocatePinned(size_t bytes, void** out) override {
     ::tensorflow::AllocatorAttributes attr;
     attr.set_on_host(true);
     attr.set_gpu_compatible(true);
-    return Allocate(ctx, count * sizeof(T), attr, reinterpret_cast<void**>(out));
-  }
-  // A device copy of a host array, staged through pinned memory (asynchronous).
-  template <typename T>
-  ::tensorflow::Status Upload(::tensorflow::OpKernelContext* ctx, const std::vector<T>& host,
-                              T** device) {
-    T* staged = nullptr;
-    TF_RETURN_IF_ERROR(Pinned(ctx, host.size(), &staged));
-    TF_RETURN_IF_ERROR(Device(ctx, host.size(), device));
-    if (host.empty()) return ::tensorflow::Status();
-    std::memcpy(staged, host.data(), host.size() * sizeof(T));
-    return CudaToTf(cudaMemcpyAsync(*device, staged, host.size() * sizeof(T),
-                                    cudaMemcpyHostToDevice, GpuStream(ctx)),
-                    "upload");
+    return Allocate(bytes, attr, out);
   }
 
  private:
-  ::tensorflow::Status Allocate(::tensorflow::OpKernelContext* ctx, int64_t bytes,
-                                ::tensorflow::AllocatorAttributes attr, void** out) {
+  Status Allocate(size_t bytes, ::tensorflow::AllocatorAttributes attr, void** out) {
     buffers_.emplace_back();
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT8,
-                                          ::tensorflow::TensorShape({std::max<int64_t>(bytes, 1)}),
-                                          &buffers_.back(), attr));
+    const int64_t size = std::max<int64_t>(static_cast<int64_t>(bytes), 1);
+    SOK_RETURN_IF_ERROR(ToCoreStatus(ctx_->allocate_temp(
+        ::tensorflow::DT_INT8, ::tensorflow::TensorShape({size}), &buffers_.back(), attr)));
     *out = buffers_.back().flat<int8_t>().data();
-    return ::tensorflow::Status();
+    return Status::Ok();
   }
+  ::tensorflow::OpKernelContext* ctx_;
   std::vector<::tensorflow::Tensor> buffers_;
 };
 
@@ -90,30 +78,6 @@ class TfGpuMemory : public GpuMemory {
 
  private:
   ::tensorflow::Allocator* allocator_;
-};
-
-// Scratch of one GPU op as the DeviceAllocate the core's CUDA functions take.
-inline DeviceAllocate ScratchFrom(::tensorflow::OpKernelContext* ctx, GpuCallMemory* memory) {
-  return [ctx, memory](size_t bytes) -> void* {
-    char* p = nullptr;
-    return memory->Device(ctx, static_cast<int64_t>(bytes), &p).ok() ? p : nullptr;
-  };
-}
-
-// A LookupCheck on the device and its pinned host copy.
-struct GpuCheck {
-  LookupCheck* device = nullptr;
-  LookupCheck* host = nullptr;
-  ::tensorflow::Status Init(::tensorflow::OpKernelContext* ctx, GpuCallMemory* memory) {
-    TF_RETURN_IF_ERROR(memory->Device(ctx, 1, &device));
-    TF_RETURN_IF_ERROR(memory->Pinned(ctx, 1, &host));
-    return CudaToTf(ResetLookupCheck(device, GpuStream(ctx)), "reset check");
-  }
-  ::tensorflow::Status CopyToHost(::tensorflow::OpKernelContext* ctx) {
-    return CudaToTf(cudaMemcpyAsync(host, device, sizeof(LookupCheck), cudaMemcpyDeviceToHost,
-                                    GpuStream(ctx)),
-                    "check copy");
-  }
 };
 
 // Runs `then` on a TensorFlow thread once the op's stream has passed what was enqueued so

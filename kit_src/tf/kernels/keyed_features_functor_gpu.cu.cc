@@ -22,11 +22,11 @@ template <>
 tf::Status KeyedFeatures<GpuDevice>::Bounds(tf::OpKernelContext* ctx,
                                             const tf::Tensor& row_splits, int64_t batch,
                                             int64_t num_features, std::vector<int64_t>* bounds) {
-  GpuCallMemory memory;
+  GpuCallMemory memory(ctx);
   int64_t* device = nullptr;
   int64_t* host = nullptr;
-  TF_RETURN_IF_ERROR(memory.Device(ctx, num_features + 1, &device));
-  TF_RETURN_IF_ERROR(memory.Pinned(ctx, num_features + 1, &host));
+  TF_RETURN_IF_ERROR(ToTfStatus(memory.Device(num_features + 1, &device)));
+  TF_RETURN_IF_ERROR(ToTfStatus(memory.Pinned(num_features + 1, &host)));
   const cudaStream_t stream = GpuStream(ctx);
   TF_RETURN_IF_ERROR(CudaToTf(WithRowSplits(row_splits, [&](const auto* splits) {
                                 return FeatureBoundsGpu(splits, batch, num_features, device,
@@ -102,7 +102,7 @@ static tf::Status UploadCompactGroup(tf::OpKernelContext* ctx, GpuCallMemory* me
                                      tf::Tensor* splits,
                                      std::vector<CompactFeatureTarget>* targets) {
   char* device = nullptr;
-  TF_RETURN_IF_ERROR(memory->Device(ctx, group.bytes, &device));
+  TF_RETURN_IF_ERROR(ToTfStatus(memory->Device(group.bytes, &device)));
   if (group.bytes > 0) {
     TF_RETURN_IF_ERROR(CudaToTf(cudaMemcpyAsync(device, staged, group.bytes,
                                                 cudaMemcpyHostToDevice, GpuStream(ctx)),
@@ -140,7 +140,7 @@ tf::Status StageFeaturesFromHost<GpuDevice>::operator()(
     tf::OpKernelContext* ctx, const tf::Tensor& packed_values, const tf::Tensor& row_splits,
     const std::vector<int64_t>& bounds, int64_t batch, const FeatureLayout& layout,
     tf::Tensor* values, tf::Tensor* splits) {
-  auto memory = std::make_shared<GpuCallMemory>();
+  auto memory = std::make_shared<GpuCallMemory>(ctx);
   const int64_t element = tf::DataTypeSize(packed_values.dtype());
   const std::vector<int64_t> groups = FeatureGroups(layout, element, kStagedGroupBytes);
   std::vector<CompactFeatureTarget> targets;
@@ -149,7 +149,7 @@ tf::Status StageFeaturesFromHost<GpuDevice>::operator()(
                                                       batch, groups[g], groups[g + 1],
                                                       /*id_ranges=*/false);
     char* staged = nullptr;
-    TF_RETURN_IF_ERROR(memory->Pinned(ctx, group.bytes, &staged));
+    TF_RETURN_IF_ERROR(ToTfStatus(memory->Pinned(group.bytes, &staged)));
     StageCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, group, staged);
     TF_RETURN_IF_ERROR(UploadCompactGroup(ctx, memory.get(), staged, group, bounds, element,
                                           layout, values, splits, &targets));
@@ -180,11 +180,11 @@ tf::Status ExpandStagedFeatures<GpuDevice>::operator()(
     uploads = std::make_shared<UploadRing>(
         std::make_unique<TfGpuMemory>(ctx->device()->GetAllocator({})));
   });
-  auto memory = std::make_shared<GpuCallMemory>();
+  auto memory = std::make_shared<GpuCallMemory>(ctx);
   const char* host = static_cast<const char*>(staged.data());
   if (group.bytes > 0 && !InPinnedMemory(host)) {
     char* pinned = nullptr;
-    TF_RETURN_IF_ERROR(memory->Pinned(ctx, group.bytes, &pinned));
+    TF_RETURN_IF_ERROR(ToTfStatus(memory->Pinned(group.bytes, &pinned)));
     std::memcpy(pinned, host, group.bytes);
     host = pinned;
   }

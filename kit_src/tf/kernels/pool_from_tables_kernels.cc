@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "kit_src/core/embedding/lookup_check.h"
 #include "kit_src/tf/kernels/core_bridge.h"
 #include "kit_src/tf/kernels/embedding_validation.h"
-#include "kit_src/tf/kernels/gathered_ids_check.h"
 #include "kit_src/tf/kernels/locked_tables.h"
 #include "kit_src/tf/kernels/pool_from_tables_functor.h"
 #include "kit_src/tf/kernels/pooled_output.h"

@@ -34,30 +34,23 @@ void StaticApply<GpuDevice>::operator()(tf::OpKernelContext* ctx, const StaticAp
     member.first_use = uses;
     uses += from.n;
   }
-  auto memory = std::make_shared<GpuCallMemory>();
+  auto memory = std::make_shared<GpuCallMemory>(ctx);
   SparseApplyMember* members_device = nullptr;
   tf::Status status;
   if (SparseApplyGroupReadsDeviceMembers(args.rule, members[0].table, args.validate)) {
-    status = memory->Upload(ctx, members, &members_device);
+    status = ToTfStatus(memory->Upload(members, &members_device));
   }
   GpuCheck check;
-  if (status.ok() && args.validate) status = check.Init(ctx, memory.get());
+  if (status.ok() && args.validate) status = ToTfStatus(check.Init(memory.get()));
   if (!status.ok()) return finish(status);
-  tf::Status allocation;
-  const DeviceAllocate allocate = [&](size_t bytes) -> void* {
-    char* p = nullptr;
-    tf::Status s = memory->Device(ctx, bytes, &p);
-    if (!s.ok()) allocation = s;
-    return s.ok() ? p : nullptr;
-  };
   const cudaError_t launched =
       SparseApplyGroupGpuAsync(args.rule, args.hyper, args.hyper_count, args.nesterov, members,
-                               members_device, allocate, check.device, GpuStream(ctx));
-  if (!allocation.ok()) return finish(allocation);
+                               members_device, memory->Scratch(), check.device, GpuStream(ctx));
+  if (!memory->scratch_error().ok()) return finish(ToTfStatus(memory->scratch_error()));
   status = CudaToTf(launched, "sparse apply");
   // Ids checked by the caller: done once enqueued, nothing waits for the stream.
   if (!args.validate) return finish(status.ok() ? ReleaseAfterStream(ctx, memory) : status);
-  if (status.ok()) status = check.CopyToHost(ctx);
+  if (status.ok()) status = ToTfStatus(check.CopyToHost(memory.get()));
   if (!status.ok()) return finish(status);
   const LookupCheck* host = check.host;
   std::vector<std::pair<std::string, int64_t>> tables;  // name and rows, for the error
