@@ -187,6 +187,21 @@ def test_partition_keys_routes_every_id(device, num_workers, owners, dedup):
         assert np.all(np.diff(block) >= 0)
 
 
+@pytest.mark.parametrize("attrs, message", [
+    (dict(table_owner=[-1]), r"table_rows, table_owner and table_names must have one entry"),
+    (dict(table_dynamic=[False, False, False]), r"table_dynamic needs one entry per table"),
+    (dict(table_owner=[-1, 2]), r"table 'b' is placed on worker 2 but there are 2"),
+    (dict(lookup_table=[0, 1]), r"lookup_table needs one entry per ids input, got 2 for 1")])
+def test_partition_keys_refuses_placements_that_do_not_fit(device, attrs, message):
+    """The tables' placement attrs are checked before any id is read."""
+    args = dict(ids=[tf.constant([0, 1], tf.int64)], lookup_table=[1], table_rows=[4, 3],
+                table_owner=[-1, 1], table_names=["a", "b"], num_workers=2,
+                table_dynamic=[False, False])
+    args.update(attrs)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        on(device, lambda: raw_ops.sok_partition_keys(**args))
+
+
 @pytest.mark.parametrize("grouped, counted", [(True, False), (True, True), (False, False)])
 def test_gather_rows_and_split_gradient(device, grouped, counted):
     """Rows gathered by packed key; their gradient split by table, counted on the device or

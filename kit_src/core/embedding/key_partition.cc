@@ -276,6 +276,72 @@ template Status PartitionKeys<int64_t>(const std::vector<LookupIds<int64_t>>&,
                                        const PartitionOptions&, const ParallelFor&,
                                        PartitionResult*);
 
+Status PlaceTables(const std::vector<int64_t>& rows, const std::vector<int64_t>& owners,
+                   const std::vector<std::string>& names, const std::vector<bool>& dynamic,
+                   int64_t num_workers, std::vector<TablePlacement>* tables) {
+  if (!dynamic.empty() && dynamic.size() != rows.size()) {
+    return Status::InvalidArgument("table_dynamic needs one entry per table");
+  }
+  if (rows.size() != owners.size() || rows.size() != names.size()) {
+    return Status::InvalidArgument(
+        "table_rows, table_owner and table_names must have one entry per table");
+  }
+  for (size_t t = 0; t < rows.size(); ++t) {
+    if (owners[t] >= num_workers) {
+      return Status::InvalidArgument("table '" + names[t] + "' is placed on worker " +
+                                     std::to_string(owners[t]) + " but there are " +
+                                     std::to_string(num_workers));
+    }
+    tables->push_back(TablePlacement{rows[t], static_cast<int32_t>(owners[t]), names[t],
+                                     !dynamic.empty() && dynamic[t]});
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+template <typename Tindex>
+Status PartitionInputs(const std::vector<PartitionInput>& inputs,
+                       const std::vector<TablePlacement>& tables, const PartitionOptions& options,
+                       const ParallelFor& parallel_for, PartitionResult* result) {
+  std::vector<LookupIds<Tindex>> lookups;
+  for (const PartitionInput& input : inputs) {
+    lookups.push_back(
+        LookupIds<Tindex>{static_cast<const Tindex*>(input.ids), input.count, input.table});
+  }
+  return PartitionKeys(lookups, tables, options, parallel_for, result);
+}
+
+}  // namespace
+
+Status PartitionKeysInto(const std::vector<PartitionInput>& inputs, bool ids64,
+                         const std::vector<TablePlacement>& tables,
+                         const PartitionOptions& options, const ParallelFor& parallel_for,
+                         const AllocatePartition& allocate) {
+  PartitionResult result;
+  SOK_RETURN_IF_ERROR(
+      ids64 ? PartitionInputs<int64_t>(inputs, tables, options, parallel_for, &result)
+            : PartitionInputs<int32_t>(inputs, tables, options, parallel_for, &result));
+  const int64_t stride = options.pair_keys ? 2 : 1;
+  const int64_t unique = static_cast<int64_t>(result.send_keys.size()) / stride;
+  const std::vector<int32_t> splits(result.splits.begin(), result.splits.end());
+  std::vector<int32_t> table_counts;
+  if (options.num_workers == 1 && !options.pair_keys) {
+    table_counts.assign(tables.size(), 0);
+    for (int64_t key : result.send_keys) ++table_counts[PackedTable(key)];
+  }
+  int64_t* send_keys = nullptr;
+  int32_t* position = nullptr;
+  SOK_RETURN_IF_ERROR(allocate(unique, splits, table_counts, &send_keys, &position));
+  if (unique > 0) {
+    std::memcpy(send_keys, result.send_keys.data(), unique * stride * sizeof(int64_t));
+  }
+  if (!result.position.empty()) {
+    std::memcpy(position, result.position.data(), result.position.size() * sizeof(int32_t));
+  }
+  return Status::Ok();
+}
+
 int64_t GroupPairsByTable(const int64_t* pairs, int64_t n, int32_t num_tables, int64_t* counts,
                           int32_t* order) {
   std::fill(counts, counts + num_tables, 0);

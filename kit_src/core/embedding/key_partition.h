@@ -23,6 +23,13 @@ struct TablePlacement {
   bool dynamic = false;   // hash table: any int64 id is valid, owner uint64(id) % num_workers
 };
 
+// The placements of the tables an op's attrs describe (one entry of rows, owners, names and,
+// unless empty, dynamic a table); fails on lists of other lengths or an owner beyond the
+// workers.
+Status PlaceTables(const std::vector<int64_t>& rows, const std::vector<int64_t>& owners,
+                   const std::vector<std::string>& names, const std::vector<bool>& dynamic,
+                   int64_t num_workers, std::vector<TablePlacement>* tables);
+
 // The ids of one lookup (host memory, `count` entries) and the table they index.
 template <typename Tindex>
 struct LookupIds {
@@ -90,6 +97,14 @@ template <typename Tindex>
 Status PartitionKeys(const std::vector<LookupIds<Tindex>>& lookups,
                      const std::vector<TablePlacement>& tables, const PartitionOptions& options,
                      const ParallelFor& parallel_for, PartitionResult* result);
+
+// PartitionKeys of the ops' inputs (int64 ids, or int32 with !ids64) into the outputs
+// `allocate` makes once their sizes are known: with one worker and packed keys, each table's
+// key count too. The twin of PartitionKeysGpu (lookup_steps_gpu.cuh).
+Status PartitionKeysInto(const std::vector<PartitionInput>& inputs, bool ids64,
+                         const std::vector<TablePlacement>& tables,
+                         const PartitionOptions& options, const ParallelFor& parallel_for,
+                         const AllocatePartition& allocate);
 
 // The owner's side of pair keys ([n, 2] (table, id) pairs; pair_keys_gpu.cuh has the CUDA
 // twins): counts[t] ([num_tables]) pairs name table t and order ([n]) lists the pairs table by

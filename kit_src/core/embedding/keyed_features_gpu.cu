@@ -187,7 +187,82 @@ cudaError_t RebaseFeatureRowSplitsGpu(const Tsplits* row_splits, int64_t batch,
   return cudaGetLastError();
 }
 
+std::vector<CompactFeatureTarget> CompactGroupTargets(const char* device,
+                                                      const CompactGroup& group,
+                                                      const std::vector<int64_t>& bounds,
+                                                      int64_t element, const FeatureLayout& layout,
+                                                      char* values, int64_t* splits) {
+  std::vector<CompactFeatureTarget> targets;
+  for (size_t i = 0; i < group.features.size(); ++i) {
+    const int64_t f = group.first + static_cast<int64_t>(i);
+    const CompactFeature& feature = group.features[i];
+    CompactFeatureTarget target;
+    target.staged_values = device + feature.values_at;
+    target.staged_splits = device + feature.splits_at;
+    target.values = values + layout.value_start[f] * element;
+    target.splits = splits + layout.split_start[f];
+    target.count = bounds[f + 1] - bounds[f];
+    target.value_coding = static_cast<int32_t>(feature.values);
+    target.split_coding = static_cast<int32_t>(feature.splits);
+    targets.push_back(target);
+  }
+  return targets;
+}
+
+Status UploadCompactGroup(GpuCall* call, const char* staged, const CompactGroup& group,
+                          const std::vector<int64_t>& bounds, int64_t element,
+                          const FeatureLayout& layout, char* values, int64_t* splits,
+                          std::vector<CompactFeatureTarget>* targets) {
+  char* device = nullptr;
+  SOK_RETURN_IF_ERROR(call->Device(group.bytes, &device));
+  if (group.bytes > 0) {
+    SOK_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(device, staged, group.bytes,
+                                                   cudaMemcpyHostToDevice, call->stream()),
+                                   "packed batch upload"));
+  }
+  const std::vector<CompactFeatureTarget> added =
+      CompactGroupTargets(device, group, bounds, element, layout, values, splits);
+  targets->insert(targets->end(), added.begin(), added.end());
+  return Status::Ok();
+}
+
+Status ExpandCompactTargetsGpu(GpuCall* call, const std::vector<CompactFeatureTarget>& targets,
+                               int64_t batch, int64_t element) {
+  int64_t* scratch = nullptr;
+  SOK_RETURN_IF_ERROR(call->Device(ExpandCompactScratch(batch), &scratch));
+  for (size_t first = 0; first < targets.size(); first += kFeaturesPerLaunch) {
+    CompactFeatureTargets launch;
+    launch.count = static_cast<int>(std::min<size_t>(kFeaturesPerLaunch, targets.size() - first));
+    std::copy(targets.begin() + first, targets.begin() + first + launch.count, launch.feature);
+    SOK_RETURN_IF_ERROR(CudaStatus(
+        ExpandCompactFeaturesGpu(launch, batch, element, scratch, call->stream()),
+        "packed batch widen"));
+  }
+  return Status::Ok();
+}
+
+template <typename Tsplits>
+Status FeatureBoundsToHost(GpuCall* call, const Tsplits* row_splits, int64_t batch,
+                           int64_t num_features, std::vector<int64_t>* bounds) {
+  int64_t* device = nullptr;
+  int64_t* host = nullptr;
+  SOK_RETURN_IF_ERROR(call->Device(num_features + 1, &device));
+  SOK_RETURN_IF_ERROR(call->Pinned(num_features + 1, &host));
+  const cudaStream_t stream = call->stream();
+  SOK_RETURN_IF_ERROR(CudaStatus(
+      FeatureBoundsGpu(row_splits, batch, num_features, device, stream), "feature bounds"));
+  SOK_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(host, device,
+                                                 (num_features + 1) * sizeof(int64_t),
+                                                 cudaMemcpyDeviceToHost, stream),
+                                 "feature bounds copy"));
+  SOK_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "feature bounds wait"));
+  bounds->assign(host, host + num_features + 1);
+  return Status::Ok();
+}
+
 #define SOK_INSTANTIATE(T)                                                                  \
+  template Status FeatureBoundsToHost<T>(GpuCall*, const T*, int64_t, int64_t,              \
+                                         std::vector<int64_t>*);                            \
   template cudaError_t FeatureBoundsGpu<T>(const T*, int64_t, int64_t, int64_t*,            \
                                            cudaStream_t);                                   \
   template cudaError_t RebaseFeatureRowSplitsGpu<T>(const T*, int64_t,                      \

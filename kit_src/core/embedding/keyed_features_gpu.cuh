@@ -6,6 +6,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
+
+#include "kit_src/core/embedding/keyed_features.h"
+#include "kit_src/core/gpu_call.h"
 
 namespace sok {
 
@@ -49,5 +53,30 @@ template <typename Tsplits>
 cudaError_t RebaseFeatureRowSplitsGpu(const Tsplits* row_splits, int64_t batch,
                                       const FeatureRowSplitsTargets& targets,
                                       cudaStream_t stream);
+
+// Where each feature of a group, its staged bytes at `device`, widens to in `layout`: values
+// (bytes of element-sized values) and splits (int64) of the outputs.
+std::vector<CompactFeatureTarget> CompactGroupTargets(const char* device,
+                                                      const CompactGroup& group,
+                                                      const std::vector<int64_t>& bounds,
+                                                      int64_t element, const FeatureLayout& layout,
+                                                      char* values, int64_t* splits);
+
+// Copies a group staged in pinned memory (`staged`) to the device and adds its features'
+// widening to `targets`.
+Status UploadCompactGroup(GpuCall* call, const char* staged, const CompactGroup& group,
+                          const std::vector<int64_t>& bounds, int64_t element,
+                          const FeatureLayout& layout, char* values, int64_t* splits,
+                          std::vector<CompactFeatureTarget>* targets);
+
+// Widens every target, kFeaturesPerLaunch a launch.
+Status ExpandCompactTargetsGpu(GpuCall* call, const std::vector<CompactFeatureTarget>& targets,
+                               int64_t batch, int64_t element);
+
+// bounds[f] = row_splits[f * batch], f in [0, num_features], copied to the host: waits for
+// the stream.
+template <typename Tsplits>
+Status FeatureBoundsToHost(GpuCall* call, const Tsplits* row_splits, int64_t batch,
+                           int64_t num_features, std::vector<int64_t>* bounds);
 
 }  // namespace sok

@@ -232,42 +232,8 @@ struct PartitionKeys<CpuDevice> {
                                   const PartitionKeyBits&,
                                   const std::vector<PartitionInput>& inputs, bool ids64,
                                   int64_t, const AllocatePartition& allocate) {
-    PartitionResult result;
-    TF_RETURN_IF_ERROR(ids64 ? Partition<int64_t>(ctx, attrs, inputs, &result)
-                             : Partition<int32_t>(ctx, attrs, inputs, &result));
-    const int64_t stride = attrs.options.pair_keys ? 2 : 1;
-    const int64_t unique = static_cast<int64_t>(result.send_keys.size()) / stride;
-    const std::vector<int32_t> splits(result.splits.begin(), result.splits.end());
-    std::vector<int32_t> table_counts;
-    if (attrs.options.num_workers == 1 && !attrs.options.pair_keys) {
-      table_counts.assign(attrs.tables.size(), 0);
-      for (int64_t key : result.send_keys) ++table_counts[PackedTable(key)];
-    }
-    int64_t* send_keys = nullptr;
-    int32_t* position = nullptr;
-    TF_RETURN_IF_ERROR(ToTfStatus(allocate(unique, splits, table_counts, &send_keys, &position)));
-    if (unique > 0) {
-      std::memcpy(send_keys, result.send_keys.data(), unique * stride * sizeof(int64_t));
-    }
-    if (!result.position.empty()) {
-      std::memcpy(position, result.position.data(), result.position.size() * sizeof(int32_t));
-    }
-    return ::tensorflow::Status();
-  }
-
- private:
-  template <typename Tindex>
-  static ::tensorflow::Status Partition(::tensorflow::OpKernelContext* ctx,
-                                        const PartitionAttrs& attrs,
-                                        const std::vector<PartitionInput>& inputs,
-                                        PartitionResult* result) {
-    std::vector<LookupIds<Tindex>> lookups;
-    for (const PartitionInput& input : inputs) {
-      lookups.push_back(LookupIds<Tindex>{static_cast<const Tindex*>(input.ids), input.count,
-                                          input.table});
-    }
-    return ToTfStatus(::sok::PartitionKeys(lookups, attrs.tables, attrs.options,
-                                           CpuParallelFor(ctx), result));
+    return ToTfStatus(PartitionKeysInto(inputs, ids64, attrs.tables, attrs.options,
+                                        CpuParallelFor(ctx), allocate));
   }
 };
 

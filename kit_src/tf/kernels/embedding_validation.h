@@ -37,24 +37,11 @@ inline ::tensorflow::Status ReadPartitionAttrs(::tensorflow::OpKernelConstructio
   TF_RETURN_IF_ERROR(ctx->GetAttr("pair_keys", &attrs->options.pair_keys));
   TF_RETURN_IF_ERROR(ctx->GetAttr("table_dynamic", &dynamic));
   attrs->options.num_workers = static_cast<int32_t>(num_workers);
-  if (!dynamic.empty() && dynamic.size() != rows.size()) {
-    return tf::errors::InvalidArgument("table_dynamic needs one entry per table");
-  }
-  if (rows.size() != owners.size() || rows.size() != names.size()) {
-    return tf::errors::InvalidArgument("table_rows, table_owner and table_names must have one "
-                                       "entry per table");
-  }
+  TF_RETURN_IF_ERROR(
+      ToTfStatus(PlaceTables(rows, owners, names, dynamic, num_workers, &attrs->tables)));
   if (static_cast<int>(attrs->lookup_table.size()) != ctx->num_inputs()) {
     return tf::errors::InvalidArgument("lookup_table needs one entry per ids input, got ",
                                        attrs->lookup_table.size(), " for ", ctx->num_inputs());
-  }
-  for (size_t t = 0; t < rows.size(); ++t) {
-    if (owners[t] >= num_workers) {
-      return tf::errors::InvalidArgument("table '", names[t], "' is placed on worker ", owners[t],
-                                         " but there are ", num_workers);
-    }
-    attrs->tables.push_back(TablePlacement{rows[t], static_cast<int32_t>(owners[t]), names[t],
-                                           !dynamic.empty() && dynamic[t]});
   }
   return tf::Status();
 }
@@ -115,8 +102,6 @@ inline ::tensorflow::Status CheckKeysAndGrad(const ::tensorflow::Tensor& keys,
                                                grad.shape().DebugString());
 }
 
-// Sok>GatherSingleIds' check output (a LookupCheck record), as Sok>CheckGatheredIds and
-// Sok>GuardIds take it: 3 int64 values.
 // Sok>SparseRowSplits' names attr: one name a SparseTensor, for its errors.
 inline ::tensorflow::Status ReadSparseNames(::tensorflow::OpKernelConstruction* ctx,
                                             std::vector<std::string>* names) {
@@ -152,6 +137,8 @@ inline ::tensorflow::Status PrepareRowSplits(::tensorflow::OpKernelContext* ctx,
   return ctx->allocate_output(l, ::tensorflow::TensorShape({*rows + 1}), row_splits);
 }
 
+// Sok>GatherSingleIds' check output (a LookupCheck record), as Sok>CheckGatheredIds and
+// Sok>GuardIds take it: 3 int64 values.
 inline ::tensorflow::Status CheckRecordShape(const ::tensorflow::Tensor& check) {
   if (check.NumElements() == 3) return ::tensorflow::Status();
   return ::tensorflow::errors::InvalidArgument("check must hold 3 values, got ",

@@ -23,22 +23,9 @@ tf::Status KeyedFeatures<GpuDevice>::Bounds(tf::OpKernelContext* ctx,
                                             const tf::Tensor& row_splits, int64_t batch,
                                             int64_t num_features, std::vector<int64_t>* bounds) {
   GpuCallMemory memory(ctx);
-  int64_t* device = nullptr;
-  int64_t* host = nullptr;
-  TF_RETURN_IF_ERROR(ToTfStatus(memory.Device(num_features + 1, &device)));
-  TF_RETURN_IF_ERROR(ToTfStatus(memory.Pinned(num_features + 1, &host)));
-  const cudaStream_t stream = GpuStream(ctx);
-  TF_RETURN_IF_ERROR(CudaToTf(WithRowSplits(row_splits, [&](const auto* splits) {
-                                return FeatureBoundsGpu(splits, batch, num_features, device,
-                                                        stream);
-                              }),
-                              "feature bounds"));
-  TF_RETURN_IF_ERROR(CudaToTf(cudaMemcpyAsync(host, device, (num_features + 1) * sizeof(int64_t),
-                                              cudaMemcpyDeviceToHost, stream),
-                              "feature bounds copy"));
-  TF_RETURN_IF_ERROR(CudaToTf(cudaStreamSynchronize(stream), "feature bounds wait"));
-  bounds->assign(host, host + num_features + 1);
-  return tf::Status();
+  return ToTfStatus(WithRowSplits(row_splits, [&](const auto* splits) {
+    return FeatureBoundsToHost(&memory, splits, batch, num_features, bounds);
+  }));
 }
 
 template <>
@@ -70,67 +57,9 @@ tf::Status KeyedFeatures<GpuDevice>::Copy(tf::OpKernelContext* ctx, void* dst, c
                   "feature values copy");
 }
 
-// Where each feature of a group, its staged bytes at `device`, widens to in `layout`.
-static std::vector<CompactFeatureTarget> GroupTargets(const char* device,
-                                                      const CompactGroup& group,
-                                                      const std::vector<int64_t>& bounds,
-                                                      int64_t element, const FeatureLayout& layout,
-                                                      tf::Tensor* values, tf::Tensor* splits) {
-  std::vector<CompactFeatureTarget> targets;
-  for (size_t i = 0; i < group.features.size(); ++i) {
-    const int64_t f = group.first + static_cast<int64_t>(i);
-    const CompactFeature& feature = group.features[i];
-    CompactFeatureTarget target;
-    target.staged_values = device + feature.values_at;
-    target.staged_splits = device + feature.splits_at;
-    target.values = static_cast<char*>(values->data()) + layout.value_start[f] * element;
-    target.splits = splits->flat<int64_t>().data() + layout.split_start[f];
-    target.count = bounds[f + 1] - bounds[f];
-    target.value_coding = static_cast<int32_t>(feature.values);
-    target.split_coding = static_cast<int32_t>(feature.splits);
-    targets.push_back(target);
-  }
-  return targets;
-}
-
-// Copies a group staged in pinned memory (`staged`) to the device on TensorFlow's stream and
-// adds its features' widening into `layout` to `targets`.
-static tf::Status UploadCompactGroup(tf::OpKernelContext* ctx, GpuCallMemory* memory,
-                                     const char* staged, const CompactGroup& group,
-                                     const std::vector<int64_t>& bounds, int64_t element,
-                                     const FeatureLayout& layout, tf::Tensor* values,
-                                     tf::Tensor* splits,
-                                     std::vector<CompactFeatureTarget>* targets) {
-  char* device = nullptr;
-  TF_RETURN_IF_ERROR(ToTfStatus(memory->Device(group.bytes, &device)));
-  if (group.bytes > 0) {
-    TF_RETURN_IF_ERROR(CudaToTf(cudaMemcpyAsync(device, staged, group.bytes,
-                                                cudaMemcpyHostToDevice, GpuStream(ctx)),
-                                "packed batch upload"));
-  }
-  const std::vector<CompactFeatureTarget> added =
-      GroupTargets(device, group, bounds, element, layout, values, splits);
-  targets->insert(targets->end(), added.begin(), added.end());
-  return tf::Status();
-}
-
-static tf::Status ExpandTargets(tf::OpKernelContext* ctx,
-                                const std::vector<CompactFeatureTarget>& targets, int64_t batch,
-                                int64_t element) {
-  tf::Tensor scratch;
-  TF_RETURN_IF_ERROR(ctx->allocate_temp(
-      tf::DT_INT64, tf::TensorShape({ExpandCompactScratch(batch)}), &scratch));
-  for (size_t first = 0; first < targets.size(); first += kFeaturesPerLaunch) {
-    CompactFeatureTargets launch;
-    launch.count = static_cast<int>(std::min<size_t>(kFeaturesPerLaunch, targets.size() - first));
-    std::copy(targets.begin() + first, targets.begin() + first + launch.count, launch.feature);
-    TF_RETURN_IF_ERROR(CudaToTf(ExpandCompactFeaturesGpu(launch, batch, element,
-                                                         scratch.flat<int64_t>().data(),
-                                                         GpuStream(ctx)),
-                                "packed batch widen"));
-  }
-  return tf::Status();
-}
+// The outputs' bytes as CompactGroupTargets takes them.
+static char* ValuesOf(tf::Tensor* values) { return static_cast<char*>(values->data()); }
+static int64_t* SplitsOf(tf::Tensor* splits) { return splits->flat<int64_t>().data(); }
 
 // Each group of features is planned and staged compactly in pinned memory by the CPU threads
 // and copied while the next group is staged; once all have crossed, two launches widen every
@@ -151,10 +80,11 @@ tf::Status StageFeaturesFromHost<GpuDevice>::operator()(
     char* staged = nullptr;
     TF_RETURN_IF_ERROR(ToTfStatus(memory->Pinned(group.bytes, &staged)));
     StageCompactGroupOnHost(ctx, packed_values, row_splits, bounds, batch, group, staged);
-    TF_RETURN_IF_ERROR(UploadCompactGroup(ctx, memory.get(), staged, group, bounds, element,
-                                          layout, values, splits, &targets));
+    TF_RETURN_IF_ERROR(ToTfStatus(UploadCompactGroup(memory.get(), staged, group, bounds,
+                                                     element, layout, ValuesOf(values),
+                                                     SplitsOf(splits), &targets)));
   }
-  TF_RETURN_IF_ERROR(ExpandTargets(ctx, targets, batch, element));
+  TF_RETURN_IF_ERROR(ToTfStatus(ExpandCompactTargetsGpu(memory.get(), targets, batch, element)));
   return ReleaseAfterStream(ctx, std::move(memory));  // the staged buffers outlive their use
 }
 
@@ -196,9 +126,9 @@ tf::Status ExpandStagedFeatures<GpuDevice>::operator()(
   }
   const tf::Status uploaded = ToTfStatus(uploads->Upload(
       host, group.bytes, GpuStream(ctx), [&](const char* device) {
-        const std::vector<CompactFeatureTarget> targets =
-            GroupTargets(device, group, bounds, element_bytes, layout, values, splits);
-        return ToCoreStatus(ExpandTargets(ctx, targets, batch, element_bytes));
+        const std::vector<CompactFeatureTarget> targets = CompactGroupTargets(
+            device, group, bounds, element_bytes, layout, ValuesOf(values), SplitsOf(splits));
+        return ExpandCompactTargetsGpu(memory.get(), targets, batch, element_bytes);
       }));
   const tf::Tensor held = staged;
   AfterStream(ctx, std::move(memory), [held]() {});  // even when the widening failed part way
