@@ -194,7 +194,7 @@ def test_raw_ops_match_numpy(stacked):
 
 @pytest.mark.parametrize("host_checked", [False, True])
 def test_lookups_beyond_one_gpu_launch_match_numpy(host_checked):
-    """40 lookups (the GPU pools 16 or 32 a launch, passed in the kernel's parameters):
+    """40 lookups (the GPU pools 16 a launch, their descriptors in the kernel's parameters):
     each output, its gradient rows and its shares as NumPy's, the check record clean or, with
     host_checked (ids and row splits checked on the host), empty; a bad id or row splits in
     a later launch's lookup still named by that lookup."""

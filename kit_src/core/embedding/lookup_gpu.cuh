@@ -281,14 +281,8 @@ cudaError_t CombineBackwardGpu(const GpuPooledLookup* lookups_device, int32_t nu
 
 // Pooled lookups straight from their tables (below) travel kPooledBatch a launch by value in
 // the kernels' parameters (first_sample counted from the batch's first sample): nothing is
-// uploaded, nothing held until the stream has passed. Since CUDA 12.1 kernel parameters may
-// take 32 KB, so 32 of them (about 5 KB) cover a Criteo model's 26 features in one launch;
-// older toolkits keep the 4 KB limit and 16 a launch.
-#if CUDART_VERSION >= 12010
-constexpr int kPooledBatch = 32;
-#else
+// uploaded, nothing held until the stream has passed.
 constexpr int kPooledBatch = 16;
-#endif
 using GpuPooledBatch = GpuBatch<GpuPooledLookup, kPooledBatch>;
 
 // One worker, static tables: output[s] of each lookup = combine of the weighted rows of its
