@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kit_src/core/embedding/combine.h"
 #include "kit_src/core/embedding/key_partition.h"
 #include "kit_src/core/parallel.h"
 #include "kit_src/core/status.h"
@@ -535,6 +536,26 @@ inline void ExpandCompactFeature(const char* staged, const CompactFeature& featu
   } else {
     std::memcpy(splits, staged + feature.splits_at, (batch + 1) * sizeof(int64_t));
   }
+}
+
+// Every feature of a staged group widened in host memory into `layout` (values: bytes of
+// element-sized values; splits: int64); with `check`, each feature's row splits must then
+// run from 0 to its values without decreasing.
+inline Status ExpandCompactGroup(const char* staged, const CompactGroup& group,
+                                 const std::vector<int64_t>& bounds, int64_t batch,
+                                 int64_t element, const FeatureLayout& layout, bool check,
+                                 char* values, int64_t* splits) {
+  for (size_t f = 0; f < group.features.size(); ++f) {
+    const int64_t count = bounds[f + 1] - bounds[f];
+    int64_t* feature_splits = splits + layout.split_start[f];
+    ExpandCompactFeature(staged, group.features[f], count, element, batch,
+                         values + layout.value_start[f] * element, feature_splits);
+    if (check) {
+      SOK_RETURN_IF_ERROR(ValidateRowSplits(
+          feature_splits, batch, count, "feature " + std::to_string(f) + " of the staged batch"));
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace sok

@@ -893,4 +893,35 @@ Status CpuHashTable::ApplySparseUpdate(const SparseUpdate& update, const TableCo
   });
 }
 
+Status ReadPairRowsOnHost(const std::vector<DynamicTable*>& tables, const int64_t* pairs,
+                          int64_t n, int64_t dim, bool insert, const std::vector<float>& admit,
+                          const TableContext& context, float* rows) {
+  const int64_t num_tables = static_cast<int64_t>(tables.size());
+  std::vector<std::vector<int64_t>> positions(num_tables);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = pairs[2 * i];
+    if (t >= 0 && t < num_tables) {
+      positions[t].push_back(i);
+    } else {
+      std::fill(rows + i * dim, rows + (i + 1) * dim, 0.0f);
+    }
+  }
+  for (int64_t t = 0; t < num_tables; ++t) {
+    const int64_t count = static_cast<int64_t>(positions[t].size());
+    if (count == 0) continue;
+    std::vector<int64_t> keys(count);
+    for (int64_t j = 0; j < count; ++j) keys[j] = pairs[2 * positions[t][j] + 1];
+    std::vector<float> values(count * dim);
+    const TableKeys view{keys.data(), count, 1, 0};
+    SOK_RETURN_IF_ERROR(insert
+                            ? tables[t]->FindOrInsert(view, values.data(), admit[t], nullptr,
+                                                      context)
+                            : tables[t]->Find(view, values.data(), context));
+    for (int64_t j = 0; j < count; ++j) {
+      CopyFloats(values.data() + j * dim, dim, rows + positions[t][j] * dim);
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace sok

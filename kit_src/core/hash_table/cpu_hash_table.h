@@ -348,4 +348,11 @@ class CpuHashTable final : public DynamicTable {
   int64_t created_us_ = 0;                // write stamps count milliseconds from here
 };
 
+// Sok>DynamicGatherRows on the host: rows ([n, dim]) row i receives the row of pair i ([n, 2]
+// (table, key)) from the table it names, each table's keys looked up together (find-or-insert
+// with `insert`, admitted with admit[t]); zeros for a pair naming no table.
+Status ReadPairRowsOnHost(const std::vector<DynamicTable*>& tables, const int64_t* pairs,
+                          int64_t n, int64_t dim, bool insert, const std::vector<float>& admit,
+                          const TableContext& context, float* rows);
+
 }  // namespace sok

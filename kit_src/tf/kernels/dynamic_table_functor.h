@@ -79,9 +79,7 @@ struct ReadPairRows {
                                   const std::vector<float>& admit, float* rows);
 };
 
-// CPU: the calling thread and TensorFlow's thread pool (ReadPairRows<CpuDevice> is in
-// dynamic_table_kernels.cc: each table's keys gathered, looked up together, their rows put
-// back in place).
+// CPU: the calling thread and TensorFlow's thread pool.
 
 template <>
 struct NewDynamicTable<CpuDevice> {
@@ -130,6 +128,17 @@ struct GatherPairRows<CpuDevice> {
                                   const float* grad, int64_t* indices, float* values) {
     ::sok::GatherPairRows(pairs, order, n, dim, grad, indices, values);
     return ::tensorflow::Status();
+  }
+};
+
+template <>
+struct ReadPairRows<CpuDevice> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* ctx,
+                                  const std::vector<DynamicTable*>& tables,
+                                  const int64_t* pairs, int64_t n, int64_t dim, bool insert,
+                                  const std::vector<float>& admit, float* rows) {
+    return ToTfStatus(ReadPairRowsOnHost(tables, pairs, n, dim, insert, admit,
+                                         TableContextOf<CpuDevice>()(ctx), rows));
   }
 };
 

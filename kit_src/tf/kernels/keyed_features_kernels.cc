@@ -72,24 +72,14 @@ void StageCompactGroupOnHost(tf::OpKernelContext* ctx, const tf::Tensor& packed_
   });
 }
 
-// Every feature of a staged group widened in host memory into `layout`; with `check`, each
-// feature's row splits must then run from 0 to its values without decreasing.
+// Every feature of a staged group widened in host memory into the outputs (`layout`).
 static tf::Status ExpandGroupOnHost(const char* staged, const CompactGroup& group,
                                     const std::vector<int64_t>& bounds, int64_t batch,
                                     int64_t element, const FeatureLayout& layout, bool check,
                                     tf::Tensor* values, tf::Tensor* splits) {
-  for (size_t f = 0; f < group.features.size(); ++f) {
-    const int64_t count = bounds[f + 1] - bounds[f];
-    int64_t* feature_splits = splits->flat<int64_t>().data() + layout.split_start[f];
-    ExpandCompactFeature(staged, group.features[f], count, element, batch,
-                         static_cast<char*>(values->data()) + layout.value_start[f] * element,
-                         feature_splits);
-    if (check) {
-      TF_RETURN_IF_ERROR(ToTfStatus(ValidateRowSplits(
-          feature_splits, batch, count, "feature " + std::to_string(f) + " of the staged batch")));
-    }
-  }
-  return tf::Status();
+  return ToTfStatus(ExpandCompactGroup(staged, group, bounds, batch, element, layout, check,
+                                       static_cast<char*>(values->data()),
+                                       splits->flat<int64_t>().data()));
 }
 
 // Features [0, F) of the packed batch staged into a new buffer (`attr`: pinned for
