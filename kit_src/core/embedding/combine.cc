@@ -331,26 +331,52 @@ Status PoolFromTables(const std::vector<LookupTable<T>>& tables, int64_t dim,
   return Status::Ok();
 }
 
-template <typename T>
-void SpreadPooledGrad(int64_t dim, const std::vector<PooledLookup<T>>& lookups,
-                      const std::vector<T*>& id_grads, const ParallelFor& parallel_for) {
-  const SampleSpace<T> space(lookups);
+namespace {
+
+// The lookups as the host reads them: one-id row splits filled in (held in `storage`), every
+// lookup's row splits checked against its ids.
+Status HostRowSplits(const std::vector<PooledLookup<float>>& lookups,
+                     const std::vector<int64_t>& id_counts,
+                     std::vector<std::vector<int64_t>>* storage,
+                     std::vector<PooledLookup<float>>* host) {
+  *host = WithOneIdRowSplits(lookups, storage);
+  for (size_t l = 0; l < host->size(); ++l) {
+    SOK_RETURN_IF_ERROR(ValidateRowSplits((*host)[l].row_splits, (*host)[l].batch, id_counts[l],
+                                          "lookup " + std::to_string(l)));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status SpreadPooledGrad(int64_t dim, const std::vector<PooledLookup<float>>& lookups,
+                        const std::vector<int64_t>& id_counts,
+                        const std::vector<float*>& id_grads, const ParallelFor& parallel_for) {
+  std::vector<std::vector<int64_t>> storage;
+  std::vector<PooledLookup<float>> host;
+  SOK_RETURN_IF_ERROR(HostRowSplits(lookups, id_counts, &storage, &host));
+  const SampleSpace<float> space(host);
   const int64_t cost = dim * (1 + space.uses() / std::max<int64_t>(space.samples(), 1)) * 2;
   parallel_for(space.samples(), cost, [&](int64_t begin, int64_t end) {
     space.ForUses(begin, end, [&](size_t l, int64_t s, int64_t i, float scale) {
-      const T* grad = lookups[l].output_grad + s * OutputStride(lookups[l], dim);
-      T* out = id_grads[l] + i * dim;
-      for (int64_t d = 0; d < dim; ++d) out[d] = static_cast<T>(scale) * grad[d];
+      const float* grad = host[l].output_grad + s * OutputStride(host[l], dim);
+      float* out = id_grads[l] + i * dim;
+      for (int64_t d = 0; d < dim; ++d) out[d] = scale * grad[d];
     });
   });
+  return Status::Ok();
 }
 
-template <typename T>
-void PooledGradShares(const std::vector<PooledLookup<T>>& lookups,
-                      const std::vector<int64_t>& row_first, const std::vector<int64_t>& row_step,
-                      const std::vector<int64_t*>& use_rows,
-                      const std::vector<float*>& use_scales, const ParallelFor& parallel_for) {
-  const SampleSpace<T> space(lookups);
+Status PooledGradShares(const std::vector<PooledLookup<float>>& lookups,
+                        const std::vector<int64_t>& id_counts,
+                        const std::vector<int64_t>& row_first,
+                        const std::vector<int64_t>& row_step,
+                        const std::vector<int64_t*>& use_rows,
+                        const std::vector<float*>& use_scales, const ParallelFor& parallel_for) {
+  std::vector<std::vector<int64_t>> storage;
+  std::vector<PooledLookup<float>> host;
+  SOK_RETURN_IF_ERROR(HostRowSplits(lookups, id_counts, &storage, &host));
+  const SampleSpace<float> space(host);
   const int64_t cost = 4 * (1 + space.uses() / std::max<int64_t>(space.samples(), 1));
   parallel_for(space.samples(), cost, [&](int64_t begin, int64_t end) {
     space.ForUses(begin, end, [&](size_t l, int64_t s, int64_t i, float scale) {
@@ -358,6 +384,7 @@ void PooledGradShares(const std::vector<PooledLookup<T>>& lookups,
       use_scales[l][i] = scale;
     });
   });
+  return Status::Ok();
 }
 
 // The uses of every row, grouped by row: the uses of row p are uses[first_use[p] ..
@@ -481,12 +508,6 @@ template Status CombineForward<float, PackedKeyRows<float>>(
 template Status PoolFromTables<float>(const std::vector<LookupTable<float>>&, int64_t,
                                       const std::vector<PooledLookup<float>>&,
                                       const ParallelFor&);
-template void PooledGradShares<float>(const std::vector<PooledLookup<float>>&,
-                                      const std::vector<int64_t>&, const std::vector<int64_t>&,
-                                      const std::vector<int64_t*>&, const std::vector<float*>&,
-                                      const ParallelFor&);
-template void SpreadPooledGrad<float>(int64_t, const std::vector<PooledLookup<float>>&,
-                                      const std::vector<float*>&, const ParallelFor&);
 template Status CombineBackward<float, DenseRows<float>>(
     int64_t, int64_t, const std::vector<PooledLookup<float>>&, const DenseRows<float>&,
     const ParallelFor&);

@@ -102,18 +102,22 @@ Status PoolFromTables(const std::vector<LookupTable<T>>& tables, int64_t dim,
 // PoolFromTables' gradient for each id's row: id_grads[l] row i ([count, dim], written) =
 // weights[i] / denominator * output_grad of the sample holding id i (0 where the forward
 // pooled to zeros). Repeated ids keep one row each: their sum is the table row's gradient.
-template <typename T>
-void SpreadPooledGrad(int64_t dim, const std::vector<PooledLookup<T>>& lookups,
-                      const std::vector<T*>& id_grads, const ParallelFor& parallel_for);
+// Null row_splits: one id a sample; others must run from 0 to id_counts[l] without
+// decreasing, checked first.
+Status SpreadPooledGrad(int64_t dim, const std::vector<PooledLookup<float>>& lookups,
+                        const std::vector<int64_t>& id_counts,
+                        const std::vector<float*>& id_grads, const ParallelFor& parallel_for);
 
 // SpreadPooledGrad's rows as shares, for an update that reads the output gradient itself:
 // id i of lookup l takes use_scales[l][i] times row use_rows[l][i] of its output gradient
-// viewed as a [rows, dim] matrix (row_first[l] + s * row_step[l] for its sample s).
-template <typename T>
-void PooledGradShares(const std::vector<PooledLookup<T>>& lookups,
-                      const std::vector<int64_t>& row_first, const std::vector<int64_t>& row_step,
-                      const std::vector<int64_t*>& use_rows,
-                      const std::vector<float*>& use_scales, const ParallelFor& parallel_for);
+// viewed as a [rows, dim] matrix (row_first[l] + s * row_step[l] for its sample s). Row
+// splits as SpreadPooledGrad's.
+Status PooledGradShares(const std::vector<PooledLookup<float>>& lookups,
+                        const std::vector<int64_t>& id_counts,
+                        const std::vector<int64_t>& row_first,
+                        const std::vector<int64_t>& row_step,
+                        const std::vector<int64_t*>& use_rows,
+                        const std::vector<float*>& use_scales, const ParallelFor& parallel_for);
 
 // rows_grad(p) (overwritten, for every p in [0, num_rows)) = sum over the uses of row p of
 // their share of the output gradient. Uses are grouped by row first (a counting sort), so

@@ -30,28 +30,13 @@ tf::Status PoolFromTables<CpuDevice>::operator()(tf::OpKernelContext* ctx,
                                         CpuParallelFor(ctx)));
 }
 
-// Every lookup's row splits run from 0 to its ids without decreasing (the CPU reads them).
-static tf::Status CheckRowSplits(const std::vector<PooledLookup<float>>& lookups,
-                                 const std::vector<int64_t>& id_counts) {
-  for (size_t l = 0; l < lookups.size(); ++l) {
-    TF_RETURN_IF_ERROR(ToTfStatus(ValidateRowSplits(lookups[l].row_splits, lookups[l].batch,
-                                                    id_counts[l],
-                                                    "lookup " + std::to_string(l))));
-  }
-  return tf::Status();
-}
-
 template <>
 tf::Status SpreadPooledGrad<CpuDevice>::operator()(tf::OpKernelContext* ctx,
                                                    const std::vector<PooledLookup<float>>& lookups,
                                                    const std::vector<int64_t>& id_counts,
                                                    const std::vector<float*>& id_grads,
                                                    int64_t dim) {
-  std::vector<std::vector<int64_t>> one_id_splits;
-  const std::vector<PooledLookup<float>> host = WithOneIdRowSplits(lookups, &one_id_splits);
-  TF_RETURN_IF_ERROR(CheckRowSplits(host, id_counts));
-  sok::SpreadPooledGrad(dim, host, id_grads, CpuParallelFor(ctx));
-  return tf::Status();
+  return ToTfStatus(sok::SpreadPooledGrad(dim, lookups, id_counts, id_grads, CpuParallelFor(ctx)));
 }
 
 template <>
@@ -60,11 +45,8 @@ tf::Status PooledGradShares<CpuDevice>::operator()(
     const std::vector<int64_t>& id_counts, const std::vector<int64_t>& row_first,
     const std::vector<int64_t>& row_step, const std::vector<int64_t*>& use_rows,
     const std::vector<float*>& use_scales) {
-  std::vector<std::vector<int64_t>> one_id_splits;
-  const std::vector<PooledLookup<float>> host = WithOneIdRowSplits(lookups, &one_id_splits);
-  TF_RETURN_IF_ERROR(CheckRowSplits(host, id_counts));
-  sok::PooledGradShares(host, row_first, row_step, use_rows, use_scales, CpuParallelFor(ctx));
-  return tf::Status();
+  return ToTfStatus(sok::PooledGradShares(lookups, id_counts, row_first, row_step, use_rows,
+                                          use_scales, CpuParallelFor(ctx)));
 }
 
 }  // namespace functor
