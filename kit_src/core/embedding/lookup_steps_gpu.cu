@@ -117,9 +117,9 @@ Status PartitionKeysGpu(GpuCall* call, const std::vector<PartitionInput>& inputs
                     "scatter partition");
 }
 
-Status GatherShardRowsGpu(GpuCall* call, const std::vector<GpuShard>& shards, int64_t dim,
-                          const int64_t* keys, int64_t n, void* rows, bool rows16,
-                          std::function<Status()>* verdict) {
+Status GatherShardRowsOnGpu(GpuCall* call, const std::vector<GpuShard>& shards, int64_t dim,
+                            const int64_t* keys, int64_t n, void* rows, bool rows16,
+                            std::function<Status()>* verdict) {
   const int32_t num_tables = static_cast<int32_t>(shards.size());
   GpuShard* shards_device = nullptr;
   GpuCheck check;
@@ -280,7 +280,7 @@ Status CombineGpu(GpuCall* call, const std::vector<GpuPooledLookup>& lookups,
                                                     check.device, stream),
                                  "combine check"));
   SOK_RETURN_IF_ERROR(
-      CudaStatus(launch(lookups_device, use_first, source, check.device), "combine"));
+      CudaStatus(launch(lookups_device, n, samples, use_first, source, check.device), "combine"));
   if (!validate) return Status::Ok();  // inputs built by lookup_sparse: no verdict
   SOK_RETURN_IF_ERROR(CudaStatus(DescribePooledError(lookups_device, n, use_first, positions,
                                                      num_positions, source, check.device,

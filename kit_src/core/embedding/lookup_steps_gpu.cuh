@@ -34,9 +34,9 @@ Status PartitionKeysGpu(GpuCall* call, const std::vector<PartitionInput>& inputs
 
 // rows[i] = the row of the shards that packed keys[i] names (a 16-bit table's rows copied bit
 // for bit, rows16). Once the stream has passed, *verdict names a bad key.
-Status GatherShardRowsGpu(GpuCall* call, const std::vector<GpuShard>& shards, int64_t dim,
-                          const int64_t* keys, int64_t n, void* rows, bool rows16,
-                          std::function<Status()>* verdict);
+Status GatherShardRowsOnGpu(GpuCall* call, const std::vector<GpuShard>& shards, int64_t dim,
+                            const int64_t* keys, int64_t n, void* rows, bool rows16,
+                            std::function<Status()>* verdict);
 
 // SplitGradientByTable (shard_rows.h) of device keys and grad. With given_first and
 // given_counts (the keys grouped by table, as the partition laid them out) hands out blocks
@@ -47,10 +47,11 @@ Status SplitGradientByTableGpu(GpuCall* call, const int64_t* keys, int64_t n, in
                                const std::vector<int64_t>& given_first,
                                const int32_t* given_counts, TableGradientOutputs* outputs);
 
-// What a combine runs after its checks: the pooling or the scatter.
-using CombineLaunch = std::function<cudaError_t(const GpuPooledLookup* lookups_device,
-                                                const int64_t* use_first,
-                                                const GpuRowSource& source, LookupCheck* check)>;
+// What a combine runs after its checks: the pooling or the scatter of num_lookups lookups
+// holding `samples` samples in all.
+using CombineLaunch = std::function<cudaError_t(
+    const GpuPooledLookup* lookups_device, int32_t num_lookups, int64_t samples,
+    const int64_t* use_first, const GpuRowSource& source, LookupCheck* check)>;
 
 // A combine op's lookups over `positions` into num_rows rows of `source` (with `shards`, the
 // local shards its packed keys name): uploads and checks them on the device, then `launch`.

@@ -56,12 +56,6 @@ std::vector<GpuPooledLookup> GpuLookupsOf(const std::vector<PooledArgs>& args) {
   return lookups;
 }
 
-int64_t SamplesOf(const std::vector<PooledArgs>& lookups) {
-  int64_t samples = 0;
-  for (const PooledArgs& lookup : lookups) samples += lookup.batch;
-  return samples;
-}
-
 }  // namespace
 
 namespace functor {
@@ -90,8 +84,8 @@ tf::Status PartitionKeys<GpuDevice>::operator()(tf::OpKernelContext* ctx,
       int64_t dim, const int64_t* keys, int64_t n, T* rows) {                                 \
     auto memory = std::make_shared<GpuCallMemory>(ctx);                                       \
     std::function<Status()> verdict;                                                          \
-    const Status enqueued = GatherShardRowsGpu(memory.get(), ShardsOf(tables), dim, keys, n, \
-                                               rows, sizeof(T) == 2, &verdict);               \
+    const Status enqueued = GatherShardRowsOnGpu(memory.get(), ShardsOf(tables), dim, keys,  \
+                                                 n, rows, sizeof(T) == 2, &verdict);          \
     FinishStep(ctx, done, memory, enqueued, verdict);                                         \
   }
 SOK_GATHER_SHARD_ROWS_GPU(float)
@@ -248,8 +242,6 @@ void CombineForward<GpuDevice>::operator()(tf::OpKernelContext* ctx, DoneCallbac
   rows.rows = source.rows;
   rows.keys = source.keys;
   rows.num_tables = static_cast<int32_t>(source.tables.size());
-  const int32_t n = static_cast<int32_t>(lookups.size());
-  const int64_t samples = SamplesOf(lookups);
   const int32_t* positions = PositionsOf(position);
   const int64_t num_rows = source.num_rows, dim = source.dim;
   const cudaStream_t stream = GpuStream(ctx);
@@ -258,8 +250,8 @@ void CombineForward<GpuDevice>::operator()(tf::OpKernelContext* ctx, DoneCallbac
   const Status enqueued = CombineGpu(
       memory.get(), GpuLookupsOf(lookups), positions, position.NumElements(), num_rows, rows,
       ShardsOf(source.tables), validate,
-      [&](const GpuPooledLookup* device, const int64_t* use_first, const GpuRowSource& src,
-          LookupCheck* check) {
+      [&](const GpuPooledLookup* device, int32_t n, int64_t samples, const int64_t* use_first,
+          const GpuRowSource& src, LookupCheck* check) {
         return CombineForwardGpu(device, n, samples, use_first, positions, src, num_rows, dim,
                                  check, stream);
       },
@@ -272,16 +264,14 @@ void CombineBackward<GpuDevice>::operator()(tf::OpKernelContext* ctx, DoneCallba
                                             const std::vector<PooledArgs>& lookups,
                                             const tf::Tensor& position, int64_t num_rows,
                                             int64_t dim, float* rows_grad, bool validate) {
-  const int32_t n = static_cast<int32_t>(lookups.size());
-  const int64_t samples = SamplesOf(lookups);
   const cudaStream_t stream = GpuStream(ctx);
   auto memory = std::make_shared<GpuCallMemory>(ctx);
   std::function<Status()> verdict;
   const Status enqueued = CombineGpu(
       memory.get(), GpuLookupsOf(lookups), PositionsOf(position), position.NumElements(),
       num_rows, GpuRowSource(), {}, validate,
-      [&](const GpuPooledLookup* device, const int64_t* use_first, const GpuRowSource&,
-          LookupCheck* check) {
+      [&](const GpuPooledLookup* device, int32_t n, int64_t samples, const int64_t* use_first,
+          const GpuRowSource&, LookupCheck* check) {
         return CombineBackwardGpu(device, n, samples, use_first, PositionsOf(position),
                                   position.NumElements(), num_rows, dim, memory->Scratch(),
                                   rows_grad, check, stream);
